@@ -1,0 +1,3 @@
+from rlprobe_patch.cli import main
+
+main()

@@ -1,0 +1,142 @@
+"""The patch catalogue: one folder per patch under `patches/`, discovered, never listed by hand.
+
+Each folder holds `patch.toml` (id, target file, backends, version range, why, notices),
+`payload.py` (the inserted code) and `codemod.py` (its anchors), plus `cases/` with
+before/after examples that the test suite runs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import importlib.util
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+import libcst.matchers as m
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from rlprobe_patch.codemod import Payload, PatchCodemod
+
+
+def patches_dir() -> Path:
+    """`patches/` inside the installed wheel, else the source checkout's top-level folder."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "patches", here.parents[1] / "patches"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("the patch catalogue (patches/) is missing from this installation")
+
+
+@dataclass(frozen=True)
+class Notice:
+    versions: SpecifierSet
+    text: str
+
+
+@dataclass(frozen=True)
+class Patch:
+    id: str
+    revision: int
+    package: str
+    target: str
+    backends: tuple[str, ...]
+    modes: tuple[str, ...]
+    versions: SpecifierSet
+    tested: tuple[str, ...]
+    why: str
+    refused_why: str
+    folder: Path
+    notices: tuple[Notice, ...] = ()
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    @functools.cached_property
+    def codemod(self) -> PatchCodemod:
+        module_name = "rlprobe_patch.patches." + self.id.replace(".", "_").replace("-", "_")
+        spec = importlib.util.spec_from_file_location(module_name, self.folder / "codemod.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.Codemod(Payload(self.folder / "payload.py"), self.target)
+
+    def supports(self, version: Version) -> bool:
+        return self.versions.contains(version, prereleases=True)
+
+    def is_tested(self, version: Version) -> bool:
+        return any(Version(v) == version for v in self.tested)
+
+    def notices_for(self, version: Version, root: Path) -> list[str]:
+        texts = [
+            n.text.format(version=version) for n in self.notices if n.versions.contains(version, prereleases=True)
+        ]
+        if self.overrides:
+            texts += [
+                self.overrides["text"].format(cls=cls, file=file)
+                for cls, file in find_overriding_classes(
+                    root, self.overrides["files"], self.overrides["base"], self.overrides["method"]
+                )
+            ]
+        return texts
+
+
+def find_overriding_classes(root: Path, pattern: str, base: str, method: str) -> list[tuple[str, str]]:
+    """Classes in files matching `pattern` that derive from `base` and define `method`."""
+    found = []
+    for path in sorted(root.glob(pattern)):
+        rel = path.relative_to(root).as_posix()
+        if not fnmatch.fnmatch(rel, pattern):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if method not in text or base not in text:
+            continue
+        try:
+            module = cst.parse_module(text)
+        except cst.ParserSyntaxError:
+            continue
+        for cls in m.findall(module, m.ClassDef(bases=[m.ZeroOrMore(), m.Arg(m.Name(base)), m.ZeroOrMore()])):
+            assert isinstance(cls, cst.ClassDef)
+            if m.findall(cls.body, m.FunctionDef(name=m.Name(method))):
+                found.append((cls.name.value, rel))
+    return found
+
+
+def _load(folder: Path) -> Patch:
+    meta = tomllib.loads((folder / "patch.toml").read_text(encoding="utf-8"))
+    return Patch(
+        id=meta["id"],
+        revision=int(meta["revision"]),
+        package=meta["package"],
+        target=meta["target"],
+        backends=tuple(meta["backends"]),
+        modes=tuple(meta.get("modes", ())),
+        versions=SpecifierSet(meta["versions"]),
+        tested=tuple(meta.get("tested", ())),
+        why=" ".join(meta["why"].split()),
+        refused_why=meta.get("refused_why", "{version} is outside " + meta["versions"]),
+        folder=folder,
+        notices=tuple(Notice(SpecifierSet(n["versions"]), " ".join(n["text"].split())) for n in meta.get("notice", [])),
+        overrides=dict(meta.get("overrides", {})),
+    )
+
+
+@functools.cache
+def load_catalogue() -> tuple[Patch, ...]:
+    root = patches_dir()
+    patches = tuple(_load(folder) for folder in sorted(root.iterdir()) if (folder / "patch.toml").is_file())
+    if folder_mismatch := [p.id for p in patches if p.folder.name != p.id]:
+        raise ValueError(f"patch folder names must equal their ids: {folder_mismatch}")
+    return patches
+
+
+def get_patch(patch_id: str) -> Patch:
+    for patch in load_catalogue():
+        if patch.id == patch_id:
+            return patch
+    raise KeyError(patch_id)
+
+
+def patches_for(package: str, backend: str) -> list[Patch]:
+    return [p for p in load_catalogue() if p.package == package and backend in p.backends]

@@ -1,0 +1,365 @@
+"""The `rlprobe-patch` command line."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rlprobe_patch import __version__
+from rlprobe_patch.catalogue import load_catalogue
+from rlprobe_patch.diffs import diffstat
+from rlprobe_patch.engine import BACKENDS, PatchPlan, apply, revert, status, verify
+from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
+from rlprobe_patch.skill_checks import check_engine_patch
+from rlprobe_patch.state import registered_trees
+from rlprobe_patch.trees import Tree, find_verl_tree
+
+
+class Out:
+    """Human output (colour on a terminal) or one JSON document on stdout."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def line(self, text: str = "", **style: Any) -> None:
+        if not self.as_json:
+            click.secho(text, **style)
+
+    def progress(self, text: str) -> None:
+        if not self.as_json:
+            click.secho(f"... {text}", err=True, dim=True)
+
+    def emit(self, data: dict[str, Any]) -> None:
+        if self.as_json:
+            click.echo(json.dumps(data, indent=2, default=str))
+
+
+def command(fn: Callable[..., int]) -> Callable[..., None]:
+    """Turn PatchError into its message and exit code; never exit 0 after a failure."""
+
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
+    @functools.wraps(fn)
+    def wrapper(as_json: bool, **kwargs: Any) -> None:
+        out = Out(as_json)
+        try:
+            code = fn(out, **kwargs)
+        except PatchError as exc:
+            code = int(exc.exit_code)
+            if as_json:
+                out.emit({"ok": False, **exc.to_json()})
+            else:
+                click.secho(f"error: {exc.message}", fg="red", err=True)
+                for detail in exc.details:
+                    click.echo(f"  - {detail}", err=True)
+                if exc.hint:
+                    click.echo(f"hint: {exc.hint}", err=True)
+        except Exception as exc:  # a bug: say so plainly, with the traceback
+            code = int(ExitCode.INTERNAL)
+            if as_json:
+                out.emit({"ok": False, "error": "InternalError", "message": repr(exc), "exit_code": code})
+            else:
+                traceback.print_exc()
+                click.secho(f"internal error: {exc!r} (please report it)", fg="red", err=True)
+        sys.exit(code)
+
+    return wrapper
+
+
+def tree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option(
+        "--python",
+        "python",
+        metavar="PATH",
+        help="The training environment's interpreter: patch the verl it imports (found without importing it).",
+    )(fn)
+    return click.option(
+        "--verl-root",
+        type=click.Path(path_type=Path),
+        help="Directory containing the `verl` package (e.g. /verl, or site-packages); the package folder also works.",
+    )(fn)
+
+
+def tree_json(tree: Tree) -> dict[str, str]:
+    return tree.to_json()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rlprobe-patch")
+def main() -> None:
+    """Versioned, verified, revertible msprobe hooks for verl training stacks."""
+
+
+# -- apply ------------------------------------------------------------------------------------
+@main.command("apply")
+@tree_options
+@click.option("--backend", type=click.Choice(BACKENDS), required=True, help="Training backend to hook.")
+@click.option("--dry-run", is_flag=True, help="Print the unified diff; write nothing.")
+@click.option("--force", is_flag=True, help="Allow a release outside the patch's version range (anchors still checked).")
+@click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the hooks.")
+@click.option("--lock-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for another run.")
+@command
+def apply_cmd(
+    out: Out,
+    verl_root: Path | None,
+    python: str | None,
+    backend: str,
+    dry_run: bool,
+    force: bool,
+    msprobe_config: str | None,
+    lock_timeout: float,
+) -> int:
+    """Patch the verl engine of BACKEND with msprobe dump hooks, recorded as a revertible diff."""
+    tree = find_verl_tree(verl_root, python)
+    params = {"msprobe_config": msprobe_config} if msprobe_config else {}
+    result = apply(
+        tree, backend, params, force=force, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress
+    )
+    plan = result.plan
+    status_word = "dry-run" if dry_run else ("already applied" if result.already_applied else "applied")
+    out.emit(
+        {
+            "ok": True,
+            "status": status_word,
+            "tree": tree_json(tree),
+            "backend": backend,
+            "patches": [p.to_json() for p in plan.patches],
+            "files": sorted(plan.changes),
+            "record": result.record.id if result.record else None,
+            "diff_file": str(tree.root / ".rlprobe-patch" / result.record.diff) if result.record else None,
+            "diff": result.diff if dry_run else None,
+            "recovered": result.recovered,
+        }
+    )
+    _print_tree(out, tree)
+    for message in result.recovered:
+        out.line(f"recovered: {message}", fg="yellow")
+    for p in plan.patches:
+        after = {"applicable": "would apply" if dry_run else "applied", "applied": "already applied"}
+        out.line(f"  {p.patch.id:<24} {after.get(p.state.value, p.state.value):<16} {p.patch.target}")
+    _print_notices(out, plan.patches)
+    if dry_run:
+        out.line(result.diff or "(no change)")
+    elif result.already_applied:
+        out.line("already applied: nothing written", fg="green")
+    else:
+        assert result.record is not None
+        for path, added, removed in diffstat(result.diff):
+            out.line(f"  {path} | +{added} -{removed}")
+        out.line(f"recorded: {tree.root / '.rlprobe-patch' / result.record.diff}", fg="green")
+        out.line("next: rlprobe-patch verify    (undo: rlprobe-patch revert)")
+    return int(ExitCode.OK)
+
+
+def _print_tree(out: Out, tree: Tree) -> None:
+    out.line(f"{tree.package} {tree.version} at {tree.root} (version from {tree.version_source})", bold=True)
+
+
+def _print_notices(out: Out, plans: list[PatchPlan]) -> None:
+    for p in plans:
+        for notice in p.notices:
+            out.line(f"notice ({p.patch.id}): {notice}", fg="yellow")
+
+
+# -- verify -----------------------------------------------------------------------------------
+def _targets(verl_root: Path | None, python: str | None) -> list[Tree]:
+    if verl_root is not None or python is not None:
+        return [find_verl_tree(verl_root, python)]
+    trees = [t for t in registered_trees() if t["package"] == "verl"]
+    if not trees:
+        raise RefusedError(
+            "no patched tree is registered", hint="pass --verl-root DIR (or --python PATH) to name the tree"
+        )
+    found = []
+    for entry in trees:
+        try:
+            found.append(find_verl_tree(Path(entry["root"])))
+        except RefusedError as exc:
+            raise RefusedError(
+                f"a registered tree is gone: {exc.message}", hint="it moved or was deleted; name it with --verl-root"
+            ) from None
+    return found
+
+
+@main.command("verify")
+@tree_options
+@click.option("--backend", type=click.Choice(BACKENDS), help="Check this backend (default: what was applied).")
+@command
+def verify_cmd(out: Out, verl_root: Path | None, python: str | None, backend: str | None) -> int:
+    """Check the hooks (syntax tree, compile, recorded post-image, the skill's rules)."""
+    results = [verify(tree, backend) for tree in _targets(verl_root, python)]
+    ok = all(r.ok for r in results)
+    out.emit(
+        {
+            "ok": ok,
+            "trees": [
+                {"tree": tree_json(r.tree), "ok": r.ok, "checks": [c.to_json() for c in r.checks], "skill": r.skill_output}
+                for r in results
+            ],
+        }
+    )
+    for r in results:
+        _print_tree(out, r.tree)
+        for c in r.checks:
+            out.line(f"  {'PASS' if c.ok else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail and not c.ok else ""),
+                     fg=None if c.ok else "red")
+    out.line("verified" if ok else "verification FAILED", fg="green" if ok else "red", bold=True)
+    return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
+
+
+@main.command("check-engine-patch")
+@click.option("--verl-root", type=click.Path(path_type=Path), required=True)
+@click.option("--backend", type=click.Choice(["fsdp", "megatron"]), required=True)
+def check_engine_patch_cmd(verl_root: Path, backend: str) -> None:
+    """The skill's check-engine-patch, same markers, wording and exit codes (0 PASS, 1 FAIL)."""
+    ok, lines = check_engine_patch(verl_root, backend)
+    for line in lines:
+        click.echo(line)
+    sys.exit(0 if ok else 1)
+
+
+# -- revert -----------------------------------------------------------------------------------
+@main.command("revert")
+@tree_options
+@click.option("--merge", is_flag=True, help="Keep edits made after apply (three-way merge) instead of stopping.")
+@click.option("--dry-run", is_flag=True, help="Print what revert would write; write nothing.")
+@click.option("--lock-timeout", type=float, default=10.0, show_default=True)
+@command
+def revert_cmd(
+    out: Out, verl_root: Path | None, python: str | None, merge: bool, dry_run: bool, lock_timeout: float
+) -> int:
+    """Restore, byte for byte, what apply changed; never destroys later edits."""
+    results = []
+    for tree in _targets(verl_root, python):
+        results.append(revert(tree.root, tree, merge=merge, dry_run=dry_run, lock_timeout=lock_timeout,
+                              progress=out.progress))
+    out.emit(
+        {
+            "ok": True,
+            "trees": [
+                {
+                    "root": str(r.root),
+                    "reverted": [rec.id for rec in r.reverted],
+                    "files": r.files,
+                    "merged": r.merged,
+                    "recovered": r.recovered,
+                    "dry_run": r.dry_run,
+                    "diff": r.diff if r.dry_run else None,
+                }
+                for r in results
+            ],
+        }
+    )
+    for r in results:
+        out.line(f"{r.root}", bold=True)
+        for message in r.recovered:
+            out.line(f"recovered: {message}", fg="yellow")
+        if not r.reverted:
+            out.line("  nothing applied: nothing to revert")
+            continue
+        if r.dry_run:
+            out.line(r.diff)
+            continue
+        for rec in r.reverted:
+            out.line(f"  reverted {', '.join(p['id'] for p in rec.patches)} (record {rec.id})", fg="green")
+        for path in r.merged:
+            out.line(f"  kept your edits in {path} (three-way merge)", fg="yellow")
+    return int(ExitCode.OK)
+
+
+# -- status -----------------------------------------------------------------------------------
+@main.command("status")
+@tree_options
+@click.option("--backend", type=click.Choice(BACKENDS), help="Only the patches of this backend.")
+@command
+def status_cmd(out: Out, verl_root: Path | None, python: str | None, backend: str | None) -> int:
+    """Per tree: path, version, every patch and its state (applied / applicable / drifted)."""
+    if verl_root is None and python is None and not registered_trees():
+        trees = [find_verl_tree()]
+    else:
+        trees = _targets(verl_root, python)
+    results = [status(tree, backend) for tree in trees]
+    out.emit(
+        {
+            "ok": True,
+            "trees": [
+                {
+                    "tree": tree_json(r.tree),
+                    "patches": [p.to_json() for p in r.patches],
+                    "records": [{"id": rec.id, "patches": rec.patches, "backend": rec.backend} for rec in r.records],
+                    "recovered": r.recovered,
+                }
+                for r in results
+            ],
+        }
+    )
+    for r in results:
+        _print_tree(out, r.tree)
+        for message in r.recovered:
+            out.line(f"recovered: {message}", fg="yellow")
+        recorded = {p["id"] for rec in r.records for p in rec.patches}
+        for p in r.patches:
+            mark = " (recorded)" if p.patch.id in recorded else ""
+            colour = {"applied": "green", "applicable": None, "drifted": "red"}[p.state.value]
+            out.line(f"  {p.patch.id:<24} {p.state.value}{mark}", fg=colour)
+            for reason in p.reasons:
+                out.line(f"      {reason}")
+        _print_notices(out, r.patches)
+    return int(ExitCode.OK)
+
+
+# -- list -------------------------------------------------------------------------------------
+@main.command("list")
+@command
+def list_cmd(out: Out) -> int:
+    """Every patch in the catalogue: releases, backends and why."""
+    patches = load_catalogue()
+    out.emit(
+        {
+            "ok": True,
+            "patches": [
+                {
+                    "id": p.id,
+                    "revision": p.revision,
+                    "package": p.package,
+                    "target": p.target,
+                    "backends": list(p.backends),
+                    "versions": str(p.versions),
+                    "tested": list(p.tested),
+                    "why": p.why,
+                }
+                for p in patches
+            ],
+        }
+    )
+    for p in patches:
+        out.line(f"{p.id}  ({p.package} {p.versions}; backends {', '.join(p.backends)})", bold=True)
+        out.line(f"  target: {p.target}")
+        out.line(f"  tested: {', '.join(p.tested)}")
+        out.line(f"  why:    {p.why}")
+    return int(ExitCode.OK)
+
+
+# -- demo -------------------------------------------------------------------------------------
+@main.command("demo")
+@click.option("--verl-version", default="0.9.1", show_default=True, help="Release fetched from the package index.")
+@click.option("--offline", is_flag=True, help="Use the bundled fixture tree instead of downloading.")
+@click.option("--workdir", type=click.Path(path_type=Path), help="Scratch folder (default: a new temp folder).")
+@command
+def demo_cmd(out: Out, verl_version: str, offline: bool, workdir: Path | None) -> int:
+    """Fetch a real verl release into a scratch folder; apply, verify, diff stat, revert, prove identity."""
+    from rlprobe_patch.demo import run_demo
+
+    report = run_demo(verl_version, offline=offline, workdir=workdir, say=out.line, progress=out.progress)
+    out.emit({"ok": report["identical"] and report["verified"], **report})
+    return int(ExitCode.OK if report["identical"] and report["verified"] else ExitCode.VERIFY_FAILED)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,487 @@
+"""The codemod toolkit every patch in `patches/` is written with.
+
+A patch's codemod is a declaration: the payload file (real Python whose methods and
+statement hooks are inserted verbatim) plus a list of operations, each anchored on syntax
+(class, method, the shape of a statement). From that one declaration this module derives:
+
+- `insert`: put the payload in (raises `AnchorError` naming the class/method and what was
+  expected when an anchor is missing or ambiguous);
+- `strip`: take exactly our payload out again (recognised by its syntax tree, so a
+  reformatted file is still recognised);
+- `state`: APPLIED / APPLICABLE / DRIFTED, decided as
+  APPLIED    when insert(strip(tree)) has the same syntax tree as the tree,
+  APPLICABLE when strip finds nothing of ours and every anchor is found once,
+  DRIFTED    otherwise (anchors missing or ambiguous, hooks edited or only partly there).
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import functools
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import libcst as cst
+import libcst.helpers
+import libcst.matchers as m
+
+Statement = cst.BaseStatement
+StatementPredicate = Callable[[Statement], bool]
+
+
+class AnchorError(Exception):
+    """A structural anchor is missing or ambiguous: the patch cannot be placed safely."""
+
+    def __init__(self, scope: str, expected: str, found: str) -> None:
+        self.scope = scope
+        self.expected = expected
+        self.found = found
+        super().__init__(f"{scope}: expected {expected}; found {found}")
+
+
+class State(str, enum.Enum):
+    APPLIED = "applied"
+    APPLICABLE = "applicable"
+    DRIFTED = "drifted"
+
+
+@dataclass(frozen=True)
+class StateReport:
+    state: State
+    reasons: tuple[str, ...] = ()
+    params: dict[str, str] = field(default_factory=dict)
+    # The tree as this patch wants it (insert(strip(tree))); None when an anchor failed.
+    expected: cst.Module | None = field(default=None, compare=False, repr=False)
+
+
+class Where(str, enum.Enum):
+    START = "start"  # first statements of the block (after a method's docstring)
+    END = "end"  # last statements of the block
+    BEFORE = "before"  # immediately before each anchor statement
+    AFTER = "after"  # immediately after each anchor statement
+
+
+METHOD = "method"  # the method's own body
+ANY = "any"  # every block inside the method (nested functions and classes excluded)
+
+
+@dataclass(frozen=True)
+class Hook:
+    """Insert the body of the payload function `payload` into `cls.method`.
+
+    `block` picks the statement blocks searched: METHOD, ANY, or a predicate on the compound
+    statement that owns the block (for example the `for` loop over micro-batches).
+    `anchor` picks statements inside those blocks for BEFORE/AFTER.
+    `template` maps names used in the payload to expressions taken from the anchor.
+    """
+
+    cls: str
+    method: str
+    payload: str
+    where: Where
+    block: str | StatementPredicate = METHOD
+    anchor: StatementPredicate | None = None
+    expected: str = ""  # how the anchor is described to users
+    many: bool = False  # the anchor may (and must at least once) match several times
+    template: Callable[[Statement], dict[str, cst.BaseExpression]] | None = None
+
+
+@dataclass(frozen=True)
+class AddMethods:
+    """Add every method of the payload class `cls` to the class of the same name."""
+
+    cls: str
+
+
+Operation = Hook | AddMethods
+
+
+def statement_key(node: cst.CSTNode) -> str:
+    """A formatting-independent identity of a statement: its Python AST."""
+    return syntax_key(cst.Module(body=[node]).code)  # type: ignore[list-item]
+
+
+@functools.lru_cache(maxsize=4096)
+def syntax_key(code: str) -> str:
+    return ast.dump(ast.parse(textwrap.dedent(code)))
+
+
+def same_syntax(a: cst.Module, b: cst.Module) -> bool:
+    return syntax_key(a.code) == syntax_key(b.code)
+
+
+class Payload:
+    """A patch's `payload.py`: methods in classes, statement hooks as module-level functions."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.module = cst.parse_module(path.read_bytes())
+
+    def methods(self, cls: str) -> list[cst.FunctionDef]:
+        for stmt in self.module.body:
+            if m.matches(stmt, m.ClassDef(name=m.Name(cls))):
+                assert isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock)
+                return [s for s in stmt.body.body if isinstance(s, cst.FunctionDef)]
+        raise KeyError(f"{self.path}: no class {cls}")
+
+    def statements(self, hook: str) -> list[Statement]:
+        for stmt in self.module.body:
+            if m.matches(stmt, m.FunctionDef(name=m.Name(hook))):
+                assert isinstance(stmt, cst.FunctionDef) and isinstance(stmt.body, cst.IndentedBlock)
+                return list(_without_docstring(stmt.body.body))
+        raise KeyError(f"{self.path}: no statement hook {hook}")
+
+
+def _is_docstring(stmt: Statement) -> bool:
+    return m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))
+
+
+def _without_docstring(body: Sequence[Statement]) -> Sequence[Statement]:
+    return body[1:] if body and _is_docstring(body[0]) else body
+
+
+def _with_blank_line(fn: cst.CSTNode) -> cst.CSTNode:
+    if isinstance(fn, cst.FunctionDef) and not any(not line.comment for line in fn.leading_lines[:1]):
+        return fn.with_changes(leading_lines=[cst.EmptyLine(indent=False), *fn.leading_lines])
+    return fn
+
+
+class _Substitute(cst.CSTTransformer):
+    def __init__(self, names: dict[str, cst.BaseExpression]) -> None:
+        self.names = names
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.names.get(updated_node.value, updated_node)
+
+
+class _BlockEditor(cst.CSTTransformer):
+    """Calls `edit(owner, statements)` on the blocks of one method that `block` selects."""
+
+    def __init__(
+        self,
+        root: cst.FunctionDef,
+        block: str | StatementPredicate,
+        edit: Callable[[list[Statement], bool], list[Statement]],
+    ) -> None:
+        self.root = root
+        self.block = block
+        self.edit = edit
+        self.stack: list[cst.CSTNode] = []
+        self.blocks_matched = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.stack.append(node)
+        nested_scope = isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and node is not self.root
+        return not nested_scope
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        self.stack.pop()
+        # One-line blocks (`if x: y`) hold no anchors of ours and are left alone.
+        if isinstance(updated_node, cst.IndentedBlock) and self._selected(original_node):
+            self.blocks_matched += 1
+            is_method_body = original_node is self.root.body
+            return updated_node.with_changes(body=self.edit(list(updated_node.body), is_method_body))
+        return updated_node
+
+    def _selected(self, block: cst.CSTNode) -> bool:
+        if block is self.root.body:
+            return self.block in (METHOD, ANY)
+        if self.block == METHOD:
+            return False
+        if self.block == ANY:
+            return True
+        owner = self.stack[-1] if self.stack else None
+        return isinstance(owner, cst.BaseStatement) and self.block(owner)  # type: ignore[operator]
+
+
+class PatchCodemod:
+    """Base class of every patch's codemod (`patches/<id>/codemod.py`)."""
+
+    DESCRIPTION: ClassVar[str] = ""
+    OPERATIONS: ClassVar[Sequence[Operation]] = ()
+    # Module-level names the payload relies on (they are checked, never added).
+    REQUIRES_MODULE_NAMES: ClassVar[Sequence[str]] = ()
+    # Default values of the apply-time parameters (see `read_params`).
+    PARAMS: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, payload: Payload, target: str) -> None:
+        self.payload = payload
+        self.target = target
+
+    # -- parameters baked into inserted code ------------------------------------------------
+    def bake(self, stmt: cst.CSTNode, params: dict[str, str]) -> cst.CSTNode:
+        """Return the payload node with apply-time parameters filled in (default: unchanged)."""
+        return stmt
+
+    def read_params(self, module: cst.Module) -> dict[str, str]:
+        """Read the parameters an already patched tree was baked with."""
+        return dict(self.PARAMS)
+
+    # -- the three derived operations -----------------------------------------------------
+    def insert(self, module: cst.Module, params: dict[str, str] | None = None) -> cst.Module:
+        params = {**self.PARAMS, **(params or {})}
+        self._check_module_names(module)
+        for op in self.OPERATIONS:
+            module = self._apply(module, op, params, strip=False)
+        return module
+
+    def strip(self, module: cst.Module) -> cst.Module:
+        params = self.read_params(module)
+        for op in reversed(self.OPERATIONS):
+            try:
+                module = self._apply(module, op, params, strip=True)
+            except AnchorError:
+                continue  # nothing of ours can sit at an anchor that is not there
+        return module
+
+    def state(self, module: cst.Module) -> StateReport:
+        params = self.read_params(module)
+        stripped = self.strip(module)
+        ours_present = not same_syntax(stripped, module)
+        try:
+            expected = self.insert(stripped, params)
+        except AnchorError as exc:
+            why = str(exc)
+            if ours_present:
+                why += " (the file also holds parts of this patch)"
+            return StateReport(State.DRIFTED, (why,), params)
+        if same_syntax(expected, module):
+            return StateReport(State.APPLIED, (), params, expected)
+        if not ours_present:
+            return StateReport(State.APPLICABLE, (), params, expected)
+        return StateReport(
+            State.DRIFTED,
+            ("the inserted code is only partly there or was edited after apply",),
+            params,
+            expected,
+        )
+
+    # -- machinery --------------------------------------------------------------------------
+    def _check_module_names(self, module: cst.Module) -> None:
+        defined: set[str] = set()
+        for line in module.body:
+            for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.Import):
+                    defined.update(cst.helpers.get_full_name_for_node(a.asname.name if a.asname else a.name).split(".")[0]
+                                   for a in small.names)
+                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                    defined.update(cst.helpers.get_full_name_for_node(a.asname.name if a.asname else a.name)
+                                   for a in small.names)
+                elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                    targets = small.targets if isinstance(small, cst.Assign) else [small]
+                    defined.update(t.target.value for t in targets if isinstance(t.target, cst.Name))
+        missing = [name for name in self.REQUIRES_MODULE_NAMES if name not in defined]
+        if missing:
+            raise AnchorError(
+                f"{self.target} (module level)",
+                "the names " + ", ".join(f"`{n}`" for n in self.REQUIRES_MODULE_NAMES) + " defined at module level",
+                "no " + ", ".join(f"`{n}`" for n in missing),
+            )
+
+    def _apply(self, module: cst.Module, op: Operation, params: dict[str, str], strip: bool) -> cst.Module:
+        if isinstance(op, AddMethods):
+            return self._edit_class(module, op.cls, lambda cls: self._add_methods(cls, op, params, strip))
+        return self._edit_class(
+            module, op.cls, lambda cls: self._edit_method(cls, op, lambda fn: self._hook(fn, op, params, strip))
+        )
+
+    def _edit_class(
+        self, module: cst.Module, name: str, edit: Callable[[cst.ClassDef], cst.ClassDef]
+    ) -> cst.Module:
+        found = [i for i, s in enumerate(module.body) if m.matches(s, m.ClassDef(name=m.Name(name)))]
+        if len(found) != 1:
+            raise AnchorError(
+                f"{self.target}", f"one module-level class `{name}`", f"{len(found)} such classes"
+            )
+        body = list(module.body)
+        body[found[0]] = edit(body[found[0]])  # type: ignore[arg-type]
+        return module.with_changes(body=body)
+
+    def _edit_method(
+        self, cls: cst.ClassDef, op: Hook, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
+    ) -> cst.ClassDef:
+        assert isinstance(cls.body, cst.IndentedBlock)
+        found = [i for i, s in enumerate(cls.body.body) if m.matches(s, m.FunctionDef(name=m.Name(op.method)))]
+        if len(found) != 1:
+            raise AnchorError(
+                f"{self.target}: class {op.cls}", f"one method `{op.method}`", f"{len(found)} such methods"
+            )
+        body = list(cls.body.body)
+        body[found[0]] = edit(body[found[0]])  # type: ignore[arg-type]
+        return cls.with_changes(body=cls.body.with_changes(body=body))
+
+    def _add_methods(self, cls: cst.ClassDef, op: AddMethods, params: dict[str, str], strip: bool) -> cst.ClassDef:
+        assert isinstance(cls.body, cst.IndentedBlock)
+        ours = [self.bake(fn, params) for fn in self.payload.methods(op.cls)]
+        names = {fn.name.value for fn in ours}  # type: ignore[attr-defined]
+        body = [s for s in cls.body.body if not (isinstance(s, cst.FunctionDef) and s.name.value in names)]
+        if not strip:
+            if len(body) != len(cls.body.body):
+                clash = sorted(names & {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)})
+                raise AnchorError(
+                    f"{self.target}: class {op.cls}",
+                    "no method named " + ", ".join(f"`{n}`" for n in sorted(names)),
+                    "upstream (or a hand edit) already defines " + ", ".join(f"`{n}`" for n in clash),
+                )
+            body += [_with_blank_line(fn) for fn in ours]  # type: ignore[arg-type]
+        return cls.with_changes(body=cls.body.with_changes(body=body))
+
+    def _hook(self, fn: cst.FunctionDef, op: Hook, params: dict[str, str], strip: bool) -> cst.FunctionDef:
+        scope = f"{self.target}: {op.cls}.{op.method}"
+        base = [self.bake(s, params) for s in self.payload.statements(op.payload)]
+        anchors = 0
+
+        def payload_for(anchor: Statement | None) -> list[Statement]:
+            if op.template is None or anchor is None:
+                return base  # type: ignore[return-value]
+            names = op.template(anchor)
+            return [s.visit(_Substitute(names)) for s in base]  # type: ignore[misc]
+
+        def matches_at(stmts: list[Statement], start: int, ours: list[Statement]) -> bool:
+            window = stmts[start : start + len(ours)]
+            return (
+                start >= 0
+                and len(window) == len(ours)
+                and all(statement_key(a) == statement_key(b) for a, b in zip(window, ours))
+            )
+
+        def edit(stmts: list[Statement], is_method_body: bool) -> list[Statement]:
+            nonlocal anchors
+            if op.where in (Where.START, Where.END):
+                ours = payload_for(None)
+                if op.where is Where.START:
+                    at = 1 if is_method_body and stmts and _is_docstring(stmts[0]) else 0
+                else:
+                    at = len(stmts) - len(ours) if strip else len(stmts)
+                if strip:
+                    return stmts[:at] + stmts[at + len(ours) :] if matches_at(stmts, at, ours) else stmts
+                return stmts[:at] + ours + stmts[at:]
+            out: list[Statement] = []
+            i = 0
+            while i < len(stmts):
+                stmt = stmts[i]
+                assert op.anchor is not None
+                if not op.anchor(stmt):
+                    out.append(stmt)
+                    i += 1
+                    continue
+                anchors += 1
+                ours = payload_for(stmt)
+                if op.where is Where.BEFORE:
+                    if strip:
+                        if len(out) >= len(ours) and matches_at(out, len(out) - len(ours), ours):
+                            del out[len(out) - len(ours) :]
+                    else:
+                        out += ours
+                    out.append(stmt)
+                    i += 1
+                else:
+                    out.append(stmt)
+                    i += 1
+                    if strip:
+                        if matches_at(stmts, i, ours):
+                            i += len(ours)
+                    else:
+                        out += ours
+            return out
+
+        editor = _BlockEditor(fn, op.block, edit)
+        new_fn = fn.visit(editor)
+        if op.where in (Where.START, Where.END):
+            if editor.blocks_matched != 1 and not strip:
+                raise AnchorError(scope, op.expected or "one block", f"{editor.blocks_matched}")
+        elif not strip:
+            if anchors == 0:
+                raise AnchorError(scope, op.expected, "none")
+            if anchors > 1 and not op.many:
+                raise AnchorError(scope, f"exactly one {op.expected}", f"{anchors} (ambiguous)")
+        assert isinstance(new_fn, cst.FunctionDef)
+        return new_fn
+
+
+# -- matchers shared by patches -------------------------------------------------------------
+def self_call(method: str) -> m.Call:
+    """Matcher for a call `self.<method>(...)`."""
+    return m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name(method)))
+
+
+def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
+    return bool(m.findall(node, matcher))
+
+
+def assigns_call(target: str, call: m.BaseMatcherNode) -> StatementPredicate:
+    """`target = <call>` or `target: T = <call>` as a statement line."""
+    pattern = m.SimpleStatementLine(
+        body=[m.Assign(targets=[m.AssignTarget(m.Name(target))], value=call) | m.AnnAssign(target=m.Name(target), value=call)]
+    )
+    return lambda stmt: m.matches(stmt, pattern)
+
+
+def returns_tuple(min_elements: int = 2) -> StatementPredicate:
+    """`return a, b[, ...]` as a statement line."""
+
+    def predicate(stmt: Statement) -> bool:
+        if not m.matches(stmt, m.SimpleStatementLine(body=[m.Return(value=m.Tuple())])):
+            return False
+        value = stmt.body[0].value  # type: ignore[attr-defined]
+        return len(value.elements) >= min_elements
+
+    return predicate
+
+
+def first_returned(stmt: Statement) -> cst.BaseExpression:
+    return stmt.body[0].value.elements[0].value  # type: ignore[attr-defined]
+
+
+class ConfigPathParam(PatchCodemod):
+    """Patches whose payload reads `os.environ.get("MSPROBE_ACTOR_CONFIG", "<default>")`.
+
+    `apply --msprobe-config PATH` bakes PATH in as the default; `read_params` reads it back
+    from a patched tree so that its state can be decided without any record.
+    """
+
+    ENV_VAR: ClassVar[str] = "MSPROBE_ACTOR_CONFIG"
+    PARAMS: ClassVar[dict[str, str]] = {"msprobe_config": "/home/config_actor.json"}
+
+    def _env_get(self) -> m.Call:
+        return m.Call(
+            func=m.Attribute(value=m.Attribute(value=m.Name("os"), attr=m.Name("environ")), attr=m.Name("get")),
+            args=[m.Arg(m.SimpleString(f'"{self.ENV_VAR}"')), m.Arg(m.SimpleString())],
+        )
+
+    def bake(self, stmt: cst.CSTNode, params: dict[str, str]) -> cst.CSTNode:
+        path = params["msprobe_config"]
+        if path == self.PARAMS["msprobe_config"]:
+            return stmt
+        return m.replace(
+            stmt,
+            self._env_get(),
+            lambda call, _: call.with_deep_changes(call.args[1], value=cst.SimpleString(_quote(path))),
+        )
+
+    def read_params(self, module: cst.Module) -> dict[str, str]:
+        for call in m.findall(_added_methods_of(self, module), self._env_get()):
+            value = call.args[1].value  # type: ignore[attr-defined]
+            return {"msprobe_config": value.evaluated_value}
+        return dict(self.PARAMS)
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _added_methods_of(codemod: PatchCodemod, module: cst.Module) -> cst.Module:
+    """Only the methods our AddMethods operations own: searching them is far cheaper than the file."""
+    found: list[cst.BaseStatement] = []
+    for op in codemod.OPERATIONS:
+        if not isinstance(op, AddMethods):
+            continue
+        names = {fn.name.value for fn in codemod.payload.methods(op.cls)}
+        for stmt in module.body:
+            if m.matches(stmt, m.ClassDef(name=m.Name(op.cls))):
+                found += [s for s in stmt.body.body if isinstance(s, cst.FunctionDef) and s.name.value in names]
+    return cst.Module(body=found)

@@ -1,0 +1,64 @@
+"""Unified diffs of planned changes, with the provenance header that `git apply` and unidiff skip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+import unidiff
+
+from rlprobe_patch.errors import RefusedError
+
+_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
+
+
+def unified_diff(changes: Mapping[str, tuple[bytes, bytes]]) -> str:
+    """`git diff` of {path: (before, after)}, paths relative to the tree root (a/ b/ prefixes)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="rlprobe-diff-") as tmp:
+        for path, (before, after) in sorted(changes.items()):
+            for side, data in (("a", before), ("b", after)):
+                target = Path(tmp, side, path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            proc = subprocess.run(
+                ["git", "diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--no-textconv",
+                 f"a/{path}", f"b/{path}"],
+                cwd=tmp,
+                capture_output=True,
+                env={**os.environ, **_GIT_ENV},
+            )
+            if proc.returncode not in (0, 1):
+                raise RuntimeError(f"git diff failed: {proc.stderr.decode(errors='replace')}")
+            out.append(proc.stdout.decode("utf-8", errors="surrogateescape"))
+    return "".join(out)
+
+
+def provenance_header(fields: list[tuple[str, str]]) -> str:
+    return "".join(f"# {key}: {value}\n" for key, value in fields) + "#\n"
+
+
+def diff_paths(diff_text: str) -> list[str]:
+    """The paths a recorded diff touches; refuses paths that leave the tree."""
+    try:
+        patch = unidiff.PatchSet(diff_text)
+    except unidiff.UnidiffParseError as exc:
+        raise RefusedError(f"the recorded diff does not parse: {exc}") from None
+    paths = []
+    for patched in patch:
+        for name in (patched.source_file, patched.target_file):
+            rel = name[2:] if name[:2] in ("a/", "b/") else name
+            if rel == "/dev/null":
+                continue
+            pure = PurePosixPath(rel)
+            if pure.is_absolute() or ".." in pure.parts:
+                raise RefusedError(f"the recorded diff names a path outside its tree: {name}")
+        paths.append(patched.path)
+    return paths
+
+
+def diffstat(diff_text: str) -> list[tuple[str, int, int]]:
+    return [(f.path, f.added, f.removed) for f in unidiff.PatchSet(diff_text)]

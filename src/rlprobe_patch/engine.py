@@ -1,0 +1,623 @@
+"""Plan, apply, verify, revert and report: the transaction around the codemods.
+
+Every command first plans in memory (read, parse, decide each patch's state, transform,
+check), and only then writes, under the tree's lock, through a journal:
+
+    blobs + commits in history.git, the diff file   (nothing in the tree yet)
+    journal.json                                    (what the tree must become)
+    each target file: temp + fsync + rename          (modes kept)
+    ledger.json, branch, registry
+    journal.json removed
+
+A run killed at any point leaves every file either original or patched; the next run finds
+the journal, finishes the job (`recover`) and says so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from rlprobe_patch import __version__
+from rlprobe_patch.catalogue import Patch, patches_for
+from rlprobe_patch.codemod import State, StateReport
+from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
+from rlprobe_patch.errors import RefusedError, RevertBlockedError
+from rlprobe_patch.fsio import atomic_write, checkpoint, sha256
+from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir, register_tree
+from rlprobe_patch.trees import Tree
+
+Progress = Callable[[str], None]
+
+BACKENDS = ("fsdp", "fsdp2", "megatron")
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# -- reading targets --------------------------------------------------------------------------
+def read_target(tree: Tree, rel: str) -> tuple[bytes, cst.Module]:
+    path = tree.root / rel
+    if path.is_symlink() or any(p.is_symlink() for p in path.parents if tree.root in p.parents):
+        raise RefusedError(
+            f"{path}: is reached through a symbolic link; refusing to write through it",
+            hint="patch the real tree the link points to (pass its path as the root)",
+        )
+    if not path.is_file():
+        raise RefusedError(f"{path}: missing", hint=f"verl {tree.version} does not have this file")
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RefusedError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        return data, cst.parse_module(data)
+    except cst.ParserSyntaxError as exc:
+        raise RefusedError(
+            f"{path}:{exc.raw_line}:{exc.raw_column}: syntax error, cannot patch it",
+            details=[exc.message],
+            hint="the file is broken; reinstall the package",
+        ) from None
+
+
+def file_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o7777
+
+
+# -- planning ---------------------------------------------------------------------------------
+@dataclass
+class PatchPlan:
+    patch: Patch
+    state: State
+    reasons: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    tested: bool = True
+    params: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.patch.id,
+            "revision": self.patch.revision,
+            "target": self.patch.target,
+            "state": self.state.value,
+            "reasons": self.reasons,
+            "notices": self.notices,
+            "tested_release": self.tested,
+            "params": self.params,
+        }
+
+
+@dataclass
+class Plan:
+    tree: Tree
+    backend: str
+    params: dict[str, str]
+    patches: list[PatchPlan]
+    changes: dict[str, tuple[bytes, bytes, int]]  # path -> (before, after, mode)
+
+    @property
+    def refused(self) -> list[PatchPlan]:
+        return [p for p in self.patches if p.reasons]
+
+    def diff(self) -> str:
+        return unified_diff({path: (b, a) for path, (b, a, _) in self.changes.items()})
+
+
+def select_patches(package: str, backend: str) -> list[Patch]:
+    patches = patches_for(package, backend)
+    if not patches:
+        raise RefusedError(f"no {package} patch serves backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+    return patches
+
+
+def plan_apply(tree: Tree, backend: str, params: dict[str, str], force: bool = False) -> Plan:
+    plans: list[PatchPlan] = []
+    current: dict[str, tuple[bytes, cst.Module, int]] = {}
+    for patch in select_patches(tree.package, backend):
+        plan = PatchPlan(patch, State.APPLICABLE, tested=patch.is_tested(tree.version))
+        plans.append(plan)
+        if not patch.supports(tree.version):
+            why = patch.refused_why.format(version=tree.version)
+            if not force:
+                plan.state = State.DRIFTED
+                plan.reasons.append(f"unsupported release: {why}; supported: {tree.package} {patch.versions}")
+                continue
+            plan.notices.append(f"--force: {why}; trying the anchors anyway")
+        try:
+            if patch.target not in current:
+                data, module = read_target(tree, patch.target)
+                current[patch.target] = (data, module, file_mode(tree.root / patch.target))
+            data, module, mode = current[patch.target]
+            report = patch.codemod.state(module)
+        except RefusedError as exc:
+            plan.state = State.DRIFTED
+            plan.reasons.append(exc.message + (f" ({exc.hint})" if exc.hint else ""))
+            continue
+        plan.state = report.state
+        plan.notices += patch.notices_for(tree.version, tree.root)
+        if not plan.tested:
+            plan.notices.append(
+                f"{tree.package} {tree.version} is not a tested release of {patch.id} "
+                f"(tested: {', '.join(patch.tested)}); its anchors matched"
+            )
+        wanted = {**patch.codemod.PARAMS, **{k: v for k, v in params.items() if k in patch.codemod.PARAMS}}
+        plan.params = wanted
+        if report.state is State.DRIFTED:
+            plan.reasons += list(report.reasons)
+            plan.reasons.append(_drift_hint(patch))
+        elif report.state is State.APPLIED:
+            plan.params = report.params
+            if report.params != wanted:
+                plan.reasons.append(
+                    f"already applied with {_show_params(report.params)}, not {_show_params(wanted)}; "
+                    "revert first to change it"
+                )
+        else:
+            new = report.expected if report.params == wanted else patch.codemod.insert(module, wanted)
+            assert new is not None
+            _check_in_memory(tree, patch, new)
+            current[patch.target] = (new.bytes, new, mode)
+    changes = {}
+    for rel, (data, _, mode) in current.items():
+        original = (tree.root / rel).read_bytes()
+        if data != original:
+            changes[rel] = (original, data, mode)
+    return Plan(tree, backend, params, plans, changes)
+
+
+def _drift_hint(patch: Patch) -> str:
+    return (
+        f"nothing was written; if this release moved code, {patch.id} needs a new anchor "
+        "(report it with this message); if you edited the file, restore it first"
+    )
+
+
+def _show_params(params: dict[str, str]) -> str:
+    return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in params.items()) or "default parameters"
+
+
+def _check_in_memory(tree: Tree, patch: Patch, new: cst.Module) -> None:
+    """The transformed file must compile and be recognised as APPLIED before anything is written."""
+    try:
+        compile(new.code, str(tree.root / patch.target), "exec", dont_inherit=True)
+    except SyntaxError as exc:  # a bug in a codemod, never the user's fault
+        raise RuntimeError(f"{patch.id} produced code that does not compile: {exc}") from exc
+    again = patch.codemod.state(new)
+    if again.state is not State.APPLIED:
+        raise RuntimeError(f"{patch.id}: the patched file is not recognised as applied: {again.reasons}")
+
+
+# -- applying ---------------------------------------------------------------------------------
+@dataclass
+class ApplyResult:
+    plan: Plan
+    record: Record | None
+    recovered: list[str]
+    dry_run: bool
+    diff: str
+
+    @property
+    def already_applied(self) -> bool:
+        return not self.plan.changes
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def apply(
+    tree: Tree,
+    backend: str,
+    params: dict[str, str] | None = None,
+    *,
+    force: bool = False,
+    dry_run: bool = False,
+    lock_timeout: float = 10.0,
+    progress: Progress = _quiet,
+) -> ApplyResult:
+    params = params or {}
+    if dry_run:
+        progress(f"planning {tree.package} {tree.version} at {tree.root}")
+        plan = plan_apply(tree, backend, params, force)
+        _raise_if_refused(plan)
+        return ApplyResult(plan, None, [], True, plan.diff())
+    state = StateDir(tree.root)
+    with state.lock(lock_timeout):
+        recovered = recover(state)
+        progress(f"planning {tree.package} {tree.version} at {tree.root}")
+        plan = plan_apply(tree, backend, params, force)
+        _raise_if_refused(plan)
+        if not plan.changes:
+            return ApplyResult(plan, None, recovered, False, "")
+        progress(f"writing {len(plan.changes)} file(s)")
+        record, diff = _write_apply(state, plan)
+    register_tree(tree.root, tree.package, present=True)
+    return ApplyResult(plan, record, recovered, False, diff)
+
+
+def _raise_if_refused(plan: Plan) -> None:
+    refused = plan.refused
+    if refused:
+        raise RefusedError(
+            f"refused to patch {plan.tree.package} {plan.tree.version} at {plan.tree.root}; nothing was written",
+            details=[f"{p.patch.id} ({p.patch.target}): {reason}" for p in refused for reason in p.reasons],
+        )
+
+
+def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
+    tree = plan.tree
+    ledger = state.read_ledger()
+    applied = [p for p in plan.patches if p.state is State.APPLICABLE]
+    record_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    files = []
+    before_tree, after_tree = {}, {}
+    for rel, (before, after, mode) in sorted(plan.changes.items()):
+        fr = FileRecord(rel, mode, sha256(before), sha256(after), state.store_blob(before), state.store_blob(after))
+        files.append(fr)
+        before_tree[rel] = (fr.before_blob, mode)
+        after_tree[rel] = (fr.after_blob, mode)
+    params = {k: v for p in applied for k, v in p.params.items()}
+    patch_list = [{"id": p.patch.id, "revision": p.patch.revision} for p in applied]
+    header = provenance_header(
+        [
+            ("rlprobe-patch record", record_id),
+            ("Tool", f"rlprobe-patch {__version__}"),
+            ("Patches", ", ".join(f"{p['id']} r{p['revision']}" for p in patch_list)),
+            ("Package", f"{tree.package} {tree.version} ({tree.version_source})"),
+            ("Tree", str(tree.root)),
+            ("Backend", plan.backend),
+            ("Params", _show_params(params)),
+            ("Created", _now()),
+        ]
+        + [("File", f"{f.path} mode={f.mode:o} before=sha256:{f.before} after=sha256:{f.after}") for f in files]
+    )
+    diff = header + plan.diff()
+    diff_rel = f"diffs/{record_id}.diff"
+    (state.path / "diffs").mkdir(exist_ok=True)
+    atomic_write(state.path / diff_rel, diff.encode("utf-8", errors="surrogateescape"))
+    parent = _branch_head(state, tree.package)
+    commit_before = state.commit_files(before_tree, f"{tree.package} {tree.version}: before {record_id}", parent)
+    commit_after = state.commit_files(
+        after_tree, f"rlprobe-patch apply {', '.join(p['id'] for p in patch_list)}\n\n{header}", commit_before
+    )
+    record = Record(
+        id=record_id,
+        package=tree.package,
+        version=str(tree.version),
+        tool_version=__version__,
+        created=_now(),
+        backend=plan.backend,
+        patches=patch_list,
+        params=params,
+        files=files,
+        diff=diff_rel,
+        commit_before=commit_before,
+        commit_after=commit_after,
+    )
+    ledger.records.append(record)
+    _run_journal(
+        state,
+        {
+            "op": "apply",
+            "record": record_id,
+            "package": tree.package,
+            "files": [
+                {"path": f.path, "mode": f.mode, "from": f.before, "to": f.after, "blob": f.after_blob} for f in files
+            ],
+            "ledger": ledger.to_json(),
+            "branch": commit_after,
+        },
+    )
+    return record, diff
+
+
+def _branch_head(state: StateDir, package: str) -> str | None:
+    try:
+        return state.repo.git.rev_parse("--verify", "--quiet", f"refs/heads/{package}")
+    except Exception:
+        return None
+
+
+def _run_journal(state: StateDir, journal: dict[str, Any]) -> None:
+    """Write the journal, then carry it out. `recover` carries out one left by a killed run."""
+    checkpoint("journal")
+    state.write_journal(journal)
+    _carry_out(state, journal)
+
+
+def _carry_out(state: StateDir, journal: dict[str, Any]) -> list[str]:
+    problems = []
+    for f in journal["files"]:
+        path = state.root / f["path"]
+        current = sha256(path.read_bytes()) if path.is_file() else None
+        if current == f["to"]:
+            if file_mode(path) != f["mode"]:
+                os.chmod(path, f["mode"])
+            continue
+        if current != f["from"]:
+            problems.append(f"{f['path']}: changed by someone else during the interrupted run; left as it is")
+            continue
+        checkpoint(f"write {f['path']}")
+        atomic_write(path, state.read_blob(f["blob"]), f["mode"])
+    checkpoint("ledger")
+    state.write_ledger(Ledger.from_json(journal["ledger"]))
+    state.set_branch(journal["package"], journal["branch"])
+    checkpoint("clear journal")
+    state.clear_journal()
+    return problems
+
+
+def recover(state: StateDir) -> list[str]:
+    """Finish a write that a killed or interrupted run left half done; say what was done."""
+    journal = state.read_journal()
+    if journal is None:
+        return []
+    problems = _carry_out(state, journal)
+    messages = [f"found an interrupted {journal['op']} (record {journal['record']}) and completed it"]
+    root = state.root
+    register_tree(root, journal["package"], present=bool(Ledger.from_json(journal["ledger"]).records))
+    return messages + problems
+
+
+# -- verifying --------------------------------------------------------------------------------
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class VerifyResult:
+    tree: Tree
+    checks: list[Check]
+    skill_output: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def verify(tree: Tree, backend: str | None = None) -> VerifyResult:
+    """Our syntax-tree checks, compile checks, recorded post-images, and the skill's rules."""
+    from rlprobe_patch.skill_checks import check_engine_patch
+
+    state = StateDir(tree.root)
+    checks: list[Check] = []
+    if state.read_journal() is not None:
+        checks.append(Check("journal", False, "an interrupted apply/revert is pending; run `rlprobe-patch status` to finish it"))
+    ledger = state.read_ledger()
+    records = [r for r in ledger.records if r.package == tree.package]
+    backends = {backend} if backend else {r.backend for r in records}
+    if not backends:
+        checks.append(Check("recorded", False, f"nothing recorded for {tree.root}; apply first or name --backend"))
+    for record in records:
+        checks.append(_check_diff(state, record))
+        for f in record.files:
+            path = tree.root / f.path
+            if not path.is_file():
+                checks.append(Check(f"unchanged since apply: {f.path}", False, "file is missing"))
+                continue
+            data = path.read_bytes()
+            changed = sha256(data) != f.after
+            checks.append(
+                Check(
+                    f"unchanged since apply: {f.path}",
+                    not changed,
+                    "edited after apply (drift); `rlprobe-patch revert` will show the edit" if changed else "",
+                )
+            )
+    seen: set[str] = set()
+    for b in sorted(backends):
+        for patch in select_patches(tree.package, b):
+            if patch.id in seen:
+                continue
+            seen.add(patch.id)
+            try:
+                data, module = read_target(tree, patch.target)
+            except RefusedError as exc:
+                checks.append(Check(f"{patch.id}: hooks in place", False, exc.message))
+                continue
+            report: StateReport = patch.codemod.state(module)
+            checks.append(
+                Check(
+                    f"{patch.id}: hooks in place",
+                    report.state is State.APPLIED,
+                    "" if report.state is State.APPLIED else f"{report.state.value}: {'; '.join(report.reasons)}",
+                )
+            )
+            try:
+                compile(data, str(tree.root / patch.target), "exec", dont_inherit=True)
+                checks.append(Check(f"compiles: {patch.target}", True))
+            except SyntaxError as exc:
+                checks.append(Check(f"compiles: {patch.target}", False, str(exc)))
+    skill_lines: list[str] = []
+    for b in sorted({"megatron" if b == "megatron" else "fsdp" for b in backends}):
+        ok, lines = check_engine_patch(tree.root, b)
+        skill_lines += lines
+        checks.append(Check(f"skill check-engine-patch --backend {b}", ok, "; ".join(lines[1:])))
+    return VerifyResult(tree, checks, skill_lines)
+
+
+def _check_diff(state: StateDir, record: Record) -> Check:
+    name = f"recorded diff reverse-applies: {record.diff}"
+    path = state.path / record.diff
+    if not path.is_file():
+        return Check(name, False, "the diff file is missing")
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    try:
+        paths = diff_paths(text)
+    except RefusedError as exc:
+        return Check(name, False, exc.message)
+    if sorted(paths) != sorted(f.path for f in record.files):
+        return Check(name, False, "the diff and the ledger name different files")
+    proc = subprocess.run(
+        ["git", "apply", "--check", "-R", str(path)],
+        cwd=state.root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_DIR": os.devnull},
+    )
+    return Check(name, proc.returncode == 0, proc.stderr.strip())
+
+
+# -- reverting --------------------------------------------------------------------------------
+@dataclass
+class RevertResult:
+    tree: Tree | None
+    root: Path
+    reverted: list[Record]
+    files: list[str]
+    merged: list[str]
+    recovered: list[str]
+    dry_run: bool
+    diff: str
+
+
+def revert(
+    root: Path,
+    tree: Tree | None = None,
+    *,
+    merge: bool = False,
+    dry_run: bool = False,
+    lock_timeout: float = 10.0,
+    progress: Progress = _quiet,
+) -> RevertResult:
+    state = StateDir(root)
+    if not state.exists():
+        raise RefusedError(f"nothing recorded for {root}: no patch of rlprobe-patch to revert")
+    with state.lock(lock_timeout):
+        recovered = [] if dry_run else recover(state)
+        ledger = state.read_ledger()
+        if not ledger.records:
+            return RevertResult(tree, root, [], [], [], recovered, dry_run, "")
+        progress(f"planning the revert of {len(ledger.records)} record(s)")
+        targets, merged = _plan_revert(state, ledger, merge)
+        diff = unified_diff({rel: (cur, new) for rel, (cur, new, _, _) in targets.items()})
+        reverted = list(reversed(ledger.records))
+        if dry_run:
+            return RevertResult(tree, root, reverted, sorted(targets), merged, recovered, True, diff)
+        packages = {r.package for r in ledger.records}
+        files = []
+        for rel, (cur, new, mode, blob) in sorted(targets.items()):
+            files.append({"path": rel, "mode": mode, "from": sha256(cur), "to": sha256(new), "blob": blob})
+        head = None
+        for package in sorted(packages):
+            parent = _branch_head(state, package)
+            tree_files = {rel: (blob, mode) for rel, (_, _, mode, blob) in targets.items()}
+            head = state.commit_files(tree_files, f"rlprobe-patch revert {', '.join(r.id for r in reverted)}", parent)
+        progress(f"writing {len(files)} file(s)")
+        _run_journal(
+            state,
+            {
+                "op": "revert",
+                "record": ",".join(r.id for r in reverted),
+                "package": sorted(packages)[0],
+                "files": files,
+                "ledger": Ledger(root=ledger.root).to_json(),
+                "branch": head,
+            },
+        )
+    for package in packages:
+        register_tree(root, package, present=False)
+    return RevertResult(tree, root, reverted, sorted(targets), merged, recovered, False, diff)
+
+
+def _plan_revert(
+    state: StateDir, ledger: Ledger, merge: bool
+) -> tuple[dict[str, tuple[bytes, bytes, int, str]], list[str]]:
+    """{path: (current bytes, reverted bytes, mode, blob of reverted bytes)}; refuses on edits."""
+    current: dict[str, bytes] = {}
+    result: dict[str, bytes] = {}
+    modes: dict[str, int] = {}
+    merged: list[str] = []
+    blocked: list[str] = []
+    for record in reversed(ledger.records):
+        for f in record.files:
+            path = state.root / f.path
+            if f.path not in result:
+                if not path.is_file():
+                    blocked.append(f"{f.path}: deleted after apply; reinstall the package to restore it")
+                    continue
+                current[f.path] = path.read_bytes()
+                result[f.path] = current[f.path]
+            data = result[f.path]
+            modes[f.path] = f.mode
+            if sha256(data) == f.after:
+                result[f.path] = state.read_blob(f.before_blob)
+            elif sha256(data) == f.before:
+                continue  # already reverted by hand
+            else:
+                original = state.read_blob(f.before_blob)
+                patched = state.read_blob(f.after_blob)
+                edit = unified_diff({f.path: (patched, data)})
+                if not merge:
+                    blocked.append(f"{f.path}: edited after apply; your edit (patched -> now):\n{edit}")
+                    continue
+                ok, out = _merge3(data, patched, original)
+                if not ok:
+                    blocked.append(f"{f.path}: your edit overlaps the patch; cannot merge it. Your edit:\n{edit}")
+                    continue
+                result[f.path] = out
+                merged.append(f.path)
+    if blocked:
+        raise RevertBlockedError(
+            "revert stopped: a patched file changed after apply; nothing was written",
+            details=blocked,
+            hint="" if merge else "rerun with --merge to keep your edits and remove only the patch (three-way merge)",
+        )
+    targets = {}
+    for rel, new in result.items():
+        if new != current[rel]:
+            targets[rel] = (current[rel], new, modes[rel], state.store_blob(new))
+    return targets, merged
+
+
+def _merge3(current: bytes, base: bytes, other: bytes) -> tuple[bool, bytes]:
+    """Apply base->other onto current (git merge-file); ok is False on conflicts."""
+    with tempfile.TemporaryDirectory(prefix="rlprobe-merge-") as tmp:
+        paths = []
+        for name, data in (("current", current), ("patched", base), ("original", other)):
+            p = Path(tmp, name)
+            p.write_bytes(data)
+            paths.append(str(p))
+        proc = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True)
+    return proc.returncode == 0, proc.stdout
+
+
+# -- status -----------------------------------------------------------------------------------
+@dataclass
+class StatusResult:
+    tree: Tree
+    patches: list[PatchPlan]
+    records: list[Record]
+    recovered: list[str]
+    pending_journal: bool
+
+
+def status(tree: Tree, backend: str | None = None) -> StatusResult:
+    state = StateDir(tree.root)
+    recovered: list[str] = []
+    if state.read_journal() is not None and os.access(state.path, os.W_OK):
+        with state.lock(10.0):
+            recovered = recover(state)
+    ledger = state.read_ledger()
+    records = [r for r in ledger.records if r.package == tree.package]
+    backends = [backend] if backend else ["fsdp", "megatron"]
+    plans: list[PatchPlan] = []
+    for b in backends:
+        plan = plan_apply(tree, b, {}, force=True)
+        plans += [p for p in plan.patches if p.patch.id not in {q.patch.id for q in plans}]
+    return StatusResult(tree, plans, records, recovered, state.read_journal() is not None)

@@ -1,0 +1,56 @@
+"""Errors users see, each with its documented exit code."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    INTERNAL = 1  # a bug: an unexpected exception
+    USAGE = 2  # bad command line (click's own code)
+    REFUSED = 3  # not a tree, unsupported version, anchor missing/ambiguous, drifted, unreadable target
+    VERIFY_FAILED = 4  # verify found a hook missing, a file not compiling or a file changed since apply
+    REVERT_BLOCKED = 5  # a patched file was edited after apply; nothing written
+    LOCKED = 6  # another rlprobe-patch run holds the tree's lock
+
+
+class PatchError(Exception):
+    """An error with a message meant for the user and a distinct exit code."""
+
+    exit_code = ExitCode.INTERNAL
+
+    def __init__(self, message: str, *, hint: str = "", details: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.details = details or []
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "error": type(self).__name__,
+            "message": self.message,
+            "hint": self.hint,
+            "details": self.details,
+            "exit_code": int(self.exit_code),
+        }
+
+
+class RefusedError(PatchError):
+    exit_code = ExitCode.REFUSED
+
+
+class NotATreeError(RefusedError):
+    pass
+
+
+class VerifyFailedError(PatchError):
+    exit_code = ExitCode.VERIFY_FAILED
+
+
+class RevertBlockedError(PatchError):
+    exit_code = ExitCode.REVERT_BLOCKED
+
+
+class LockedError(PatchError):
+    exit_code = ExitCode.LOCKED

@@ -1,0 +1,102 @@
+"""Writes that land whole or not at all, the per-tree lock, and fault-injection checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from rlprobe_patch.errors import LockedError
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `data` to `path` through a temp file in the same folder: fsync, chmod, rename."""
+    if mode is None:
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".rlprobe-tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        checkpoint(f"rename {path.name}")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def locked(lock_path: Path, timeout: float, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path`; wait up to `timeout` seconds, then refuse."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = _read_holder(lock_path)
+                    raise LockedError(
+                        f"{what} is locked by another rlprobe-patch run{holder}",
+                        hint="wait for it to finish, or pass --lock-timeout SECONDS to wait longer",
+                    ) from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def _read_holder(lock_path: Path) -> str:
+    try:
+        pid = lock_path.read_text().strip()
+    except OSError:
+        return ""
+    return f" (pid {pid})" if pid else ""
+
+
+# -- fault injection, for the crash tests ----------------------------------------------------
+# RLPROBE_PATCH_FAULT="kill-at=N"   SIGKILL this process at the N-th write checkpoint (1-based)
+# RLPROBE_PATCH_FAULT="delay=SECS"  sleep at every write checkpoint (to kill at random points)
+_checkpoints_passed = 0
+
+
+def checkpoint(name: str) -> None:
+    global _checkpoints_passed
+    fault = os.environ.get("RLPROBE_PATCH_FAULT")
+    if not fault:
+        return
+    _checkpoints_passed += 1
+    kind, _, value = fault.partition("=")
+    if kind == "kill-at" and _checkpoints_passed == int(value):
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "delay":
+        time.sleep(float(value))
+    elif kind == "list":
+        print(f"checkpoint {_checkpoints_passed}: {name}", flush=True)

@@ -1,0 +1,217 @@
+"""Where rlprobe-patch keeps what it did to a tree, found from the tree alone.
+
+    <root>/.rlprobe-patch/
+        .gitignore      "*": the user's own git never sees this folder
+        README.txt      what this folder is
+        lock            held by apply and revert (one writer at a time)
+        ledger.json     the records of what is applied (readable, hand-inspectable)
+        journal.json    only while a write is in flight: what to finish after a crash
+        diffs/<id>.diff the unified diff of each apply, with its provenance header
+        history.git/    a bare git repository: per record, a commit of the original files
+                        and a commit of the patched files on branch <package>; reverts too
+
+Nothing is ever committed into a repository of the user's. A registry in the user's state
+folder lists the patched trees so that `verify` and `revert` work with no arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import git
+from git.index import IndexFile
+from git.index.typ import BaseIndexEntry
+from gitdb import IStream
+
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.fsio import atomic_write, locked
+
+STATE_DIR_NAME = ".rlprobe-patch"
+_README = """This folder was written by rlprobe-patch. It records the patches applied to the
+package trees beside it, so that `rlprobe-patch verify`, `status` and `revert` work.
+Do not edit it by hand; `rlprobe-patch revert` removes the patches and keeps this history.
+Inspect it with: git --git-dir history.git log --stat --all ; cat ledger.json
+"""
+_IDENTITY = git.Actor("rlprobe-patch", "rlprobe-patch@localhost")
+
+
+@dataclass
+class FileRecord:
+    path: str  # relative to the root, POSIX separators
+    mode: int
+    before: str  # sha256 of the original bytes
+    after: str  # sha256 of the patched bytes
+    before_blob: str  # git blob ids in history.git
+    after_blob: str
+
+
+@dataclass
+class Record:
+    id: str
+    package: str
+    version: str
+    tool_version: str
+    created: str
+    backend: str
+    patches: list[dict[str, Any]]  # {"id", "revision"}
+    params: dict[str, str]
+    files: list[FileRecord]
+    diff: str  # path of the diff, relative to the state folder
+    commit_before: str = ""
+    commit_after: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        data = dict(data)
+        data["files"] = [FileRecord(**f) for f in data["files"]]
+        return cls(**data)
+
+
+@dataclass
+class Ledger:
+    root: str
+    records: list[Record] = field(default_factory=list)
+    schema: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Ledger:
+        return cls(root=data["root"], records=[Record.from_json(r) for r in data["records"]], schema=data["schema"])
+
+    def patch_ids(self, package: str) -> list[str]:
+        return [p["id"] for r in self.records if r.package == package for p in r.patches]
+
+
+class StateDir:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / STATE_DIR_NAME
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.path / "ledger.json"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.path / "journal.json"
+
+    def exists(self) -> bool:
+        return self.ledger_path.is_file() or self.journal_path.is_file()
+
+    def lock(self, timeout: float):  # noqa: ANN201 - a context manager
+        self.ensure()
+        return locked(self.path / "lock", timeout, f"{self.root}")
+
+    def ensure(self) -> None:
+        if self.path.is_dir():
+            return
+        if not os.access(self.root, os.W_OK):
+            raise RefusedError(f"{self.root} is read-only: cannot patch it", hint="run as a user who can write it")
+        self.path.mkdir()
+        (self.path / ".gitignore").write_text("*\n")
+        (self.path / "README.txt").write_text(_README)
+
+    # -- ledger -----------------------------------------------------------------------------
+    def read_ledger(self) -> Ledger:
+        if not self.ledger_path.is_file():
+            return Ledger(root=str(self.root))
+        try:
+            return Ledger.from_json(json.loads(self.ledger_path.read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RefusedError(
+                f"{self.ledger_path} is unreadable ({exc})",
+                hint="it was edited by hand or damaged; restore it, or reinstall the package and delete the folder",
+            ) from None
+
+    def write_ledger(self, ledger: Ledger) -> None:
+        atomic_write(self.ledger_path, _dump(ledger.to_json()))
+
+    # -- journal ----------------------------------------------------------------------------
+    def read_journal(self) -> dict[str, Any] | None:
+        if not self.journal_path.is_file():
+            return None
+        return json.loads(self.journal_path.read_text(encoding="utf-8"))
+
+    def write_journal(self, journal: dict[str, Any]) -> None:
+        atomic_write(self.journal_path, _dump(journal))
+
+    def clear_journal(self) -> None:
+        self.journal_path.unlink(missing_ok=True)
+
+    # -- history.git ------------------------------------------------------------------------
+    @functools.cached_property
+    def repo(self) -> git.Repo:
+        # GitDB reads and writes objects in-process (no `git cat-file` child to keep alive).
+        path = self.path / "history.git"
+        if path.is_dir():
+            return git.Repo(path, odbt=git.GitDB)
+        return git.Repo.init(path, bare=True, odbt=git.GitDB)
+
+    def store_blob(self, data: bytes) -> str:
+        return self.repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data))).hexsha.decode()
+
+    def read_blob(self, hexsha: str) -> bytes:
+        return self.repo.odb.stream(bytes.fromhex(hexsha)).read()
+
+    def commit_files(self, files: dict[str, tuple[str, int]], message: str, parent: str | None) -> str:
+        """Commit {path: (blob, mode)} to history.git; returns the commit id."""
+        repo = self.repo
+        with tempfile.TemporaryDirectory() as tmp:
+            index = IndexFile(repo, file_path=os.path.join(tmp, "index"))
+            entries = [
+                BaseIndexEntry((0o100755 if mode & 0o111 else 0o100644, bytes.fromhex(blob), 0, path))
+                for path, (blob, mode) in sorted(files.items())
+            ]
+            index.add(entries, write=False)
+            tree = index.write_tree()
+        parents = [repo.commit(parent)] if parent else []
+        commit = git.Commit.create_from_tree(
+            repo, tree, message, parent_commits=parents, head=False, author=_IDENTITY, committer=_IDENTITY
+        )
+        return commit.hexsha
+
+    def set_branch(self, package: str, commit: str) -> None:
+        self.repo.git.update_ref(f"refs/heads/{package}", commit)
+
+
+def _dump(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+
+# -- the registry of patched trees ------------------------------------------------------------
+def registry_path() -> Path:
+    base = os.environ.get("RLPROBE_PATCH_STATE_HOME")
+    if base:
+        return Path(base) / "registry.json"
+    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(xdg) / "rlprobe-patch" / "registry.json"
+
+
+def registered_trees() -> list[dict[str, str]]:
+    path = registry_path()
+    if not path.is_file():
+        return []
+    try:
+        return list(json.loads(path.read_text(encoding="utf-8")).get("trees", []))
+    except ValueError:
+        return []
+
+
+def register_tree(root: Path, package: str, present: bool) -> None:
+    """Add (present=True) or remove a tree from the registry, under the registry's own lock."""
+    path = registry_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with locked(path.with_suffix(".lock"), 30, "the registry"):
+        trees = [t for t in registered_trees() if not (t["root"] == str(root) and t["package"] == package)]
+        if present:
+            trees.append({"root": str(root), "package": package})
+        atomic_write(path, _dump({"trees": trees}))

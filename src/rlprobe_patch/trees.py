@@ -1,0 +1,133 @@
+"""Finding the tree to patch and its version, without executing any of its code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from rlprobe_patch.errors import NotATreeError
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A package tree: `root/<package>/` is the importable package."""
+
+    package: str
+    root: Path
+    version: Version
+    version_source: str  # "version file", "dist-info", "fingerprint"
+
+    @property
+    def package_dir(self) -> Path:
+        return self.root / self.package
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "package": self.package,
+            "root": str(self.root),
+            "version": str(self.version),
+            "version_source": self.version_source,
+        }
+
+
+# Structural fingerprints of verl releases, newest first: (path or (path, text), lower bound).
+# Used only when neither verl/version/version nor dist-info metadata says the version.
+VERL_FINGERPRINTS: tuple[tuple[str | tuple[str, str], str], ...] = (
+    (("verl/workers/engine/fsdp/transformer_impl.py", 'record_function(f"micro_batch'), "0.9.1"),
+    ("verl/trainer/ppo/v1", "0.9.0"),
+    ("verl/workers/rollout/llm_server.py", "0.8.0"),
+    ("verl/utils/profiler/torch_profile.py", "0.7.1"),
+    ("verl/workers/engine_workers.py", "0.7.0"),
+    ("verl/trainer/ppo/rollout_corr_helper.py", "0.6.1"),
+    ("verl/workers/engine/fsdp/transformer_impl.py", "0.6.0"),
+    ("verl/workers/fsdp_workers.py", "0.3.0"),
+)
+
+
+def find_verl_tree(verl_root: Path | None = None, python: str | None = None) -> Tree:
+    """The verl tree at `verl_root`, or the one that `python` (default: this one) imports."""
+    if verl_root is not None:
+        root = _package_root(Path(verl_root), "verl", "--verl-root")
+    else:
+        root = _imported_root("verl", python)
+    version, source = verl_version(root)
+    return Tree("verl", root, version, source)
+
+
+def _package_root(path: Path, package: str, option: str) -> Path:
+    path = path.expanduser().absolute()
+    if not path.exists():
+        raise NotATreeError(f"{option} {path}: no such directory")
+    if not path.is_dir():
+        raise NotATreeError(f"{option} {path}: is a file, expected the directory that contains `{package}/`")
+    if (path / package / "__init__.py").is_file():
+        return path
+    if path.name == package and (path / "__init__.py").is_file():
+        return path.parent  # the package folder itself was given
+    raise NotATreeError(
+        f"{option} {path}: not a {package} tree (expected {path / package / '__init__.py'}); "
+        f"pass the directory that contains the `{package}` package, e.g. /verl or site-packages"
+    )
+
+
+_FIND_SPEC = (
+    "import importlib.util, json, sys\n"
+    "s = importlib.util.find_spec(sys.argv[1])\n"
+    "print(json.dumps(list(s.submodule_search_locations or []) if s else None))\n"
+)
+
+
+def _imported_root(package: str, python: str | None) -> Path:
+    """Ask `python` where `import <package>` resolves, without importing it (find_spec only)."""
+    interpreter = python or sys.executable
+    try:
+        out = subprocess.run(
+            [interpreter, "-c", _FIND_SPEC, package],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        ).stdout
+    except FileNotFoundError:
+        raise NotATreeError(f"--python {interpreter}: no such interpreter") from None
+    except subprocess.CalledProcessError as exc:
+        raise NotATreeError(f"--python {interpreter} failed: {exc.stderr.strip()[-500:]}") from None
+    locations = json.loads(out.strip().splitlines()[-1])
+    if not locations:
+        where = f"--python {python}" if python else f"this Python ({interpreter})"
+        raise NotATreeError(
+            f"{where} cannot import {package}; pass --{package.replace('_', '-')}-root DIR or the training "
+            "environment's interpreter with --python"
+        )
+    return _package_root(Path(locations[0]), package, "import " + package)
+
+
+def verl_version(root: Path) -> tuple[Version, str]:
+    version_file = root / "verl" / "version" / "version"
+    if version_file.is_file():
+        text = version_file.read_text(encoding="utf-8").strip()
+        try:
+            return Version(text), "version file"
+        except InvalidVersion:
+            pass
+    for meta in sorted(root.glob("verl-*.dist-info/METADATA")):
+        headers = HeaderParser().parsestr(meta.read_text(encoding="utf-8", errors="replace"))
+        if headers.get("Name", "").lower() == "verl" and headers.get("Version"):
+            try:
+                return Version(headers["Version"]), "dist-info"
+            except InvalidVersion:
+                continue
+    for probe, version in VERL_FINGERPRINTS:
+        path, text = probe if isinstance(probe, tuple) else (probe, None)
+        target = root / path
+        if target.exists() and (text is None or text in target.read_text(encoding="utf-8", errors="replace")):
+            return Version(version), "fingerprint"
+    raise NotATreeError(f"{root / 'verl'}: cannot tell the verl version (no version file, dist-info or known layout)")

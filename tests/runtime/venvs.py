@@ -1,0 +1,332 @@
+"""Cached virtual environments that hold a real, pip-installed verl for runtime tests.
+
+Each venv lives at ``$RLPROBE_TEST_CACHE/venvs/verl-<version>`` (default cache:
+``~/.cache/rlprobe-patch-tests``) and holds the CPU build of torch 2.13.0, the
+dependencies that verl release needs to run its FSDP engine on CPU, msprobe
+(``mindstudio-probe``) and verl itself, installed from its wheel with ``--no-deps``
+so that it sits in the venv's site-packages like a user's install would.
+
+A build takes minutes, so venvs are built once and reused:
+
+* ``fcntl`` locks (one per version) make concurrent callers (pytest-xdist workers,
+  two test runs) wait for one build instead of racing;
+* a completion marker, written last, records what was installed; a venv without it
+  (a build that was killed) or with a marker for another recipe is rebuilt.
+
+The dependency pins come from shared/spec/research/verl_cpu_runtime.md, where they
+were found to run verl 0.7.1, 0.8.0 and 0.9.1 on this CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+TORCH_PIN = "torch==2.13.0"  # the CPU build on local disk; any other spec downloads CUDA builds
+MSPROBE_PIN = "mindstudio-probe==26.2.0"
+PATCH_STATE_DIR = ".rlprobe-patch"  # what rlprobe-patch leaves next to the verl package
+COMPLETE_MARKER = ".rlprobe-venv-complete"
+
+
+@dataclass(frozen=True)
+class RuntimeRecipe:
+    """What to install, besides verl's own wheel, for a range of verl releases."""
+
+    verl_versions: SpecifierSet
+    requirements: tuple[str, ...]
+    constraints: tuple[str, ...]  # always includes TORCH_PIN
+    why: str
+
+
+RECIPES: tuple[RuntimeRecipe, ...] = (
+    RuntimeRecipe(
+        verl_versions=SpecifierSet(">=0.9,<0.10"),
+        requirements=(
+            TORCH_PIN,
+            "tensordict==0.10.0",
+            "transformers==5.10.4",
+            "accelerate==1.15.0",
+            "peft==0.21.2",
+            "hydra-core==1.3.8",
+            "codetiming==1.4.0",
+            "datasets==5.2.0",
+            "ray==2.60.0",  # verl/protocol.py imports ray at `import verl`; ray.init is never called
+            "pillow==13.0.0",  # not in verl's Requires-Dist, but rl_dataset.py imports PIL
+            MSPROBE_PIN,
+        ),
+        constraints=(TORCH_PIN,),
+        why="verl 0.9.x declares transformers>=5.5.3,<5.11,!=5.6.0 and numpy 2 works",
+    ),
+    RuntimeRecipe(
+        verl_versions=SpecifierSet(">=0.7,<0.9"),
+        requirements=(
+            TORCH_PIN,
+            "numpy==1.26.4",
+            "transformers==4.57.6",  # 0.7.1's apply_fsdp2 indexes _no_split_modules[0], a set on transformers 5
+            "tensordict==0.10.0",
+            "accelerate",
+            "peft",
+            "hydra-core==1.3.8",
+            "omegaconf",
+            "codetiming==1.4.0",
+            "pandas",
+            "datasets",
+            "pyarrow==21.0.0",  # pyarrow 26 needs numpy>=2; datasets 5 needs pyarrow>=21
+            "dill",
+            "ray==2.60.0",
+            "pillow==13.0.0",
+            MSPROBE_PIN,
+        ),
+        # numpy<2 as a constraint too, so that msprobe's own deps cannot pull numpy 2
+        constraints=(TORCH_PIN, "numpy<2"),
+        why="verl 0.7.x/0.8.x declare numpy<2.0.0 and do not pin transformers",
+    ),
+)
+
+
+def _log(message: str) -> None:
+    print(f"[rlprobe-tests] {message}", file=sys.stderr, flush=True)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RLPROBE_TEST_CACHE", "~/.cache/rlprobe-patch-tests")).expanduser()
+
+
+def recipe_for(verl_version: str) -> RuntimeRecipe:
+    version = Version(verl_version)
+    for recipe in RECIPES:
+        if version in recipe.verl_versions:
+            return recipe
+    supported = ", ".join(str(r.verl_versions) for r in RECIPES)
+    raise ValueError(f"no runtime recipe for verl {verl_version} (recipes cover: {supported})")
+
+
+def venv_dir(verl_version: str) -> Path:
+    return cache_root() / "venvs" / f"verl-{verl_version}"
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """Hold an exclusive fcntl lock on ``<cache>/locks/<name>.lock`` (outside the venv, so it survives rebuilds)."""
+    lock_dir = cache_root() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{name}.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for lock {name} (another process is building or resetting it)")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], log_file: Path, what: str) -> None:
+    """Run a build step, sending its output to ``log_file``; on failure raise with the log's tail."""
+    started = time.monotonic()
+    _log(f"{what} ...")
+    with open(log_file, "a") as log:
+        log.write(f"\n$ {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-40:])
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}); last lines of {log_file}:\n{tail}")
+    _log(f"{what} done in {time.monotonic() - started:.1f}s")
+
+
+def _pip(python: Path, *args: str) -> list[str]:
+    return [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
+
+
+def _find_wheel(verl_version: str) -> Path | None:
+    wheel_dir = cache_root() / "wheels"
+    found = sorted(wheel_dir.glob(f"verl-{verl_version}-*.whl"))
+    return found[0] if found else None
+
+
+def ensure_verl_wheel(verl_version: str, python: Path) -> Path:
+    """Return verl's wheel from ``<cache>/wheels``, downloading it with ``python``'s pip if missing.
+
+    ``RLPROBE_VERL_WHEELHOUSE`` may name a folder of already-downloaded wheels to copy from.
+    """
+    wheel = _find_wheel(verl_version)
+    if wheel is not None:
+        return wheel
+    wheel_dir = cache_root() / "wheels"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    with _locked("wheels"):
+        wheel = _find_wheel(verl_version)
+        if wheel is not None:
+            return wheel
+        staging = wheel_dir / f".download-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            house = os.environ.get("RLPROBE_VERL_WHEELHOUSE")
+            seeded = sorted(Path(house).glob(f"verl-{verl_version}-*.whl")) if house else []
+            if seeded:
+                _log(f"copying {seeded[0]} into the wheel cache")
+                shutil.copy2(seeded[0], staging / seeded[0].name)
+            else:
+                cmd = _pip(python, "download", "--no-deps", "--only-binary=:all:", "-d", str(staging), f"verl=={verl_version}")
+                _run(cmd, cache_root() / "wheels" / "download.log", f"downloading the verl {verl_version} wheel")
+            downloaded = sorted(staging.glob(f"verl-{verl_version}-*.whl"))
+            if not downloaded:
+                raise RuntimeError(f"pip download gave no verl {verl_version} wheel in {staging}")
+            target = wheel_dir / downloaded[0].name
+            os.replace(downloaded[0], target)  # lands whole or not at all
+            return target
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _marker_payload(verl_version: str, recipe: RuntimeRecipe) -> dict:
+    spec = {"verl": verl_version, "requirements": list(recipe.requirements), "constraints": list(recipe.constraints)}
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    return {**spec, "digest": digest}
+
+
+def _is_complete(venv: Path, expected: dict) -> bool:
+    marker = venv / COMPLETE_MARKER
+    if not marker.is_file() or not venv_python(venv).exists():
+        return False
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return recorded.get("digest") == expected["digest"]
+
+
+def _base_python() -> str:
+    # torch 2.13.0+cpu on local disk is a cp311 wheel; RLPROBE_TEST_PYTHON may point at another 3.11
+    return os.environ.get("RLPROBE_TEST_PYTHON", sys.executable)
+
+
+def ensure_runtime_venv(verl_version: str) -> Path:
+    """Return the python of a venv with verl ``verl_version`` installed for CPU runs, building it once."""
+    recipe = recipe_for(verl_version)
+    venv = venv_dir(verl_version)
+    expected = _marker_payload(verl_version, recipe)
+    with _locked(f"verl-{verl_version}"):
+        if _is_complete(venv, expected):
+            return venv_python(venv)
+        started = time.monotonic()
+        if venv.exists():
+            _log(f"removing incomplete or outdated venv {venv}")
+            shutil.rmtree(venv)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        log_file = venv.parent / f"verl-{verl_version}.build.log"
+        log_file.write_text(f"building {venv} for verl {verl_version}: {recipe.why}\n")
+        _log(f"building venv for verl {verl_version} at {venv} (minutes; log: {log_file})")
+
+        _run([_base_python(), "-m", "venv", str(venv)], log_file, "creating the venv")
+        python = venv_python(venv)
+        constraints = venv / "rlprobe-constraints.txt"
+        constraints.write_text("".join(f"{line}\n" for line in recipe.constraints))
+        _run(
+            _pip(python, "install", "-c", str(constraints), *recipe.requirements),
+            log_file,
+            f"installing torch and verl {verl_version}'s runtime deps",
+        )
+        wheel = ensure_verl_wheel(verl_version, python)
+        _run(
+            _pip(python, "install", "--no-deps", "-c", str(constraints), str(wheel)),
+            log_file,
+            f"installing {wheel.name}",
+        )
+        _check_venv(python, verl_version, log_file)
+        payload = {**expected, "wheel": wheel.name, "built_seconds": round(time.monotonic() - started, 1)}
+        (venv / COMPLETE_MARKER).write_text(json.dumps(payload, indent=2) + "\n")  # written last
+        _log(f"venv for verl {verl_version} ready in {time.monotonic() - started:.0f}s")
+        return python
+
+
+_CHECK_SCRIPT = r"""
+import importlib.metadata as md, json, sys
+import torch
+out = {"torch": torch.__version__, "cuda": torch.version.cuda,
+       "verl": md.version("verl"), "msprobe": md.version("mindstudio-probe")}
+print(json.dumps(out))
+"""
+
+
+def _check_venv(python: Path, verl_version: str, log_file: Path) -> None:
+    """Refuse a venv whose torch is not the CPU 2.13.0 build or whose verl is not the one asked for."""
+    proc = subprocess.run([str(python), "-c", _CHECK_SCRIPT], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"venv check failed:\n{proc.stderr[-3000:]}")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    with open(log_file, "a") as log:
+        log.write(f"check: {found}\n")
+    if not found["torch"].startswith("2.13.0") or found["cuda"] is not None:
+        raise RuntimeError(f"venv got torch {found['torch']} (cuda {found['cuda']}), expected 2.13.0 CPU")
+    if found["verl"] != verl_version:
+        raise RuntimeError(f"venv has verl {found['verl']}, expected {verl_version}")
+
+
+def site_packages(python: Path) -> Path:
+    proc = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(proc.stdout.strip())
+
+
+def reset_verl(python: Path, verl_version: str) -> None:
+    """Put back a pristine verl tree in the venv of ``python``: fresh wheel contents, no patch state.
+
+    The old ``verl`` folder is deleted first, so that files a patch added (which pip's
+    uninstall would not know about) go too; then the wheel is force-reinstalled.
+    """
+    python = Path(python)
+    started = time.monotonic()
+    wheel = ensure_verl_wheel(verl_version, python)
+    with _locked(f"verl-{verl_version}"):
+        purelib = site_packages(python)
+        shutil.rmtree(purelib / PATCH_STATE_DIR, ignore_errors=True)
+        shutil.rmtree(purelib / "verl", ignore_errors=True)
+        log_file = cache_root() / "venvs" / f"verl-{verl_version}.reset.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.write_text("")
+        cmd = _pip(python, "install", "--force-reinstall", "--no-deps", str(wheel))
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        log_file.write_text(proc.stdout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"reinstalling {wheel.name} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    _log(f"reset verl {verl_version} in {purelib} ({time.monotonic() - started:.1f}s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/runtime/venvs.py 0.9.1 [0.8.0 ...]``: build (or find) the venvs and print their pythons."""
+    versions = sys.argv[1:] if argv is None else argv
+    if not versions:
+        print("usage: venvs.py VERL_VERSION [...]", file=sys.stderr)
+        return 2
+    for version in versions:
+        print(ensure_runtime_venv(version))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
