@@ -7,7 +7,6 @@ before/after examples that the test suite runs.
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import importlib.util
 import tomllib
@@ -76,30 +75,29 @@ class Patch:
             texts += [
                 self.overrides["text"].format(cls=cls, file=file)
                 for cls, file in find_overriding_classes(
-                    root, self.overrides["files"], self.overrides["base"], self.overrides["method"]
+                    root, self.overrides["files"], self.overrides["method"], exclude=self.target
                 )
             ]
         return texts
 
 
-def find_overriding_classes(root: Path, pattern: str, base: str, method: str) -> list[tuple[str, str]]:
-    """Classes in files matching `pattern` that derive from `base` and define `method`."""
+def find_overriding_classes(root: Path, pattern: str, method: str, exclude: str) -> list[tuple[str, str]]:
+    """Classes in files matching `pattern` (but not `exclude`) that define `method` themselves."""
     found = []
     for path in sorted(root.glob(pattern)):
         rel = path.relative_to(root).as_posix()
-        if not fnmatch.fnmatch(rel, pattern):
+        if rel == exclude:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        if method not in text or base not in text:
+        if f"def {method}" not in text:
             continue
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError:
             continue
-        for cls in m.findall(module, m.ClassDef(bases=[m.ZeroOrMore(), m.Arg(m.Name(base)), m.ZeroOrMore()])):
-            assert isinstance(cls, cst.ClassDef)
-            if m.findall(cls.body, m.FunctionDef(name=m.Name(method))):
-                found.append((cls.name.value, rel))
+        for cls in module.body:
+            if m.matches(cls, m.ClassDef()) and m.findall(cls.body, m.FunctionDef(name=m.Name(method))):  # type: ignore[attr-defined]
+                found.append((cls.name.value, rel))  # type: ignore[attr-defined]
     return found
 
 

@@ -108,8 +108,17 @@ class Plan:
     def refused(self) -> list[PatchPlan]:
         return [p for p in self.patches if p.reasons]
 
+    inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256 of what was read
+
     def diff(self) -> str:
         return unified_diff({path: (b, a) for path, (b, a, _) in self.changes.items()})
+
+    def inputs_unchanged(self) -> bool:
+        for rel, digest in self.inputs.items():
+            path = self.tree.root / rel
+            if not path.is_file() or sha256(path.read_bytes()) != digest:
+                return False
+        return True
 
 
 def select_patches(package: str, backend: str) -> list[Patch]:
@@ -166,12 +175,13 @@ def plan_apply(tree: Tree, backend: str, params: dict[str, str], force: bool = F
             assert new is not None
             _check_in_memory(tree, patch, new)
             current[patch.target] = (new.bytes, new, mode)
-    changes = {}
+    changes, inputs = {}, {}
     for rel, (data, _, mode) in current.items():
         original = (tree.root / rel).read_bytes()
+        inputs[rel] = sha256(original)
         if data != original:
             changes[rel] = (original, data, mode)
-    return Plan(tree, backend, params, plans, changes)
+    return Plan(tree, backend, params, plans, changes, inputs)
 
 
 def _drift_hint(patch: Patch) -> str:
@@ -231,11 +241,20 @@ def apply(
         _raise_if_refused(plan)
         return ApplyResult(plan, None, [], True, plan.diff())
     state = StateDir(tree.root)
-    with state.lock(lock_timeout):
-        recovered = recover(state)
+    # Plan before taking the lock, so that a refusal or a no-op leaves no trace in the tree.
+    plan = None
+    if state.read_journal() is None:
         progress(f"planning {tree.package} {tree.version} at {tree.root}")
         plan = plan_apply(tree, backend, params, force)
         _raise_if_refused(plan)
+        if not plan.changes:
+            return ApplyResult(plan, None, [], False, "")
+    with state.lock(lock_timeout):
+        recovered = recover(state)
+        if plan is None or not plan.inputs_unchanged():
+            progress(f"planning {tree.package} {tree.version} at {tree.root} again (it changed meanwhile)")
+            plan = plan_apply(tree, backend, params, force)
+            _raise_if_refused(plan)
         if not plan.changes:
             return ApplyResult(plan, None, recovered, False, "")
         progress(f"writing {len(plan.changes)} file(s)")

@@ -114,11 +114,17 @@ class StateDir:
     def ensure(self) -> None:
         if self.path.is_dir():
             return
-        if not os.access(self.root, os.W_OK):
-            raise RefusedError(f"{self.root} is read-only: cannot patch it", hint="run as a user who can write it")
-        self.path.mkdir()
-        (self.path / ".gitignore").write_text("*\n")
-        (self.path / "README.txt").write_text(_README)
+        try:
+            if not os.access(self.root, os.W_OK):
+                raise PermissionError(f"{self.root} is read-only")
+            self.path.mkdir()
+            (self.path / ".gitignore").write_text("*\n")
+            (self.path / "README.txt").write_text(_README)
+        except OSError as exc:
+            raise RefusedError(
+                f"cannot write {self.root} ({exc.strerror or exc}); nothing was written",
+                hint="run as a user who can write the tree, or patch a writable copy",
+            ) from None
 
     # -- ledger -----------------------------------------------------------------------------
     def read_ledger(self) -> Ledger:
@@ -150,11 +156,11 @@ class StateDir:
     # -- history.git ------------------------------------------------------------------------
     @functools.cached_property
     def repo(self) -> git.Repo:
-        # GitDB reads and writes objects in-process (no `git cat-file` child to keep alive).
+        # One Repo per state folder: its `git cat-file` child must outlive the streams it serves.
         path = self.path / "history.git"
         if path.is_dir():
-            return git.Repo(path, odbt=git.GitDB)
-        return git.Repo.init(path, bare=True, odbt=git.GitDB)
+            return git.Repo(path)
+        return git.Repo.init(path, bare=True)
 
     def store_blob(self, data: bytes) -> str:
         return self.repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data))).hexsha.decode()

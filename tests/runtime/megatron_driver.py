@@ -446,7 +446,10 @@ def build_standin_source(ex: dict) -> str:
 # --------------------------------------------------------------------------- msprobe config
 
 def write_msprobe_config(path: str | os.PathLike, dump_path: str | os.PathLike) -> dict:
-    """A minimal msprobe config: statistics task, mix level (module + API), every rank and step."""
+    """A minimal msprobe config: statistics task, mix level (module + API), every rank and step.
+
+    msprobe 26.2.0 needs no "statistics" section: scope/list default to empty, data_mode to
+    all, summary_mode to statistics."""
     config = {
         "task": "statistics",
         "dump_path": str(dump_path),
@@ -454,7 +457,6 @@ def write_msprobe_config(path: str | os.PathLike, dump_path: str | os.PathLike) 
         "step": [],
         "level": "mix",
         "async_dump": False,
-        "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(config, indent=2))
@@ -860,7 +862,12 @@ def summarize(events: list[dict], forward_only: bool, args, ex) -> dict:
         if forward_only:
             entry["finished_after_loss"] = step is not None and loss is not None and step > loss
         else:
+            bwd_returned = next((i for i in mine if events[i]["event"] == "schedule.backward_step_returned"), None)
             entry["finished_after_backward"] = step is not None and bwd_end is not None and step > bwd_end
+            # closed by the end-of-backward callback, i.e. before megatron's backward_step returned
+            entry["finished_within_backward_step"] = (
+                entry["finished_after_backward"] and bwd_returned is not None and step < bwd_returned
+            )
         limit = next_taken if next_taken is not None else call_end
         entry["finished_before_next_micro_batch"] = step is not None and step < limit
         per_mb.append(entry)
@@ -913,6 +920,13 @@ def summarize(events: list[dict], forward_only: bool, args, ex) -> dict:
         checks["all_finished_after_loss"] = bool(per_mb) and all(e["finished_after_loss"] for e in per_mb)
     else:
         checks["all_finished_after_backward"] = bool(per_mb) and all(e["finished_after_backward"] for e in per_mb)
+        checks["all_finished_within_backward_step"] = bool(per_mb) and all(
+            e["finished_within_backward_step"] for e in per_mb
+        )
+        # a training step closed after backward holds the backward records too
+        checks["dump_has_backward_records"] = bool(step_numbers) and all(
+            dumped_steps.get(str(s), {}).get("backward_keys", 0) > 0 for s in step_numbers
+        )
     return {
         "per_micro_batch": per_mb,
         "dump": {"dump_path": dump_path, "steps": steps},

@@ -77,15 +77,15 @@ RECIPES: tuple[RuntimeRecipe, ...] = (
             "numpy==1.26.4",
             "transformers==4.57.6",  # 0.7.1's apply_fsdp2 indexes _no_split_modules[0], a set on transformers 5
             "tensordict==0.10.0",
-            "accelerate",
-            "peft",
+            "accelerate==1.15.0",
+            "peft==0.21.2",
             "hydra-core==1.3.8",
-            "omegaconf",
+            "omegaconf==2.3.1",
             "codetiming==1.4.0",
-            "pandas",
-            "datasets",
+            "pandas==3.0.6",
+            "datasets==5.0.1",
             "pyarrow==21.0.0",  # pyarrow 26 needs numpy>=2; datasets 5 needs pyarrow>=21
-            "dill",
+            "dill==0.4.1",
             "ray==2.60.0",
             "pillow==13.0.0",
             MSPROBE_PIN,
@@ -309,7 +309,7 @@ def reset_verl(python: Path, verl_version: str) -> None:
         log_file = cache_root() / "venvs" / f"verl-{verl_version}.reset.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         log_file.write_text("")
-        cmd = _pip(python, "install", "--force-reinstall", "--no-deps", str(wheel))
+        cmd = _pip(python, "install", "--force-reinstall", "--no-deps", "--no-compile", str(wheel))
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
         log_file.write_text(proc.stdout)
         if proc.returncode != 0:

@@ -1,0 +1,97 @@
+"""Shared fixtures: scratch copies of our fixture trees and of real verl releases.
+
+Real releases are downloaded once from the package index (`pip download --no-deps`) into
+`$RLPROBE_TEST_CACHE` (default `~/.cache/rlprobe-patch-tests`) and unpacked per test.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from rlprobe_patch.cli import main
+from rlprobe_patch.fsio import sha256
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures"
+VERL_RELEASES = ("0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")
+REFUSED_RELEASES = ("0.4.1", "0.5.0")
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("RLPROBE_TEST_CACHE", Path.home() / ".cache" / "rlprobe-patch-tests"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def verl_wheel(version: str) -> Path:
+    """The real verl wheel, downloaded once into the cache (safe across xdist workers)."""
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(exist_ok=True)
+    with open(wheels / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = sorted(wheels.glob(f"verl-{version}-*.whl"))
+        if not found:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                 "--disable-pip-version-check", "-d", str(wheels), f"verl=={version}"],
+                check=True,
+            )
+            found = sorted(wheels.glob(f"verl-{version}-*.whl"))
+    return found[0]
+
+
+@pytest.fixture(autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own registry of patched trees."""
+    home = tmp_path_factory.mktemp("state-home")
+    monkeypatch.setenv("RLPROBE_PATCH_STATE_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def fixture_tree(tmp_path: Path):
+    def make(family: str) -> Path:
+        dest = tmp_path / f"fixture-{family}"
+        shutil.copytree(FIXTURES / f"verl-{family}", dest)
+        return dest
+
+    return make
+
+
+@pytest.fixture
+def real_tree(tmp_path: Path):
+    def make(version: str) -> Path:
+        dest = tmp_path / f"verl-{version}"
+        with zipfile.ZipFile(verl_wheel(version)) as zf:
+            zf.extractall(dest)
+        return dest
+
+    return make
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """Content hash and mode of every file, outside our state folder."""
+    return {
+        p.relative_to(root).as_posix(): (sha256(p.read_bytes()), p.stat().st_mode & 0o7777)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".rlprobe-patch" not in p.relative_to(root).parts
+    }
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def cli_json(*args: str) -> tuple[int, dict]:
+    result = cli(*args, "--json")
+    return result.exit_code, json.loads(result.stdout)

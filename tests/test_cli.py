@@ -1,0 +1,273 @@
+"""Commands, exit codes and refusals on our fixture trees (fast; no download)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, cli, cli_json, snapshot
+
+from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.fsio import locked
+
+FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
+MEGATRON = "verl/workers/engine/megatron/transformer_impl.py"
+
+
+@pytest.mark.parametrize("family", ["0.6", "0.8", "0.9"])
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_apply_verify_revert_on_fixtures(fixture_tree, family: str, backend: str) -> None:
+    root = fixture_tree(family)
+    original = snapshot(root)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend)
+    assert code == ExitCode.OK and out["status"] == "applied"
+    code, out = cli_json("verify")
+    assert code == ExitCode.OK, out
+    code, out = cli_json("revert")
+    assert code == ExitCode.OK
+    assert snapshot(root) == original
+
+
+def test_package_folder_itself_is_accepted(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    code, out = cli_json("apply", "--verl-root", root / "verl", "--backend", "fsdp2", "--dry-run")
+    assert code == ExitCode.OK and out["tree"]["root"] == str(root)
+
+
+def test_dry_run_prints_diff_and_writes_nothing(fixture_tree) -> None:
+    root = fixture_tree("0.8")
+    original = snapshot(root)
+    result = cli("apply", "--verl-root", root, "--backend", "megatron", "--dry-run")
+    assert result.exit_code == ExitCode.OK
+    assert f"+++ b/{MEGATRON}" in result.stdout
+    assert "+        if self._dump_should_record:  # rlprobe-patch" in result.stdout
+    assert snapshot(root) == original and not (root / ".rlprobe-patch").exists()
+
+
+def test_second_apply_says_already_applied(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    cli_json("apply", "--verl-root", root, "--backend", "fsdp")
+    ledger = (root / ".rlprobe-patch" / "ledger.json").read_bytes()
+    result = cli("apply", "--verl-root", root, "--backend", "fsdp")
+    assert result.exit_code == ExitCode.OK
+    assert "already applied: nothing written" in result.stdout
+    assert (root / ".rlprobe-patch" / "ledger.json").read_bytes() == ledger
+
+
+def test_status_states(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    cli_json("apply", "--verl-root", root, "--backend", "megatron")
+    code, out = cli_json("status", "--verl-root", root)
+    assert code == ExitCode.OK
+    states = {p["id"]: p["state"] for p in out["trees"][0]["patches"]}
+    assert states == {"verl.fsdp-engine": "applicable", "verl.megatron-engine": "applied"}
+    assert out["trees"][0]["tree"]["version"] == "0.9.1"
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda tmp: tmp / "nowhere", "no such directory"),
+        (lambda tmp: (tmp / "file.txt").write_text("x") and tmp / "file.txt", "is a file"),
+        (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "not a verl tree"),
+    ],
+)
+def test_not_a_tree(tmp_path: Path, make, expected: str) -> None:
+    code, out = cli_json("apply", "--verl-root", make(tmp_path), "--backend", "fsdp")
+    assert code == ExitCode.REFUSED
+    assert expected in out["message"]
+
+
+def test_unsupported_release_refused_then_forced(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    (root / "verl/version/version").write_text("0.5.0\n")
+    original = snapshot(root)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp")
+    assert code == ExitCode.REFUSED
+    assert "unsupported release: verl 0.5.0 has no FSDP engine" in out["details"][0]
+    assert snapshot(root) == original
+    # The anchors are there (the tree really has the 0.9 layout): --force relaxes the range.
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--force")
+    assert code == ExitCode.OK
+    assert any("--force" in n for p in out["patches"] for n in p["notices"])
+
+
+def test_dev_tree_applies_with_untested_notice(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    (root / "verl/version/version").write_text("0.10.0.dev\n")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp")
+    assert code == ExitCode.OK
+    assert out["tree"]["version"] == "0.10.0.dev0"
+    assert any("not a tested release" in n for p in out["patches"] for n in p["notices"])
+
+
+def test_missing_anchor_is_refused_with_scope(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    target = root / FSDP
+    target.write_text(target.read_text().replace("for micro_batch_idx, micro_batch in enumerate(micro_batches):",
+                                                 "for micro_batch_idx, micro_batch in enumerate(batches):"))
+    original = snapshot(root)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp")
+    assert code == ExitCode.REFUSED
+    detail = " ".join(out["details"])
+    assert "FSDPEngine.forward_backward_batch" in detail and "micro_batches" in detail and "found none" in detail
+    assert snapshot(root) == original
+
+
+def test_syntax_error_and_non_utf8_refused(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    (root / FSDP).write_text((root / FSDP).read_text() + "\ndef broken(:\n")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp")
+    assert code == ExitCode.REFUSED and "syntax error" in " ".join(out["details"])
+    (root / MEGATRON).write_bytes((root / MEGATRON).read_bytes() + b"\n# caf\xe9\n")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron")
+    assert code == ExitCode.REFUSED and "not UTF-8" in " ".join(out["details"])
+
+
+def test_verify_fails_after_hand_edit(fixture_tree) -> None:
+    root = fixture_tree("0.8")
+    cli_json("apply", "--verl-root", root, "--backend", "fsdp")
+    target = root / FSDP
+    target.write_text(target.read_text().replace("                self._finish_dump_step(micro_batch)\n", "                pass\n"))
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.VERIFY_FAILED
+    failed = {c["check"]: c["detail"] for c in out["trees"][0]["checks"] if not c["ok"]}
+    assert f"unchanged since apply: {FSDP}" in failed
+    assert "drifted" in failed["verl.fsdp-engine: hooks in place"]
+
+
+def test_revert_keeps_or_shows_later_edits(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    original = snapshot(root)
+    cli_json("apply", "--verl-root", root, "--backend", "fsdp")
+    target = root / FSDP
+    edited = target.read_text().replace("        output_lst = []\n", "        output_lst = []  # my edit\n")
+    target.write_text(edited)
+    result = cli("revert", "--verl-root", root)
+    assert result.exit_code == ExitCode.REVERT_BLOCKED
+    assert "+        output_lst = []  # my edit" in result.stderr  # the edit is shown
+    assert target.read_text() == edited  # nothing written
+    code, out = cli_json("revert", "--verl-root", root, "--merge")
+    assert code == ExitCode.OK and out["trees"][0]["merged"] == [FSDP]
+    expected = (FIXTURES / "verl-0.9" / FSDP).read_text().replace("output_lst = []\n", "output_lst = []  # my edit\n")
+    assert target.read_text() == expected
+    assert {k: v for k, v in snapshot(root).items() if k != FSDP} == {k: v for k, v in original.items() if k != FSDP}
+
+
+def test_revert_with_nothing_recorded(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    code, out = cli_json("revert", "--verl-root", root)
+    assert code == ExitCode.REFUSED and "nothing recorded" in out["message"]
+    code, out = cli_json("revert")
+    assert code == ExitCode.REFUSED and "no patched tree is registered" in out["message"]
+
+
+def test_lock_held_by_another_run(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    cli_json("apply", "--verl-root", root, "--backend", "fsdp")  # creates the state folder
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with locked(root / ".rlprobe-patch" / "lock", 5, "test"):
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holding.wait(5)
+    try:
+        code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--lock-timeout", "0.2")
+        assert code == ExitCode.LOCKED and "locked by another rlprobe-patch run" in out["message"]
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_read_only_tree_refused(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    original = snapshot(root)
+    # chattr +i makes the folder unwritable even for root (CI runs as root).
+    subprocess.run(["chattr", "+i", str(root)], check=True)
+    try:
+        code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp")
+    finally:
+        subprocess.run(["chattr", "-i", str(root)], check=True)
+    assert code == ExitCode.REFUSED and "cannot write" in out["message"]
+    assert snapshot(root) == original
+
+
+def test_symlinked_package_refused(fixture_tree, tmp_path: Path) -> None:
+    real = fixture_tree("0.9")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "verl").symlink_to(real / "verl")
+    code, out = cli_json("apply", "--verl-root", linked, "--backend", "fsdp")
+    assert code == ExitCode.REFUSED and "symbolic link" in " ".join(out["details"])
+
+
+def test_check_engine_patch_wording(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    result = cli("check-engine-patch", "--verl-root", root, "--backend", "megatron")
+    target = root / MEGATRON
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        f"FAIL: {target}",
+        "  - missing markers: _ensure_debugger, _log_update_actor_step, DUMP_ON, update_actor_log.jsonl, "
+        "PrecisionDebugger",
+        "  - Megatron: expected _finish_dump_step or _dump_should_record hooks",
+    ]
+    result = cli("check-engine-patch", "--verl-root", root, "--backend", "fsdp")
+    assert result.stdout.splitlines()[-1] == "  - FSDP: expected dump hooks in forward_backward_batch"
+    assert cli("check-engine-patch", "--verl-root", root).exit_code == 2  # usage
+
+
+def test_python_discovery_without_importing(fixture_tree, tmp_path: Path) -> None:
+    """--python finds the tree the training interpreter imports, without running its code."""
+    root = fixture_tree("0.8")
+    (root / "verl/__init__.py").write_text("raise SystemExit('verl was imported')\n")
+    wrapper = tmp_path / "train-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root}" exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    code, out = cli_json("apply", "--python", wrapper, "--backend", "fsdp", "--dry-run")
+    assert code == ExitCode.OK and out["tree"]["root"] == str(root)
+
+
+def test_version_sources(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    (root / "verl/version/version").unlink()
+    code, out = cli_json("status", "--verl-root", root)
+    assert out["trees"][0]["tree"]["version_source"] == "fingerprint"
+    assert out["trees"][0]["tree"]["version"] == "0.9.1"
+    meta = root / "verl-0.9.1.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: verl\nVersion: 0.9.1\n")
+    code, out = cli_json("status", "--verl-root", root)
+    assert out["trees"][0]["tree"]["version_source"] == "dist-info"
+
+
+def test_list_and_version() -> None:
+    code, out = cli_json("list")
+    ids = [p["id"] for p in out["patches"]]
+    assert ids == ["verl.fsdp-engine", "verl.megatron-engine"]
+    version = subprocess.run([sys.executable, "-m", "rlprobe_patch", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith("rlprobe-patch, version ")
+
+
+def test_msprobe_config_is_baked_and_read_back(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--msprobe-config", "/cfg/actor.json")
+    assert code == ExitCode.OK
+    assert '"MSPROBE_ACTOR_CONFIG", "/cfg/actor.json"' in (root / FSDP).read_text()
+    code, out = cli_json("status", "--verl-root", root)
+    fsdp = next(p for p in out["trees"][0]["patches"] if p["id"] == "verl.fsdp-engine")
+    assert fsdp["state"] == "applied" and fsdp["params"] == {"msprobe_config": "/cfg/actor.json"}
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--msprobe-config", "/other.json")
+    assert code == ExitCode.REFUSED and "revert first" in " ".join(out["details"])
+    assert json.loads((root / ".rlprobe-patch/ledger.json").read_text())["records"][0]["params"] == {
+        "msprobe_config": "/cfg/actor.json"
+    }

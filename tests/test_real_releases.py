@@ -1,0 +1,125 @@
+"""The compatibility matrix of the engine patches, proven on the real verl releases.
+
+Each cell (release x backend): apply, verify (our syntax-tree checks and the skill's
+check-engine-patch rules), py_compile of the touched files, a second apply that writes
+nothing, and a revert that leaves every file byte-identical with its mode.
+"""
+
+from __future__ import annotations
+
+import py_compile
+
+import pytest
+import unidiff
+from conftest import REFUSED_RELEASES, VERL_RELEASES, cli, cli_json, snapshot
+
+from rlprobe_patch.errors import ExitCode
+
+pytestmark = pytest.mark.real
+
+ENGINE_FILE = {
+    "fsdp": "verl/workers/engine/fsdp/transformer_impl.py",
+    "megatron": "verl/workers/engine/megatron/transformer_impl.py",
+}
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+@pytest.mark.parametrize("version", VERL_RELEASES)
+def test_engine_patch_cell(real_tree, version: str, backend: str) -> None:
+    root = real_tree(version)
+    original = snapshot(root)
+    target = root / ENGINE_FILE[backend]
+    target.chmod(0o640)  # an unusual mode must survive apply and revert
+    original[ENGINE_FILE[backend]] = (original[ENGINE_FILE[backend]][0], 0o640)
+
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend)
+    assert code == ExitCode.OK, out
+    assert out["status"] == "applied"
+    assert out["tree"]["version"] == version
+    assert out["files"] == [ENGINE_FILE[backend]]
+    assert target.stat().st_mode & 0o7777 == 0o640
+    py_compile.compile(str(target), doraise=True, cfile=str(root.parent / "compiled.pyc"))
+
+    # The record: a unified diff with provenance that unidiff parses.
+    diff_text = (root / ".rlprobe-patch" / out["diff_file"].split(".rlprobe-patch/")[1]).read_text()
+    assert f"# Package: verl {version}" in diff_text
+    assert "# Patches: verl." in diff_text
+    patch = unidiff.PatchSet(diff_text)
+    assert [f.path for f in patch] == [ENGINE_FILE[backend]]
+    assert patch[0].removed == 0 and patch[0].added > 20
+
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.OK, [c for t in out["trees"] for c in t["checks"] if not c["ok"]]
+    names = [c["check"] for c in out["trees"][0]["checks"]]
+    assert any(n.startswith("recorded diff reverse-applies") for n in names)  # git apply --check -R
+    assert any("hooks in place" in n for n in names)
+    assert out["trees"][0]["skill"] == [f"PASS: {target}"]
+
+    skill_backend = "megatron" if backend == "megatron" else "fsdp"
+    result = cli("check-engine-patch", "--verl-root", root, "--backend", skill_backend)
+    assert result.exit_code == 0 and result.stdout == f"PASS: {target}\n"
+
+    patched = snapshot(root)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend)
+    assert code == ExitCode.OK and out["status"] == "already applied" and out["files"] == []
+    assert snapshot(root) == patched
+
+    code, out = cli_json("revert", "--verl-root", root)
+    assert code == ExitCode.OK, out
+    assert out["trees"][0]["files"] == [ENGINE_FILE[backend]]
+    assert snapshot(root) == original
+
+
+@pytest.mark.parametrize("version", VERL_RELEASES)
+def test_both_engines_then_one_revert(real_tree, version: str) -> None:
+    """Two applies on one tree are two records; revert undoes both, in reverse order."""
+    root = real_tree(version)
+    original = snapshot(root)
+    for backend in ("fsdp", "megatron"):
+        assert cli_json("apply", "--verl-root", root, "--backend", backend)[0] == ExitCode.OK
+    code, out = cli_json("status", "--verl-root", root)
+    states = {p["id"]: p["state"] for p in out["trees"][0]["patches"]}
+    assert states == {"verl.fsdp-engine": "applied", "verl.megatron-engine": "applied"}
+    code, out = cli_json("revert")  # no arguments: the registry knows the tree
+    assert code == ExitCode.OK and len(out["trees"][0]["reverted"]) == 2
+    assert snapshot(root) == original
+
+
+@pytest.mark.parametrize("version", REFUSED_RELEASES)
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_old_releases_refused(real_tree, version: str, backend: str) -> None:
+    root = real_tree(version)
+    original = snapshot(root)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend)
+    assert code == ExitCode.REFUSED
+    assert "nothing was written" in out["message"]
+    assert any(f"unsupported release: verl {version} has no" in d for d in out["details"])
+    assert snapshot(root) == original
+    assert not (root / ".rlprobe-patch").exists()
+    # --force relaxes the version range only: the anchors are still missing, so still refused.
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--force")
+    assert code == ExitCode.REFUSED
+    assert any("missing" in d for d in out["details"])
+    assert snapshot(root) == original
+
+
+@pytest.mark.parametrize("version", ["0.6.1", "0.7.1"])
+def test_legacy_worker_notice(real_tree, version: str) -> None:
+    """Users on 0.6.x / 0.7.x are told the patched engine may not run their PPO actor."""
+    root = real_tree(version)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--dry-run")
+    assert code == ExitCode.OK
+    notices = " ".join(n for p in out["patches"] for n in p["notices"])
+    assert "legacy" in notices
+    if version.startswith("0.7"):
+        assert "trainer.use_legacy_worker_impl=disable" in notices
+    assert "+++ b/verl/workers/engine/megatron/transformer_impl.py" in out["diff"]
+    assert not (root / ".rlprobe-patch").exists()
+
+
+def test_loop_overriding_engines_are_named(real_tree) -> None:
+    root = real_tree("0.9.1")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--dry-run")
+    notices = " ".join(n for p in out["patches"] for n in p["notices"])
+    for engine in ("VeOmniEngine", "TorchTitanEngine", "AutomodelEngine"):
+        assert engine in notices
