@@ -31,7 +31,7 @@ from rlprobe_patch.catalogue import Patch, patches_for
 from rlprobe_patch.codemod import State, StateReport
 from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
 from rlprobe_patch.errors import RefusedError, RevertBlockedError
-from rlprobe_patch.fsio import atomic_write, checkpoint, sha256
+from rlprobe_patch.fsio import atomic_write, checkpoint, remove_stale_temp_files, sha256
 from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir, register_tree
 from rlprobe_patch.trees import Tree
 
@@ -259,7 +259,6 @@ def apply(
             return ApplyResult(plan, None, recovered, False, "")
         progress(f"writing {len(plan.changes)} file(s)")
         record, diff = _write_apply(state, plan)
-    register_tree(tree.root, tree.package, present=True)
     return ApplyResult(plan, record, recovered, False, diff)
 
 
@@ -357,6 +356,7 @@ def _carry_out(state: StateDir, journal: dict[str, Any]) -> list[str]:
     problems = []
     for f in journal["files"]:
         path = state.root / f["path"]
+        remove_stale_temp_files(path)
         current = sha256(path.read_bytes()) if path.is_file() else None
         if current == f["to"]:
             if file_mode(path) != f["mode"]:
@@ -370,6 +370,8 @@ def _carry_out(state: StateDir, journal: dict[str, Any]) -> list[str]:
     checkpoint("ledger")
     state.write_ledger(Ledger.from_json(journal["ledger"]))
     state.set_branch(journal["package"], journal["branch"])
+    ledger = Ledger.from_json(journal["ledger"])
+    register_tree(state.root, journal["package"], present=journal["package"] in {r.package for r in ledger.records})
     checkpoint("clear journal")
     state.clear_journal()
     return problems
@@ -381,10 +383,7 @@ def recover(state: StateDir) -> list[str]:
     if journal is None:
         return []
     problems = _carry_out(state, journal)
-    messages = [f"found an interrupted {journal['op']} (record {journal['record']}) and completed it"]
-    root = state.root
-    register_tree(root, journal["package"], present=bool(Ledger.from_json(journal["ledger"]).records))
-    return messages + problems
+    return [f"found an interrupted {journal['op']} (record {journal['record']}) and completed it", *problems]
 
 
 # -- verifying --------------------------------------------------------------------------------
@@ -549,8 +548,6 @@ def revert(
                 "branch": head,
             },
         )
-    for package in packages:
-        register_tree(root, package, present=False)
     return RevertResult(tree, root, reverted, sorted(targets), merged, recovered, False, diff)
 
 

@@ -39,6 +39,12 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     fsync_dir(path.parent)
 
 
+def remove_stale_temp_files(path: Path) -> None:
+    """Remove temp files that a killed `atomic_write(path)` left beside `path`."""
+    for stale in path.parent.glob(f".{path.name}.*.rlprobe-tmp"):
+        stale.unlink(missing_ok=True)
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

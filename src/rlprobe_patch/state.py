@@ -16,6 +16,7 @@ folder lists the patched trees so that `verify` and `revert` work with no argume
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -23,6 +24,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import git
@@ -31,7 +33,7 @@ from git.index.typ import BaseIndexEntry
 from gitdb import IStream
 
 from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import atomic_write, locked
+from rlprobe_patch.fsio import atomic_write, locked, remove_stale_temp_files
 
 STATE_DIR_NAME = ".rlprobe-patch"
 _README = """This folder was written by rlprobe-patch. It records the patches applied to the
@@ -107,9 +109,13 @@ class StateDir:
     def exists(self) -> bool:
         return self.ledger_path.is_file() or self.journal_path.is_file()
 
-    def lock(self, timeout: float):  # noqa: ANN201 - a context manager
+    @contextlib.contextmanager
+    def lock(self, timeout: float) -> Iterator[None]:
         self.ensure()
-        return locked(self.path / "lock", timeout, f"{self.root}")
+        with locked(self.path / "lock", timeout, f"{self.root}"):
+            for name in ("ledger.json", "journal.json"):
+                remove_stale_temp_files(self.path / name)
+            yield
 
     def ensure(self) -> None:
         if self.path.is_dir():

@@ -54,24 +54,34 @@ sets them in the environment. It finds the dump path by reading the msprobe conf
 MSPROBE_ACTOR_CONFIG (``--dump-path`` overrides). ``--write-config PATH --dump-path DIR``
 writes a minimal statistics/mix msprobe config and exits, without importing torch.
 
-Output (``--out``), JSON; ``ok`` is true when the run completed (the checks are reported,
-not enforced, so a test can expect "no dump" as well)::
+Output (``--out``), JSON. Exit 0 and ``ok: true`` when the run completed; the checks are
+reported, not enforced, so a test can expect "no dump" as well. Exit 1 (``error`` holds the
+traceback, whose hook frames point at the patched file's own lines) when something raised;
+exit 2 (``error`` starts with ``ExtractError``) when the patched file lacks a hook::
 
     {"ok": true, "error": null, "phase_run": "update_actor", "forward_only": false,
-     "micro_batches": 3, "calls": 1, "msprobe_env": {...},
+     "micro_batches": 3, "micro_batch_size": 2, "calls": 1, "msprobe_env": {...},
      "real": {"megatron_core": "0.16.1", "schedule": "...forward_backward_no_pipelining", ...},
-     "workarounds": [...], "extracted": {... line numbers in the patched file ...},
-     "events": [{"seq": 0, "event": "batch_taken", "call": 0, "mb": 0, ...}, ...],
-     "per_micro_batch": [{"call": 0, "mb": 0, "request_ids": [...], "order": [...],
-                          "started": true, "finished": true, "finished_after_backward": true,
-                          "finished_before_next_micro_batch": true, "step": 0}, ...],
+     "workarounds": [...], "hook_globals": ["Any", ..., "logger", "os", "torch"],
+     "extracted": {"methods": {"_ensure_debugger": [first, last line], ...}, ...},
+     "events": [{"seq": 0, "event": "batch_taken", "call": 0, "mb": 0, "t_ms": ..., ...}, ...],
+     "per_micro_batch": [{"call": 0, "mb": 0, "request_ids": ["req-0-0", "req-0-1"],
+                          "order": ["batch_taken", "hook._start_dump_step", ...],
+                          "started": true, "finished": true, "step": 0,
+                          "finished_after_backward": true,        # training only
+                          "finished_within_backward_step": true,  # training only
+                          "finished_after_loss": true,            # forward-only only
+                          "finished_before_next_micro_batch": true}, ...],
      "dump": {"dump_path": ..., "steps": [{"step": 0, "rank_dirs": ["rank0"],
-              "dump_json": true, "data_keys": 12, "backward_keys": 5, "sample_keys": [...]}]},
-     "update_actor_log": {"paths": [...], "lines": [{"step": 0, "rank": 0, "request_ids": [...]}]},
-     "checks": {"dumped": true, "all_started": true, "all_finished": true,
-                "all_finished_after_backward": true, "all_finished_before_next": true,
-                "dump_json_per_step": true, "log_line_per_step": true, "log_ids_match": true},
-     "losses": [...], "grad_norm": 0.42, "timings_s": {...}}
+              "files": {"rank0": ["construct.json", "dump.json", "stack.json"]},
+              "dump_json": true, "data_keys": 21, "backward_keys": 9, "sample_keys": [...]}]},
+     "update_actor_log": {"paths": [".../dump/<pid>/update_actor_log.jsonl"],
+                          "lines": [{"step": 0, "rank": 0, "request_ids": [...]}]},
+     "checks": {"dumped", "all_started", "all_finished", "all_finished_before_next",
+                "dump_json_per_step", "log_line_per_step", "log_ids_match", "steps_distinct",
+                training: "all_finished_after_backward", "all_finished_within_backward_step",
+                "dump_has_backward_records"; forward-only: "all_finished_after_loss"},
+     "losses": [[...]], "grad_norm": 5.5, "timings_s": {"import_and_init", "build", "calls", "total"}}
 
 Events, in the order they happened (``mb`` is the micro-batch the schedule is on; hook
 events that close a step also carry ``closes_mb``): ``batch_taken`` (the schedule's
@@ -290,7 +300,9 @@ def extract_hooks(path: str | os.PathLike) -> dict:
                         f"(line {stmt.lineno}) in postprocess_micro_batch_func"
                     )
                 calls = [
-                    n for n in ast.walk(prev) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._dump_after_loss"
+                    n
+                    for n in ast.walk(prev)
+                    if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._dump_after_loss"
                 ]
                 if not calls or not calls[0].args or ast.unparse(calls[0].args[0]) != loss_expr:
                     raise ExtractError(
@@ -387,7 +399,7 @@ class StandInEngine:
             micro_batch_size=1,
             forward_only=forward_only,
         )
-        _rlp.rec("forward_backward_func_returned")
+        _rlp.schedule_returned()
 @@FBB_AFTER@@
         return losses_reduced
 
@@ -445,6 +457,7 @@ def build_standin_source(ex: dict) -> str:
 
 # --------------------------------------------------------------------------- msprobe config
 
+
 def write_msprobe_config(path: str | os.PathLike, dump_path: str | os.PathLike) -> dict:
     """A minimal msprobe config: statistics task, mix level (module + API), every rank and step.
 
@@ -490,9 +503,18 @@ def run(args: argparse.Namespace, result: dict) -> None:
         "methods": {k: [v["lineno"], v["end_lineno"]] for k, v in ex["methods"].items()},
         "init_statements": [[s["lineno"], s["source"].strip()] for s in ex["init"]["statements"]],
         "init_at_end": ex["init"]["at_end_of_init"],
-        "forward_backward_batch_first": [ex["forward_backward_batch_first"]["lineno"], ex["forward_backward_batch_first"]["source"].strip()],
-        "forward_backward_batch_after_call": [ex["forward_backward_batch_after_call"]["lineno"], ex["forward_backward_batch_after_call"]["source"].strip()],
-        "forward_step_after_next": [ex["forward_step_after_next"]["lineno"], ex["forward_step_after_next"]["source"].strip()],
+        "forward_backward_batch_first": [
+            ex["forward_backward_batch_first"]["lineno"],
+            ex["forward_backward_batch_first"]["source"].strip(),
+        ],
+        "forward_backward_batch_after_call": [
+            ex["forward_backward_batch_after_call"]["lineno"],
+            ex["forward_backward_batch_after_call"]["source"].strip(),
+        ],
+        "forward_step_after_next": [
+            ex["forward_step_after_next"]["lineno"],
+            ex["forward_step_after_next"]["source"].strip(),
+        ],
         "forward_step_params": ex["forward_step_params"],
         "postprocess_sites": [
             {k: s[k] for k in ("arity", "loss_expr", "guard_lineno", "return_lineno")} for s in ex["postprocess_sites"]
@@ -521,8 +543,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
     try:
         from megatron.core import parallel_state as mpu
         from megatron.core.enums import ModelType
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-        from megatron.core.pipeline_parallel import schedules
+        from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         mpu.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
@@ -630,9 +651,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
             if use_td:
                 return list(data.split(size, dim=0))
             n = len(data["request_id"])
-            return [
-                _DictBatch({k: v[i : i + size] for k, v in data.items()}) for i in range(0, n, size)
-            ]
+            return [_DictBatch({k: v[i : i + size] for k, v in data.items()}) for i in range(0, n, size)]
 
         def assign_non_tensor(batch, **kwargs):
             for k, v in kwargs.items():
@@ -641,8 +660,13 @@ def run(args: argparse.Namespace, result: dict) -> None:
         def num_tokens(data):
             return int(data["input_ids"].shape[0])
 
+        def schedule_returned():
+            R.mb = None
+            R.rec("forward_backward_func_returned")
+
         rlp = types.SimpleNamespace(
             rec=R.rec,
+            schedule_returned=schedule_returned,
             RecordingIterator=RecordingIterator,
             split_micro_batches=split_micro_batches,
             assign_non_tensor=assign_non_tensor,
@@ -697,8 +721,16 @@ def run(args: argparse.Namespace, result: dict) -> None:
         # -- build: hook methods in verl-like module globals; the stand-in around them
         logger = logging.getLogger(str(args.patched_file))
         logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
-        hook_globals = {"__name__": "verl_patched_hooks", "__builtins__": __builtins__, "os": os, "torch": torch, "logger": logger}
-        annotation_names = {n: getattr(typing, n) for n in ("Any", "Callable", "ContextManager", "Iterator", "Optional")}
+        hook_globals = {
+            "__name__": "verl_patched_hooks",
+            "__builtins__": __builtins__,
+            "os": os,
+            "torch": torch,
+            "logger": logger,
+        }
+        annotation_names = {
+            n: getattr(typing, n) for n in ("Any", "Callable", "ContextManager", "Iterator", "Optional")
+        }
         annotation_names["TensorDict"] = TensorDict if TensorDict is not None else object
         hook_globals.update(annotation_names)
         result["hook_globals"] = sorted(k for k in hook_globals if not k.startswith("__"))
@@ -785,7 +817,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
         }
         result["workarounds"] = WORKAROUNDS
         result["events"] = R.events
-        result.update(summarize(R.events, forward_only, args, ex))
+        result.update(summarize(R.events, forward_only, args))
     finally:
         try:
             from megatron.core import parallel_state
@@ -813,7 +845,7 @@ def dump_path_from_env(args) -> str | None:
     return None
 
 
-def summarize(events: list[dict], forward_only: bool, args, ex) -> dict:
+def summarize(events: list[dict], forward_only: bool, args) -> dict:
     per_mb = []
     keys = sorted({(e["call"], e["mb"]) for e in events if e["event"] == "batch_taken"})
     for call, mb in keys:
@@ -845,11 +877,19 @@ def summarize(events: list[dict], forward_only: bool, args, ex) -> dict:
         loss = next((i for i in mine if events[i]["event"] == "loss"), None)
         bwd_end = next((i for i in mine if events[i]["event"] == "model.backward_end"), None)
         next_taken = next(
-            (i for i, e in enumerate(events) if e["call"] == call and e["event"] == "batch_taken" and e["mb"] == mb + 1),
+            (
+                i
+                for i, e in enumerate(events)
+                if e["call"] == call and e["event"] == "batch_taken" and e["mb"] == mb + 1
+            ),
             None,
         )
-        call_end = next((i for i, e in enumerate(events) if e["call"] == call and e["event"] == "call_end"), len(events))
-        taken = next(i for i, e in enumerate(events) if e["call"] == call and e["mb"] == mb and e["event"] == "batch_taken")
+        call_end = next(
+            (i for i, e in enumerate(events) if e["call"] == call and e["event"] == "call_end"), len(events)
+        )
+        taken = next(
+            i for i, e in enumerate(events) if e["call"] == call and e["mb"] == mb and e["event"] == "batch_taken"
+        )
         entry = {
             "call": call,
             "mb": mb,
@@ -875,9 +915,10 @@ def summarize(events: list[dict], forward_only: bool, args, ex) -> dict:
     dump_path = dump_path_from_env(args)
     steps = []
     if dump_path and os.path.isdir(dump_path):
-        for step_dir in sorted(glob.glob(os.path.join(dump_path, "step*")), key=lambda p: int(p.rsplit("step", 1)[1] or -1) if p.rsplit("step", 1)[1].isdigit() else -1):
+        step_dirs = [p for p in glob.glob(os.path.join(dump_path, "step*")) if p.rsplit("step", 1)[1].isdigit()]
+        for step_dir in sorted(step_dirs, key=lambda p: int(p.rsplit("step", 1)[1])):
             rank_dirs = sorted(d for d in os.listdir(step_dir) if os.path.isdir(os.path.join(step_dir, d)))
-            info = {"step": step_dir.rsplit("step", 1)[1], "rank_dirs": rank_dirs, "files": {}}
+            info = {"step": int(step_dir.rsplit("step", 1)[1]), "rank_dirs": rank_dirs, "files": {}}
             for rd in rank_dirs:
                 info["files"][rd] = sorted(os.listdir(os.path.join(step_dir, rd)))
             dump_jsons = [os.path.join(step_dir, rd, "dump.json") for rd in rank_dirs]
@@ -903,17 +944,17 @@ def summarize(events: list[dict], forward_only: bool, args, ex) -> dict:
                     log_lines.append({"unparsed": line})
 
     step_numbers = [e["step"] for e in per_mb if e["finished"]]
-    dumped_steps = {str(s["step"]): s for s in steps}
+    dumped_steps = {s["step"]: s for s in steps}
     checks = {
         "dumped": any(e["event"] == "debugger.start" for e in events),
         "all_started": bool(per_mb) and all(e["started"] for e in per_mb),
         "all_finished": bool(per_mb) and all(e["finished"] for e in per_mb),
         "all_finished_before_next": bool(per_mb) and all(e["finished_before_next_micro_batch"] for e in per_mb),
         "dump_json_per_step": bool(step_numbers)
-        and all(dumped_steps.get(str(s), {}).get("dump_json") for s in step_numbers),
-        "log_line_per_step": sorted(step_numbers) == sorted(l.get("step") for l in log_lines),
+        and all(dumped_steps.get(s, {}).get("dump_json") for s in step_numbers),
+        "log_line_per_step": sorted(step_numbers) == sorted(line.get("step") for line in log_lines),
         "log_ids_match": bool(per_mb)
-        and [l.get("request_ids") for l in log_lines] == [e["request_ids"] for e in per_mb if e["finished"]],
+        and [line.get("request_ids") for line in log_lines] == [e["request_ids"] for e in per_mb if e["finished"]],
         "steps_distinct": len(step_numbers) == len(set(step_numbers)),
     }
     if forward_only:
@@ -925,7 +966,7 @@ def summarize(events: list[dict], forward_only: bool, args, ex) -> dict:
         )
         # a training step closed after backward holds the backward records too
         checks["dump_has_backward_records"] = bool(step_numbers) and all(
-            dumped_steps.get(str(s), {}).get("backward_keys", 0) > 0 for s in step_numbers
+            dumped_steps.get(s, {}).get("backward_keys", 0) > 0 for s in step_numbers
         )
     return {
         "per_micro_batch": per_mb,
@@ -941,21 +982,33 @@ def summarize(events: list[dict], forward_only: bool, args, ex) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--patched-file", type=Path, help="a patched verl megatron transformer_impl.py")
-    parser.add_argument("--phase-run", choices=["log_prob", "update_actor"], default="update_actor",
-                        help="log_prob: forward_only=True under no_grad; update_actor: forward_only=False + optimizer step")
+    parser.add_argument(
+        "--phase-run",
+        choices=["log_prob", "update_actor"],
+        default="update_actor",
+        help="log_prob: forward_only=True under no_grad; update_actor: forward_only=False + optimizer step",
+    )
     parser.add_argument("--micro-batches", type=int, default=2)
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--calls", type=int, default=1, help="forward_backward_batch calls to make")
-    parser.add_argument("--per-token-loss", action="store_true",
-                        help="calculate_per_token_loss=True: exercise the hooked 3-value return")
+    parser.add_argument(
+        "--per-token-loss",
+        action="store_true",
+        help="calculate_per_token_loss=True: exercise the hooked 3-value return",
+    )
     parser.add_argument("--batch-kind", choices=["auto", "tensordict", "dict"], default="auto")
     parser.add_argument("--dump-path", type=Path, help="where msprobe dumps (default: read from $MSPROBE_ACTOR_CONFIG)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--out", type=Path, help="result JSON")
-    parser.add_argument("--write-config", type=Path, metavar="PATH",
-                        help="only write a minimal msprobe config (needs --dump-path) and exit")
-    parser.add_argument("--extract-only", action="store_true",
-                        help="only extract the hook code (stdlib only) and write it to --out")
+    parser.add_argument(
+        "--write-config",
+        type=Path,
+        metavar="PATH",
+        help="only write a minimal msprobe config (needs --dump-path) and exit",
+    )
+    parser.add_argument(
+        "--extract-only", action="store_true", help="only extract the hook code (stdlib only) and write it to --out"
+    )
     args = parser.parse_args(argv)
     if args.write_config:
         if not args.dump_path:
