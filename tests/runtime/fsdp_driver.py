@@ -351,7 +351,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
                     timings,
                     "forward_backward_batch(train)",
                     step,
-                    lambda: engine.forward_backward_batch(batch, loss_function=loss_fn, forward_only=False),
+                    lambda batch=batch: engine.forward_backward_batch(batch, loss_function=loss_fn, forward_only=False),
                 )
                 record["train_micro_batch_request_ids"] = spy.take()
                 record["losses"] = [float(loss) for loss in output["loss"]]
@@ -364,7 +364,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
                     timings,
                     "forward_backward_batch(forward_only)",
                     step,
-                    lambda: engine.forward_backward_batch(batch, loss_function=None, forward_only=True),
+                    lambda batch=batch: engine.forward_backward_batch(batch, loss_function=None, forward_only=True),
                 )
                 record["forward_only_micro_batch_request_ids"] = spy.take()
                 record["log_probs"] = log_probs_summary(output)

@@ -352,6 +352,8 @@ class StandInEngine:
         self.module = module  # list of model chunks, as verl's self.module
         self.optimizer = optimizer
         self.tf_config = module[0].config
+        # verl's McoreEngineConfig: forward_only marks a ref engine, which never dumps.
+        self.engine_config = types.SimpleNamespace(forward_only=False)
         self.mode = None
 @@INIT@@
 
@@ -747,6 +749,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
             "mpu": mpu,
             "get_forward_backward_func": get_forward_backward_func,
             "_rlp": rlp,
+            "types": types,
         }
         exec(compile(standin_src, standin_file, "exec"), standin_globals)
         StandIn = standin_globals["StandInEngine"]

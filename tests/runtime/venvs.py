@@ -146,7 +146,7 @@ def _run(cmd: list[str], log_file: Path, what: str) -> None:
     with open(log_file, "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_neutral_cwd())
     if proc.returncode != 0:
         tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-40:])
         raise RuntimeError(f"{what} failed (exit {proc.returncode}); last lines of {log_file}:\n{tail}")
@@ -154,7 +154,15 @@ def _run(cmd: list[str], log_file: Path, what: str) -> None:
 
 
 def _pip(python: Path, *args: str) -> list[str]:
-    return [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
+    return [str(python), "-I", "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
+
+
+def _neutral_cwd() -> str:
+    # Subprocesses run from here with `python -I`, so that a caller's cwd or PYTHONPATH
+    # (a scratch `concurrent.py`, a `tests/` package) cannot shadow stdlib or site modules.
+    path = cache_root()
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
 
 
 def _find_wheel(verl_version: str) -> Path | None:
@@ -187,7 +195,9 @@ def ensure_verl_wheel(verl_version: str, python: Path) -> Path:
                 _log(f"copying {seeded[0]} into the wheel cache")
                 shutil.copy2(seeded[0], staging / seeded[0].name)
             else:
-                cmd = _pip(python, "download", "--no-deps", "--only-binary=:all:", "-d", str(staging), f"verl=={verl_version}")
+                cmd = _pip(
+                    python, "download", "--no-deps", "--only-binary=:all:", "-d", str(staging), f"verl=={verl_version}"
+                )
                 _run(cmd, cache_root() / "wheels" / "download.log", f"downloading the verl {verl_version} wheel")
             downloaded = sorted(staging.glob(f"verl-{verl_version}-*.whl"))
             if not downloaded:
@@ -238,7 +248,7 @@ def ensure_runtime_venv(verl_version: str) -> Path:
         log_file.write_text(f"building {venv} for verl {verl_version}: {recipe.why}\n")
         _log(f"building venv for verl {verl_version} at {venv} (minutes; log: {log_file})")
 
-        _run([_base_python(), "-m", "venv", str(venv)], log_file, "creating the venv")
+        _run([_base_python(), "-I", "-m", "venv", str(venv)], log_file, "creating the venv")
         python = venv_python(venv)
         constraints = venv / "rlprobe-constraints.txt"
         constraints.write_text("".join(f"{line}\n" for line in recipe.constraints))
@@ -271,7 +281,7 @@ print(json.dumps(out))
 
 def _check_venv(python: Path, verl_version: str, log_file: Path) -> None:
     """Refuse a venv whose torch is not the CPU 2.13.0 build or whose verl is not the one asked for."""
-    proc = subprocess.run([str(python), "-c", _CHECK_SCRIPT], capture_output=True, text=True)
+    proc = subprocess.run([str(python), "-I", "-c", _CHECK_SCRIPT], capture_output=True, text=True, cwd=_neutral_cwd())
     if proc.returncode != 0:
         raise RuntimeError(f"venv check failed:\n{proc.stderr[-3000:]}")
     found = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -285,10 +295,11 @@ def _check_venv(python: Path, verl_version: str, log_file: Path) -> None:
 
 def site_packages(python: Path) -> Path:
     proc = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         check=True,
+        cwd=_neutral_cwd(),
     )
     return Path(proc.stdout.strip())
 
@@ -310,11 +321,50 @@ def reset_verl(python: Path, verl_version: str) -> None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         log_file.write_text("")
         cmd = _pip(python, "install", "--force-reinstall", "--no-deps", "--no-compile", str(wheel))
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            cwd=_neutral_cwd(),
+        )
         log_file.write_text(proc.stdout)
         if proc.returncode != 0:
             raise RuntimeError(f"reinstalling {wheel.name} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
     _log(f"reset verl {verl_version} in {purelib} ({time.monotonic() - started:.1f}s)")
+
+
+MEGATRON_REQUIREMENTS = (TORCH_PIN, "megatron-core==0.16.1", MSPROBE_PIN, "tensordict==0.10.0")
+
+
+def ensure_megatron_venv() -> Path:
+    """The python of a venv with megatron-core (its real pipeline schedule runs on CPU) and msprobe.
+
+    See megatron_venv.md: megatron-core 0.16.1 needs only torch/numpy/packaging; no verl here,
+    the driver executes the hooks taken from a patched verl file.
+    """
+    venv = cache_root() / "venvs" / "megatron-core"
+    spec = {"requirements": list(MEGATRON_REQUIREMENTS)}
+    expected = {**spec, "digest": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()}
+    with _locked("megatron-core"):
+        if _is_complete(venv, expected):
+            return venv_python(venv)
+        started = time.monotonic()
+        if venv.exists():
+            shutil.rmtree(venv)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        log_file = venv.parent / "megatron-core.build.log"
+        log_file.write_text(f"building {venv}\n")
+        _log(f"building the megatron-core venv at {venv} (minutes; log: {log_file})")
+        _run([_base_python(), "-I", "-m", "venv", str(venv)], log_file, "creating the venv")
+        python = venv_python(venv)
+        constraints = venv / "rlprobe-constraints.txt"
+        constraints.write_text(f"{TORCH_PIN}\n")
+        _run(_pip(python, "install", "-c", str(constraints), *MEGATRON_REQUIREMENTS), log_file, "installing")
+        (venv / COMPLETE_MARKER).write_text(json.dumps(expected, indent=2) + "\n")  # written last
+        _log(f"megatron-core venv ready in {time.monotonic() - started:.0f}s")
+        return python
 
 
 def main(argv: list[str] | None = None) -> int:
