@@ -42,8 +42,19 @@ def verl_wheel(version: str) -> Path:
         found = sorted(wheels.glob(f"verl-{version}-*.whl"))
         if not found:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-                 "--disable-pip-version-check", "-d", str(wheels), f"verl=={version}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "-d",
+                    str(wheels),
+                    f"verl=={version}",
+                ],
                 check=True,
             )
             found = sorted(wheels.glob(f"verl-{version}-*.whl"))

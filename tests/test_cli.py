@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -109,8 +108,12 @@ def test_dev_tree_applies_with_untested_notice(fixture_tree) -> None:
 def test_missing_anchor_is_refused_with_scope(fixture_tree) -> None:
     root = fixture_tree("0.9")
     target = root / FSDP
-    target.write_text(target.read_text().replace("for micro_batch_idx, micro_batch in enumerate(micro_batches):",
-                                                 "for micro_batch_idx, micro_batch in enumerate(batches):"))
+    target.write_text(
+        target.read_text().replace(
+            "for micro_batch_idx, micro_batch in enumerate(micro_batches):",
+            "for micro_batch_idx, micro_batch in enumerate(batches):",
+        )
+    )
     original = snapshot(root)
     code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp")
     assert code == ExitCode.REFUSED
@@ -133,7 +136,9 @@ def test_verify_fails_after_hand_edit(fixture_tree) -> None:
     root = fixture_tree("0.8")
     cli_json("apply", "--verl-root", root, "--backend", "fsdp")
     target = root / FSDP
-    target.write_text(target.read_text().replace("                self._finish_dump_step(micro_batch)\n", "                pass\n"))
+    target.write_text(
+        target.read_text().replace("                self._finish_dump_step(micro_batch)\n", "                pass\n")
+    )
     code, out = cli_json("verify", "--verl-root", root)
     assert code == ExitCode.VERIFY_FAILED
     failed = {c["check"]: c["detail"] for c in out["trees"][0]["checks"] if not c["ok"]}
@@ -240,18 +245,18 @@ def test_python_discovery_without_importing(fixture_tree, tmp_path: Path) -> Non
 def test_version_sources(fixture_tree) -> None:
     root = fixture_tree("0.9")
     (root / "verl/version/version").unlink()
-    code, out = cli_json("status", "--verl-root", root)
+    _code, out = cli_json("status", "--verl-root", root)
     assert out["trees"][0]["tree"]["version_source"] == "fingerprint"
     assert out["trees"][0]["tree"]["version"] == "0.9.1"
     meta = root / "verl-0.9.1.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: verl\nVersion: 0.9.1\n")
-    code, out = cli_json("status", "--verl-root", root)
+    _, out = cli_json("status", "--verl-root", root)
     assert out["trees"][0]["tree"]["version_source"] == "dist-info"
 
 
 def test_list_and_version() -> None:
-    code, out = cli_json("list")
+    _, out = cli_json("list")
     ids = [p["id"] for p in out["patches"]]
     assert ids == ["verl.fsdp-engine", "verl.megatron-engine"]
     version = subprocess.run([sys.executable, "-m", "rlprobe_patch", "--version"], capture_output=True, text=True)

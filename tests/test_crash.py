@@ -71,7 +71,11 @@ def test_kill_at_every_checkpoint(tmp_path: Path, state_home: Path, patched_byte
         root = tmp_path / f"t{k}"
         shutil.copytree(FIXTURES / "verl-0.9", root)
         original = snapshot(root)
-        env = {**os.environ, "RLPROBE_PATCH_STATE_HOME": str(state_home / f"s{k}"), "RLPROBE_PATCH_FAULT": f"kill-at={k}"}
+        env = {
+            **os.environ,
+            "RLPROBE_PATCH_STATE_HOME": str(state_home / f"s{k}"),
+            "RLPROBE_PATCH_FAULT": f"kill-at={k}",
+        }
         proc = rlprobe("apply", "--verl-root", str(root), "--backend", "megatron", env=env)
         env.pop("RLPROBE_PATCH_FAULT")
         if proc.returncode == 0:  # k is past the last checkpoint

@@ -119,7 +119,7 @@ def test_legacy_worker_notice(real_tree, version: str) -> None:
 
 def test_loop_overriding_engines_are_named(real_tree) -> None:
     root = real_tree("0.9.1")
-    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--dry-run")
+    _, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--dry-run")
     notices = " ".join(n for p in out["patches"] for n in p["notices"])
     for engine in ("VeOmniEngine", "TorchTitanEngine", "AutomodelEngine"):
         assert engine in notices

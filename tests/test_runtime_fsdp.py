@@ -32,8 +32,16 @@ def run_driver(python: Path, tmp: Path, name: str, **env: str) -> dict:
     out = tmp / f"{name}.json"
     clean = {k: v for k, v in os.environ.items() if k not in ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG")}
     proc = subprocess.run(
-        [str(python), str(DRIVER), "--model-dir", str(tmp / "model"), "--micro-batches", str(MICRO_BATCHES),
-         "--out", str(out)],
+        [
+            str(python),
+            str(DRIVER),
+            "--model-dir",
+            str(tmp / "model"),
+            "--micro-batches",
+            str(MICRO_BATCHES),
+            "--out",
+            str(out),
+        ],
         env={**clean, **env},
         capture_output=True,
         text=True,
@@ -48,8 +56,11 @@ def run_driver(python: Path, tmp: Path, name: str, **env: str) -> dict:
 def msprobe_config(tmp: Path, name: str) -> tuple[Path, Path]:
     dump = tmp / f"dump-{name}"
     config = tmp / f"config-{name}.json"
-    config.write_text(json.dumps({"task": "statistics", "dump_path": str(dump), "rank": [], "step": [],
-                                  "level": "mix", "async_dump": False}))
+    config.write_text(
+        json.dumps(
+            {"task": "statistics", "dump_path": str(dump), "rank": [], "step": [], "level": "mix", "async_dump": False}
+        )
+    )
     return config, dump
 
 

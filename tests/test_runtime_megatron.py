@@ -49,7 +49,9 @@ def megatron_python() -> Path:
 
 
 @pytest.mark.parametrize("version", ["0.6.0", "0.8.0", "0.9.1"])
-def test_megatron_hooks_dump_the_requested_phase(real_tree, megatron_python: Path, tmp_path: Path, version: str) -> None:
+def test_megatron_hooks_dump_the_requested_phase(
+    real_tree, megatron_python: Path, tmp_path: Path, version: str
+) -> None:
     root = real_tree(version)
     code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron")
     assert code == ExitCode.OK, out
@@ -63,16 +65,34 @@ def test_megatron_hooks_dump_the_requested_phase(real_tree, megatron_python: Pat
 
         dump = tmp_path / f"dump-{phase}"
         config = tmp_path / f"config-{phase}.json"
-        config.write_text(json.dumps({"task": "statistics", "dump_path": str(dump), "rank": [], "step": [],
-                                      "level": "mix", "async_dump": False}))
+        config.write_text(
+            json.dumps(
+                {
+                    "task": "statistics",
+                    "dump_path": str(dump),
+                    "rank": [],
+                    "step": [],
+                    "level": "mix",
+                    "async_dump": False,
+                }
+            )
+        )
         env = {"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(config)}
         if phase != "log_prob":
             env["DUMP_PHASE"] = phase
         on = run_driver(megatron_python, patched, tmp_path, f"on-{phase}", "--phase-run", phase, **env)
         checks = on["checks"]
         assert on["losses"] == off["losses"]  # dumping does not change the numbers
-        for name in ("dumped", "all_started", "all_finished", "all_finished_before_next",
-                     "dump_json_per_step", "log_line_per_step", "log_ids_match", "steps_distinct"):
+        for name in (
+            "dumped",
+            "all_started",
+            "all_finished",
+            "all_finished_before_next",
+            "dump_json_per_step",
+            "log_line_per_step",
+            "log_ids_match",
+            "steps_distinct",
+        ):
             assert checks[name], (name, on["per_micro_batch"])
         assert [s["step"] for s in on["dump"]["steps"]] == [0, 1, 2]
         if forward_only:
@@ -98,6 +118,16 @@ def test_megatron_per_token_loss_return(real_tree, megatron_python: Path, tmp_pa
     dump = tmp_path / "dump"
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"task": "statistics", "dump_path": str(dump), "level": "mix"}))
-    on = run_driver(megatron_python, root / TARGET, tmp_path, "per-token", "--phase-run", "update_actor",
-                    "--per-token-loss", DUMP_ON="1", DUMP_PHASE="all", MSPROBE_ACTOR_CONFIG=str(config))
+    on = run_driver(
+        megatron_python,
+        root / TARGET,
+        tmp_path,
+        "per-token",
+        "--phase-run",
+        "update_actor",
+        "--per-token-loss",
+        DUMP_ON="1",
+        DUMP_PHASE="all",
+        MSPROBE_ACTOR_CONFIG=str(config),
+    )
     assert on["checks"]["all_finished_after_backward"] and on["checks"]["log_line_per_step"]

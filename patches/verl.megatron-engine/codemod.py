@@ -32,7 +32,9 @@ class Codemod(ConfigPathParam):
     OPERATIONS = (
         AddMethods("MegatronEngine"),
         Hook("MegatronEngine", "__init__", "init_debugger_state", Where.END, METHOD, expected="the method body"),
-        Hook("MegatronEngine", "forward_backward_batch", "decide_dump", Where.START, METHOD, expected="the method body"),
+        Hook(
+            "MegatronEngine", "forward_backward_batch", "decide_dump", Where.START, METHOD, expected="the method body"
+        ),
         Hook(
             "MegatronEngine",
             "forward_backward_batch",

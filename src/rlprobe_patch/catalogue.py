@@ -18,7 +18,7 @@ import libcst.matchers as m
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from rlprobe_patch.codemod import Payload, PatchCodemod
+from rlprobe_patch.codemod import PatchCodemod, Payload
 
 
 def patches_dir() -> Path:
@@ -68,9 +68,7 @@ class Patch:
         return any(Version(v) == version for v in self.tested)
 
     def notices_for(self, version: Version, root: Path) -> list[str]:
-        texts = [
-            n.text.format(version=version) for n in self.notices if n.versions.contains(version, prereleases=True)
-        ]
+        texts = [n.text.format(version=version) for n in self.notices if n.versions.contains(version, prereleases=True)]
         if self.overrides:
             texts += [
                 self.overrides["text"].format(cls=cls, file=file)

@@ -101,7 +101,9 @@ def main() -> None:
 @tree_options
 @click.option("--backend", type=click.Choice(BACKENDS), required=True, help="Training backend to hook.")
 @click.option("--dry-run", is_flag=True, help="Print the unified diff; write nothing.")
-@click.option("--force", is_flag=True, help="Allow a release outside the patch's version range (anchors still checked).")
+@click.option(
+    "--force", is_flag=True, help="Allow a release outside the patch's version range (anchors still checked)."
+)
 @click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the hooks.")
 @click.option("--lock-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for another run.")
 @command
@@ -199,7 +201,12 @@ def verify_cmd(out: Out, verl_root: Path | None, python: str | None, backend: st
         {
             "ok": ok,
             "trees": [
-                {"tree": tree_json(r.tree), "ok": r.ok, "checks": [c.to_json() for c in r.checks], "skill": r.skill_output}
+                {
+                    "tree": tree_json(r.tree),
+                    "ok": r.ok,
+                    "checks": [c.to_json() for c in r.checks],
+                    "skill": r.skill_output,
+                }
                 for r in results
             ],
         }
@@ -207,8 +214,10 @@ def verify_cmd(out: Out, verl_root: Path | None, python: str | None, backend: st
     for r in results:
         _print_tree(out, r.tree)
         for c in r.checks:
-            out.line(f"  {'PASS' if c.ok else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail and not c.ok else ""),
-                     fg=None if c.ok else "red")
+            out.line(
+                f"  {'PASS' if c.ok else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail and not c.ok else ""),
+                fg=None if c.ok else "red",
+            )
     out.line("verified" if ok else "verification FAILED", fg="green" if ok else "red", bold=True)
     return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
 
@@ -237,8 +246,9 @@ def revert_cmd(
     """Restore, byte for byte, what apply changed; never destroys later edits."""
     results = []
     for tree in _targets(verl_root, python):
-        results.append(revert(tree.root, tree, merge=merge, dry_run=dry_run, lock_timeout=lock_timeout,
-                              progress=out.progress))
+        results.append(
+            revert(tree.root, tree, merge=merge, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress)
+        )
     out.emit(
         {
             "ok": True,

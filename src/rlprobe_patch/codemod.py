@@ -266,11 +266,14 @@ class PatchCodemod:
         for line in module.body:
             for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
                 if isinstance(small, cst.Import):
-                    defined.update(cst.helpers.get_full_name_for_node(a.asname.name if a.asname else a.name).split(".")[0]
-                                   for a in small.names)
+                    defined.update(
+                        cst.helpers.get_full_name_for_node(a.asname.name if a.asname else a.name).split(".")[0]
+                        for a in small.names
+                    )
                 elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                    defined.update(cst.helpers.get_full_name_for_node(a.asname.name if a.asname else a.name)
-                                   for a in small.names)
+                    defined.update(
+                        cst.helpers.get_full_name_for_node(a.asname.name if a.asname else a.name) for a in small.names
+                    )
                 elif isinstance(small, (cst.Assign, cst.AnnAssign)):
                     targets = small.targets if isinstance(small, cst.Assign) else [small]
                     defined.update(t.target.value for t in targets if isinstance(t.target, cst.Name))
@@ -289,14 +292,10 @@ class PatchCodemod:
             module, op.cls, lambda cls: self._edit_method(cls, op, lambda fn: self._hook(fn, op, params, strip))
         )
 
-    def _edit_class(
-        self, module: cst.Module, name: str, edit: Callable[[cst.ClassDef], cst.ClassDef]
-    ) -> cst.Module:
+    def _edit_class(self, module: cst.Module, name: str, edit: Callable[[cst.ClassDef], cst.ClassDef]) -> cst.Module:
         found = [i for i, s in enumerate(module.body) if m.matches(s, m.ClassDef(name=m.Name(name)))]
         if len(found) != 1:
-            raise AnchorError(
-                f"{self.target}", f"one module-level class `{name}`", f"{len(found)} such classes"
-            )
+            raise AnchorError(f"{self.target}", f"one module-level class `{name}`", f"{len(found)} such classes")
         body = list(module.body)
         body[found[0]] = edit(body[found[0]])  # type: ignore[arg-type]
         return module.with_changes(body=body)
@@ -416,7 +415,10 @@ def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
 def assigns_call(target: str, call: m.BaseMatcherNode) -> StatementPredicate:
     """`target = <call>` or `target: T = <call>` as a statement line."""
     pattern = m.SimpleStatementLine(
-        body=[m.Assign(targets=[m.AssignTarget(m.Name(target))], value=call) | m.AnnAssign(target=m.Name(target), value=call)]
+        body=[
+            m.Assign(targets=[m.AssignTarget(m.Name(target))], value=call)
+            | m.AnnAssign(target=m.Name(target), value=call)
+        ]
     )
     return lambda stmt: m.matches(stmt, pattern)
 

@@ -47,8 +47,19 @@ def fetch_verl_wheel(version: str, progress: Callable[[str], None]) -> Path:
         return found[0]
     progress(f"downloading verl {version} from the package index")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-         "-q", "-d", str(cache), f"verl=={version}"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(cache),
+            f"verl=={version}",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

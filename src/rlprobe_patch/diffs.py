@@ -25,8 +25,17 @@ def unified_diff(changes: Mapping[str, tuple[bytes, bytes]]) -> str:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
             proc = subprocess.run(
-                ["git", "diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--no-textconv",
-                 f"a/{path}", f"b/{path}"],
+                [
+                    "git",
+                    "diff",
+                    "--no-index",
+                    "--no-prefix",
+                    "--no-color",
+                    "--no-ext-diff",
+                    "--no-textconv",
+                    f"a/{path}",
+                    f"b/{path}",
+                ],
                 cwd=tmp,
                 capture_output=True,
                 env={**os.environ, **_GIT_ENV},

@@ -124,7 +124,9 @@ class Plan:
 def select_patches(package: str, backend: str) -> list[Patch]:
     patches = patches_for(package, backend)
     if not patches:
-        raise RefusedError(f"no {package} patch serves backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+        raise RefusedError(
+            f"no {package} patch serves backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"
+        )
     return patches
 
 
@@ -221,7 +223,7 @@ class ApplyResult:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def apply(
@@ -275,7 +277,7 @@ def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
     tree = plan.tree
     ledger = state.read_ledger()
     applied = [p for p in plan.patches if p.state is State.APPLICABLE]
-    record_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    record_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
     files = []
     before_tree, after_tree = {}, {}
     for rel, (before, after, mode) in sorted(plan.changes.items()):
@@ -415,7 +417,9 @@ def verify(tree: Tree, backend: str | None = None) -> VerifyResult:
     state = StateDir(tree.root)
     checks: list[Check] = []
     if state.read_journal() is not None:
-        checks.append(Check("journal", False, "an interrupted apply/revert is pending; run `rlprobe-patch status` to finish it"))
+        checks.append(
+            Check("journal", False, "an interrupted apply/revert is pending; run `rlprobe-patch status` to finish it")
+        )
     ledger = state.read_ledger()
     records = [r for r in ledger.records if r.package == tree.package]
     backends = {backend} if backend else {r.backend for r in records}

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REQUIRED_MARKERS = ["_ensure_debugger", "_log_update_actor_step", "DUMP_ON", "update_actor_log.jsonl", "PrecisionDebugger"]
+REQUIRED_MARKERS = [
+    "_ensure_debugger",
+    "_log_update_actor_step",
+    "DUMP_ON",
+    "update_actor_log.jsonl",
+    "PrecisionDebugger",
+]
 
 
 def engine_target(backend: str) -> str:

@@ -435,7 +435,8 @@ def build_standin_source(ex: dict) -> str:
     def site_src(arity, spaces):
         site = sites.get(arity)
         if site is None:
-            return _indent("raise RuntimeError('the patched file has no hooked return of %d values')\n" % arity, spaces)
+            message = f"raise RuntimeError('the patched file has no hooked return of {arity} values')\n"
+            return _indent(message, spaces)
         return _indent(site["guard_source"], spaces) + _indent(site["return_source"], spaces)
 
     logits_kw = "logits_processor_func=loss_function," if "logits_processor_func" in ex["forward_step_params"] else ""
@@ -826,7 +827,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
             from megatron.core import parallel_state
 
             parallel_state.destroy_model_parallel()
-        except Exception:  # noqa: BLE001 - best effort
+        except Exception:
             pass
         dist.destroy_process_group()
         if store.exists():
@@ -1054,7 +1055,7 @@ def main(argv=None) -> int:
     except ExtractError as exc:
         result["error"] = f"ExtractError: {exc}"
         code = 2
-    except BaseException:  # noqa: BLE001 - report everything, including SystemExit from the hooks
+    except BaseException:
         result["error"] = traceback.format_exc()
         code = 1
     result["timings_s"]["total"] = round(time.perf_counter() - t, 3)

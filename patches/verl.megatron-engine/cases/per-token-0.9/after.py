@@ -43,9 +43,7 @@ class MegatronEngine:
         try:
             log_dir = os.path.join(self._debugger.config.dump_path, str(os.getpid()))
             os.makedirs(log_dir, exist_ok=True)
-            self._update_actor_logger_fp = open(
-                os.path.join(log_dir, "update_actor_log.jsonl"), "a", encoding="utf-8"
-            )
+            self._update_actor_logger_fp = open(os.path.join(log_dir, "update_actor_log.jsonl"), "a", encoding="utf-8")
         except Exception as exc:
             logger.warning(f"Failed to initialize update_actor_logger: {exc}")
 

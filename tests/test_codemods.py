@@ -1,0 +1,125 @@
+"""The codemods: before/after cases from the catalogue, and the laws every patch obeys.
+
+Cases live beside each patch (`patches/<id>/cases/<name>/{before,after}.py`), the way
+LibCST's `CodemodTest.assertCodemod(before, after)` tests read.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlprobe_patch.catalogue import load_catalogue
+from rlprobe_patch.codemod import State
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = [(p, case) for p in load_catalogue() for case in sorted((p.folder / "cases").iterdir())]
+FIXTURE_TARGETS = [
+    (p, REPO / "fixtures" / f"verl-{family}" / p.target) for p in load_catalogue() for family in ("0.6", "0.8", "0.9")
+]
+
+
+@pytest.mark.parametrize(("patch", "case"), CASES, ids=[f"{p.id}/{c.name}" for p, c in CASES])
+def test_case(patch, case: Path) -> None:
+    before = (case / "before.py").read_bytes()
+    after = (case / "after.py").read_bytes()
+    module = cst.parse_module(before)
+    assert patch.codemod.state(module).state is State.APPLICABLE
+    patched = patch.codemod.insert(module)
+    assert patched.bytes == after
+    assert patch.codemod.state(cst.parse_module(after)).state is State.APPLIED
+    assert patch.codemod.strip(cst.parse_module(after)).bytes == before
+    compile(after, str(case / "after.py"), "exec")
+
+
+def test_every_patch_has_cases_and_a_payload_that_compiles() -> None:
+    for patch in load_catalogue():
+        assert len(list((patch.folder / "cases").iterdir())) >= 2, patch.id
+        compile((patch.folder / "payload.py").read_text(), str(patch.folder / "payload.py"), "exec")
+        assert patch.codemod.DESCRIPTION
+
+
+def _variants(source: str, newline: str, indent: str, trailing_newline: bool) -> str:
+    lines = source.split("\n")
+    out = [re.sub(r"^((?:    )+)", lambda mt: indent * (len(mt.group(1)) // 4), line) for line in lines]
+    text = newline.join(out)
+    return text if trailing_newline else text.rstrip(newline)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    target=st.sampled_from(FIXTURE_TARGETS),
+    newline=st.sampled_from(["\n", "\r\n"]),
+    indent=st.sampled_from(["    ", "  ", "\t", "        "]),
+    trailing_newline=st.booleans(),
+)
+def test_laws_hold_for_any_formatting(target, newline: str, indent: str, trailing_newline: bool) -> None:
+    """apply∘apply = apply, strip∘apply = identity (bytes), and the inserted code follows the
+    file's own line endings, indentation and trailing newline."""
+    patch, path = target
+    source = _variants(path.read_text(), newline, indent, trailing_newline)
+    module = cst.parse_module(source.encode())
+    patched = patch.codemod.insert(module)
+    text = patched.code
+    assert patch.codemod.state(patched).state is State.APPLIED
+    assert patch.codemod.strip(patched).code == source
+    assert text.endswith(newline) == trailing_newline
+    if newline == "\r\n":
+        assert "\n" not in text.replace("\r\n", "")
+    assert re.search(r"^" + re.escape(indent * 2) + r"if getattr\(self, \"_debugger\", None\)", text, re.M)
+    compile(text, str(path), "exec")
+    # Applying again to the patched tree changes nothing: the state says so, never a failed attempt.
+    assert patch.codemod.insert(patch.codemod.strip(patched)).code == text
+
+
+@pytest.mark.parametrize(("patch", "path"), FIXTURE_TARGETS, ids=lambda x: getattr(x, "id", ""))
+def test_reformatted_patched_file_is_still_applied(patch, path: Path) -> None:
+    """State is decided from the syntax tree: reflowing the inserted code does not make it drift."""
+    patched = patch.codemod.insert(cst.parse_module(path.read_bytes())).code
+    reflowed = patched.replace(
+        'self._update_actor_logger_fp = open(os.path.join(log_dir, "update_actor_log.jsonl"), "a", encoding="utf-8")',
+        'self._update_actor_logger_fp = open(\n                os.path.join(log_dir, "update_actor_log.jsonl"),\n'
+        '                "a",\n                encoding="utf-8",\n            )',
+    ).replace("  # rlprobe-patch", "")
+    assert reflowed != patched
+    assert patch.codemod.state(cst.parse_module(reflowed)).state is State.APPLIED
+
+
+@pytest.mark.parametrize(("patch", "path"), FIXTURE_TARGETS, ids=lambda x: getattr(x, "id", ""))
+def test_partial_or_edited_hooks_drift(patch, path: Path) -> None:
+    patched = patch.codemod.insert(cst.parse_module(path.read_bytes())).code
+    edited = patched.replace("self._debugger.step()", "self._debugger.step()\n        print('hi')", 1)
+    report = patch.codemod.state(cst.parse_module(edited))
+    assert report.state is State.DRIFTED
+    assert "edited after apply" in report.reasons[0]
+    # A hand-applied hook that no longer matches ours: the patch must not be laid over it twice.
+    half = patched.replace("    def _finish_dump_step(self", "    def _finish_dump_step_renamed(self", 1)
+    assert patch.codemod.state(cst.parse_module(half)).state is State.DRIFTED
+
+
+def test_ambiguous_and_missing_anchors_name_the_place() -> None:
+    patch = next(p for p in load_catalogue() if p.id == "verl.fsdp-engine")
+    source = (REPO / "fixtures/verl-0.9" / patch.target).read_text()
+    loop = "        for micro_batch_idx, micro_batch in enumerate(micro_batches):\n"
+    twice = source.replace(loop, "        for micro_batch in micro_batches:\n            pass\n" + loop)
+    report = patch.codemod.state(cst.parse_module(twice))
+    assert report.state is State.DRIFTED
+    assert "FSDPEngine.forward_backward_batch" in report.reasons[0] and "2 (ambiguous)" in report.reasons[0]
+    gone = source.replace("    def forward_backward_batch(self", "    def forward_backward(self")
+    report = patch.codemod.state(cst.parse_module(gone))
+    assert (
+        report.state is State.DRIFTED
+        and "class FSDPEngine: expected one method `forward_backward_batch`" in (report.reasons[0])
+    )
+    clash = source.replace(
+        "    def forward_step(self, micro_batch",
+        "    def _ensure_debugger(self):\n        pass\n\n    def forward_step(self, micro_batch",
+        1,
+    )
+    report = patch.codemod.state(cst.parse_module(clash))
+    assert report.state is State.DRIFTED
