@@ -123,3 +123,4 @@ def test_loop_overriding_engines_are_named(real_tree) -> None:
     notices = " ".join(n for p in out["patches"] for n in p["notices"])
     for engine in ("VeOmniEngine", "TorchTitanEngine", "AutomodelEngine"):
         assert engine in notices
+    assert "MegatronEngine" not in notices  # the Megatron backend has its own patch

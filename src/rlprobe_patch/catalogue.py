@@ -7,11 +7,13 @@ before/after examples that the test suite runs.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import importlib.util
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
@@ -50,7 +52,7 @@ class Patch:
     refused_why: str
     folder: Path
     notices: tuple[Notice, ...] = ()
-    overrides: dict[str, str] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     @functools.cached_property
     def codemod(self) -> PatchCodemod:
@@ -73,18 +75,18 @@ class Patch:
             texts += [
                 self.overrides["text"].format(cls=cls, file=file)
                 for cls, file in find_overriding_classes(
-                    root, self.overrides["files"], self.overrides["method"], exclude=self.target
+                    root, self.overrides["files"], self.overrides["method"], [self.target, *self.overrides["exclude"]]
                 )
             ]
         return texts
 
 
-def find_overriding_classes(root: Path, pattern: str, method: str, exclude: str) -> list[tuple[str, str]]:
-    """Classes in files matching `pattern` (but not `exclude`) that define `method` themselves."""
+def find_overriding_classes(root: Path, pattern: str, method: str, exclude: list[str]) -> list[tuple[str, str]]:
+    """Classes in files matching `pattern` (but no `exclude` glob) that define `method` themselves."""
     found = []
     for path in sorted(root.glob(pattern)):
         rel = path.relative_to(root).as_posix()
-        if rel == exclude:
+        if any(fnmatch.fnmatch(rel, glob) for glob in exclude):
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         if f"def {method}" not in text:

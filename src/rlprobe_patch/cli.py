@@ -8,18 +8,19 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rlprobe_patch import __version__
-from rlprobe_patch.catalogue import load_catalogue
-from rlprobe_patch.diffs import diffstat
-from rlprobe_patch.engine import BACKENDS, PatchPlan, apply, revert, status, verify
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
-from rlprobe_patch.skill_checks import check_engine_patch
-from rlprobe_patch.state import registered_trees
-from rlprobe_patch.trees import Tree, find_verl_tree
+from rlprobe_patch.state_registry import registered_trees
+from rlprobe_patch.trees import BACKENDS, Tree, find_verl_tree
+
+# The engine (LibCST, GitPython) is imported inside the commands that use it, so that
+# `--version`, `--help` and usage errors start fast.
+if TYPE_CHECKING:
+    from rlprobe_patch.engine import PatchPlan
 
 
 class Out:
@@ -118,6 +119,9 @@ def apply_cmd(
     lock_timeout: float,
 ) -> int:
     """Patch the verl engine of BACKEND with msprobe dump hooks, recorded as a revertible diff."""
+    from rlprobe_patch.diffs import diffstat
+    from rlprobe_patch.engine import apply
+
     tree = find_verl_tree(verl_root, python)
     params = {"msprobe_config": msprobe_config} if msprobe_config else {}
     result = apply(
@@ -195,6 +199,8 @@ def _targets(verl_root: Path | None, python: str | None) -> list[Tree]:
 @command
 def verify_cmd(out: Out, verl_root: Path | None, python: str | None, backend: str | None) -> int:
     """Check the hooks (syntax tree, compile, recorded post-image, the skill's rules)."""
+    from rlprobe_patch.engine import verify
+
     results = [verify(tree, backend) for tree in _targets(verl_root, python)]
     ok = all(r.ok for r in results)
     out.emit(
@@ -227,6 +233,8 @@ def verify_cmd(out: Out, verl_root: Path | None, python: str | None, backend: st
 @click.option("--backend", type=click.Choice(["fsdp", "megatron"]), required=True)
 def check_engine_patch_cmd(verl_root: Path, backend: str) -> None:
     """The skill's check-engine-patch, same markers, wording and exit codes (0 PASS, 1 FAIL)."""
+    from rlprobe_patch.skill_checks import check_engine_patch
+
     ok, lines = check_engine_patch(verl_root, backend)
     for line in lines:
         click.echo(line)
@@ -244,6 +252,8 @@ def revert_cmd(
     out: Out, verl_root: Path | None, python: str | None, merge: bool, dry_run: bool, lock_timeout: float
 ) -> int:
     """Restore, byte for byte, what apply changed; never destroys later edits."""
+    from rlprobe_patch.engine import revert
+
     results = []
     for tree in _targets(verl_root, python):
         results.append(
@@ -290,6 +300,8 @@ def revert_cmd(
 @command
 def status_cmd(out: Out, verl_root: Path | None, python: str | None, backend: str | None) -> int:
     """Per tree: path, version, every patch and its state (applied / applicable / drifted)."""
+    from rlprobe_patch.engine import status
+
     if verl_root is None and python is None and not registered_trees():
         trees = [find_verl_tree()]
     else:
@@ -329,6 +341,8 @@ def status_cmd(out: Out, verl_root: Path | None, python: str | None, backend: st
 @command
 def list_cmd(out: Out) -> int:
     """Every patch in the catalogue: releases, backends and why."""
+    from rlprobe_patch.catalogue import load_catalogue
+
     patches = load_catalogue()
     out.emit(
         {

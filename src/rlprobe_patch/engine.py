@@ -32,12 +32,11 @@ from rlprobe_patch.codemod import State, StateReport
 from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
 from rlprobe_patch.errors import RefusedError, RevertBlockedError
 from rlprobe_patch.fsio import atomic_write, checkpoint, remove_stale_temp_files, sha256
-from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir, register_tree
-from rlprobe_patch.trees import Tree
+from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir
+from rlprobe_patch.state_registry import register_tree
+from rlprobe_patch.trees import BACKENDS, Tree
 
 Progress = Callable[[str], None]
-
-BACKENDS = ("fsdp", "fsdp2", "megatron")
 
 
 def _quiet(_: str) -> None:

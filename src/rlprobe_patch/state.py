@@ -34,6 +34,7 @@ from gitdb import IStream
 
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write, locked, remove_stale_temp_files
+from rlprobe_patch.state_registry import dump_json as _dump
 
 STATE_DIR_NAME = ".rlprobe-patch"
 _README = """This folder was written by rlprobe-patch. It records the patches applied to the
@@ -193,37 +194,3 @@ class StateDir:
 
     def set_branch(self, package: str, commit: str) -> None:
         self.repo.git.update_ref(f"refs/heads/{package}", commit)
-
-
-def _dump(data: Any) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
-
-
-# -- the registry of patched trees ------------------------------------------------------------
-def registry_path() -> Path:
-    base = os.environ.get("RLPROBE_PATCH_STATE_HOME")
-    if base:
-        return Path(base) / "registry.json"
-    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(xdg) / "rlprobe-patch" / "registry.json"
-
-
-def registered_trees() -> list[dict[str, str]]:
-    path = registry_path()
-    if not path.is_file():
-        return []
-    try:
-        return list(json.loads(path.read_text(encoding="utf-8")).get("trees", []))
-    except ValueError:
-        return []
-
-
-def register_tree(root: Path, package: str, present: bool) -> None:
-    """Add (present=True) or remove a tree from the registry, under the registry's own lock."""
-    path = registry_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with locked(path.with_suffix(".lock"), 30, "the registry"):
-        trees = [t for t in registered_trees() if not (t["root"] == str(root) and t["package"] == package)]
-        if present:
-            trees.append({"root": str(root), "package": package})
-        atomic_write(path, _dump({"trees": trees}))

@@ -14,6 +14,8 @@ from packaging.version import InvalidVersion, Version
 
 from rlprobe_patch.errors import NotATreeError
 
+BACKENDS = ("fsdp", "fsdp2", "megatron")
+
 
 @dataclass(frozen=True)
 class Tree:
