@@ -64,7 +64,9 @@ def test_status_states(fixture_tree) -> None:
     code, out = cli_json("status", "--verl-root", root)
     assert code == ExitCode.OK
     states = {p["id"]: p["state"] for p in out["trees"][0]["patches"]}
-    assert states == {"verl.fsdp-engine": "applicable", "verl.megatron-engine": "applied"}
+    assert states["verl.fsdp-engine"] == "applicable" and states["verl.megatron-engine"] == "applied"
+    # The fixture holds the engines only: the trainer-side patches have no file to go to.
+    assert states["verl.prompts-only"] == "drifted"
     assert out["trees"][0]["tree"]["version"] == "0.9.1"
 
 
@@ -143,7 +145,7 @@ def test_verify_fails_after_hand_edit(fixture_tree) -> None:
     assert code == ExitCode.VERIFY_FAILED
     failed = {c["check"]: c["detail"] for c in out["trees"][0]["checks"] if not c["ok"]}
     assert f"unchanged since apply: {FSDP}" in failed
-    assert "drifted" in failed["verl.fsdp-engine: hooks in place"]
+    assert "drifted" in failed[f"verl.fsdp-engine: hooks in place in {FSDP}"]
 
 
 def test_revert_keeps_or_shows_later_edits(fixture_tree) -> None:
@@ -258,7 +260,19 @@ def test_version_sources(fixture_tree) -> None:
 def test_list_and_version() -> None:
     _, out = cli_json("list")
     ids = [p["id"] for p in out["patches"]]
-    assert ids == ["verl.fsdp-engine", "verl.megatron-engine"]
+    assert ids == [
+        "verl.debug-metrics",
+        "verl.fsdp-engine",
+        "verl.megatron-engine",
+        "verl.prompts-only",
+        "verl.request-id",
+        "verl.rollout-correction",
+    ]
+    request_id = next(p for p in out["patches"] if p["id"] == "verl.request-id")
+    assert [s["target"] for s in request_id["sites"]] == [
+        "verl/experimental/agent_loop/agent_loop.py",
+        "verl/workers/rollout/llm_server.py",
+    ]
     version = subprocess.run([sys.executable, "-m", "rlprobe_patch", "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and version.stdout.startswith("rlprobe-patch, version ")
 
@@ -276,3 +290,25 @@ def test_msprobe_config_is_baked_and_read_back(fixture_tree) -> None:
     assert json.loads((root / ".rlprobe-patch/ledger.json").read_text())["records"][0]["params"] == {
         "msprobe_config": "/cfg/actor.json"
     }
+
+
+def test_only_skip_and_unknown_ids(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    code, out = cli_json(
+        "apply", "--verl-root", root, "--backend", "megatron", "--only", "verl.fsdp-engine", "--dry-run"
+    )
+    assert code == ExitCode.OK and [p["id"] for p in out["patches"]] == ["verl.fsdp-engine"]
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--only", "verl.nope")
+    assert code == ExitCode.REFUSED and "unknown patch id: verl.nope" in out["message"]
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--skip", "verl.fsdp-engine")
+    assert code == ExitCode.REFUSED and "no verl patch selected" in out["message"]
+
+
+def test_mode_set_refuses_whole_when_a_target_is_missing(fixture_tree) -> None:
+    """The fixture has engines only: the trainer files the consistency set needs are missing."""
+    root = fixture_tree("0.9")
+    original = snapshot(root)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--mode", "consistency")
+    assert code == ExitCode.REFUSED
+    assert any("verl/trainer/ppo/ray_trainer.py: missing" in d for d in out["details"])
+    assert snapshot(root) == original and not (root / ".rlprobe-patch").exists()

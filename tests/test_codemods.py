@@ -18,30 +18,45 @@ from rlprobe_patch.catalogue import load_catalogue
 from rlprobe_patch.codemod import State
 
 REPO = Path(__file__).resolve().parents[1]
+ENGINE_PATCHES = [p for p in load_catalogue() if p.id in ("verl.fsdp-engine", "verl.megatron-engine")]
+
+
+def case_codemod(patch, case: Path):
+    """A case names its site's codemod class in `cases/<name>/site` (default: the first site)."""
+    name = (case / "site").read_text().strip() if (case / "site").is_file() else patch.sites[0].codemod_class
+    return patch.codemod(next(site for site in patch.sites if site.codemod_class == name))
+
+
 CASES = [(p, case) for p in load_catalogue() for case in sorted((p.folder / "cases").iterdir())]
 FIXTURE_TARGETS = [
-    (p, REPO / "fixtures" / f"verl-{family}" / p.target) for p in load_catalogue() for family in ("0.6", "0.8", "0.9")
+    (p.codemod(p.sites[0]), REPO / "fixtures" / f"verl-{family}" / p.sites[0].target)
+    for p in ENGINE_PATCHES
+    for family in ("0.6", "0.8", "0.9")
 ]
 
 
 @pytest.mark.parametrize(("patch", "case"), CASES, ids=[f"{p.id}/{c.name}" for p, c in CASES])
 def test_case(patch, case: Path) -> None:
+    codemod = case_codemod(patch, case)
     before = (case / "before.py").read_bytes()
     after = (case / "after.py").read_bytes()
     module = cst.parse_module(before)
-    assert patch.codemod.state(module).state is State.APPLICABLE
-    patched = patch.codemod.insert(module)
+    assert codemod.state(module).state is State.APPLICABLE
+    patched = codemod.insert(module)
     assert patched.bytes == after
-    assert patch.codemod.state(cst.parse_module(after)).state is State.APPLIED
-    assert patch.codemod.strip(cst.parse_module(after)).bytes == before
+    assert codemod.state(cst.parse_module(after)).state is State.APPLIED
+    assert codemod.strip(cst.parse_module(after)).bytes == before
     compile(after, str(case / "after.py"), "exec")
 
 
 def test_every_patch_has_cases_and_a_payload_that_compiles() -> None:
     for patch in load_catalogue():
-        assert len(list((patch.folder / "cases").iterdir())) >= 2, patch.id
+        cases = list((patch.folder / "cases").iterdir())
+        assert len(cases) >= 2, patch.id
+        for site in patch.sites:  # every site has a case
+            assert any(case_codemod(patch, case) is patch.codemod(site) for case in cases), (patch.id, site)
+            assert patch.codemod(site).DESCRIPTION
         compile((patch.folder / "payload.py").read_text(), str(patch.folder / "payload.py"), "exec")
-        assert patch.codemod.DESCRIPTION
 
 
 def _variants(source: str, newline: str, indent: str, trailing_newline: bool) -> str:
@@ -61,57 +76,58 @@ def _variants(source: str, newline: str, indent: str, trailing_newline: bool) ->
 def test_laws_hold_for_any_formatting(target, newline: str, indent: str, trailing_newline: bool) -> None:
     """apply∘apply = apply, strip∘apply = identity (bytes), and the inserted code follows the
     file's own line endings, indentation and trailing newline."""
-    patch, path = target
+    codemod, path = target
     source = _variants(path.read_text(), newline, indent, trailing_newline)
     module = cst.parse_module(source.encode())
-    patched = patch.codemod.insert(module)
+    patched = codemod.insert(module)
     text = patched.code
-    assert patch.codemod.state(patched).state is State.APPLIED
-    assert patch.codemod.strip(patched).code == source
+    assert codemod.state(patched).state is State.APPLIED
+    assert codemod.strip(patched).code == source
     assert text.endswith(newline) == trailing_newline
     if newline == "\r\n":
         assert "\n" not in text.replace("\r\n", "")
     assert re.search(r"^" + re.escape(indent * 2) + r"if getattr\(self, \"_debugger\", None\)", text, re.M)
     compile(text, str(path), "exec")
     # Applying again to the patched tree changes nothing: the state says so, never a failed attempt.
-    assert patch.codemod.insert(patch.codemod.strip(patched)).code == text
+    assert codemod.insert(codemod.strip(patched)).code == text
 
 
-@pytest.mark.parametrize(("patch", "path"), FIXTURE_TARGETS, ids=lambda x: getattr(x, "id", ""))
-def test_reformatted_patched_file_is_still_applied(patch, path: Path) -> None:
+@pytest.mark.parametrize(("codemod", "path"), FIXTURE_TARGETS)
+def test_reformatted_patched_file_is_still_applied(codemod, path: Path) -> None:
     """State is decided from the syntax tree: reflowing the inserted code does not make it drift."""
-    patched = patch.codemod.insert(cst.parse_module(path.read_bytes())).code
+    patched = codemod.insert(cst.parse_module(path.read_bytes())).code
     reflowed = patched.replace(
         'self._update_actor_logger_fp = open(os.path.join(log_dir, "update_actor_log.jsonl"), "a", encoding="utf-8")',
         'self._update_actor_logger_fp = open(\n                os.path.join(log_dir, "update_actor_log.jsonl"),\n'
         '                "a",\n                encoding="utf-8",\n            )',
     ).replace("  # rlprobe-patch", "")
     assert reflowed != patched
-    assert patch.codemod.state(cst.parse_module(reflowed)).state is State.APPLIED
+    assert codemod.state(cst.parse_module(reflowed)).state is State.APPLIED
 
 
-@pytest.mark.parametrize(("patch", "path"), FIXTURE_TARGETS, ids=lambda x: getattr(x, "id", ""))
-def test_partial_or_edited_hooks_drift(patch, path: Path) -> None:
-    patched = patch.codemod.insert(cst.parse_module(path.read_bytes())).code
+@pytest.mark.parametrize(("codemod", "path"), FIXTURE_TARGETS)
+def test_partial_or_edited_hooks_drift(codemod, path: Path) -> None:
+    patched = codemod.insert(cst.parse_module(path.read_bytes())).code
     edited = patched.replace("self._debugger.step()", "self._debugger.step()\n        print('hi')", 1)
-    report = patch.codemod.state(cst.parse_module(edited))
+    report = codemod.state(cst.parse_module(edited))
     assert report.state is State.DRIFTED
     assert "edited after apply" in report.reasons[0]
     # A hand-applied hook that no longer matches ours: the patch must not be laid over it twice.
     half = patched.replace("    def _finish_dump_step(self", "    def _finish_dump_step_renamed(self", 1)
-    assert patch.codemod.state(cst.parse_module(half)).state is State.DRIFTED
+    assert codemod.state(cst.parse_module(half)).state is State.DRIFTED
 
 
 def test_ambiguous_and_missing_anchors_name_the_place() -> None:
     patch = next(p for p in load_catalogue() if p.id == "verl.fsdp-engine")
-    source = (REPO / "fixtures/verl-0.9" / patch.target).read_text()
+    codemod = patch.codemod(patch.sites[0])
+    source = (REPO / "fixtures/verl-0.9" / patch.sites[0].target).read_text()
     loop = "        for micro_batch_idx, micro_batch in enumerate(micro_batches):\n"
     twice = source.replace(loop, "        for micro_batch in micro_batches:\n            pass\n" + loop)
-    report = patch.codemod.state(cst.parse_module(twice))
+    report = codemod.state(cst.parse_module(twice))
     assert report.state is State.DRIFTED
     assert "FSDPEngine.forward_backward_batch" in report.reasons[0] and "2 (ambiguous)" in report.reasons[0]
     gone = source.replace("    def forward_backward_batch(self", "    def forward_backward(self")
-    report = patch.codemod.state(cst.parse_module(gone))
+    report = codemod.state(cst.parse_module(gone))
     assert (
         report.state is State.DRIFTED
         and "class FSDPEngine: expected one method `forward_backward_batch`" in (report.reasons[0])
@@ -121,5 +137,5 @@ def test_ambiguous_and_missing_anchors_name_the_place() -> None:
         "    def _ensure_debugger(self):\n        pass\n\n    def forward_step(self, micro_batch",
         1,
     )
-    report = patch.codemod.state(cst.parse_module(clash))
+    report = codemod.state(cst.parse_module(clash))
     assert report.state is State.DRIFTED

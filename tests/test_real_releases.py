@@ -124,3 +124,58 @@ def test_loop_overriding_engines_are_named(real_tree) -> None:
     for engine in ("VeOmniEngine", "TorchTitanEngine", "AutomodelEngine"):
         assert engine in notices
     assert "MegatronEngine" not in notices  # the Megatron backend has its own patch
+
+
+CONSISTENCY_SET = {"verl.prompts-only", "verl.debug-metrics", "verl.rollout-correction", "verl.request-id"}
+NOT_FOR = {  # patches a release cannot take, by design
+    "0.6.0": {"verl.rollout-correction", "verl.request-id"},
+    "0.6.1": {"verl.request-id"},
+    "0.7.0": {"verl.request-id"},
+}
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+@pytest.mark.parametrize("version", VERL_RELEASES)
+def test_consistency_set_cell(real_tree, version: str, backend: str) -> None:
+    """apply --mode consistency: every patch the release can take applies, verifies (ours and the
+    skill's check-consistency-patch rules), compiles, re-applies as a no-op, reverts byte-identical."""
+    root = real_tree(version)
+    original = snapshot(root)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--mode", "consistency")
+    assert code == ExitCode.OK, out
+    states = {p["id"]: p["state"] for p in out["patches"]}
+    skipped = NOT_FOR.get(version, set())
+    assert {i for i, s in states.items() if s == "not for this release"} == skipped
+    assert {i for i, s in states.items() if s == "applicable"} == (CONSISTENCY_SET - skipped) | {
+        f"verl.{'megatron' if backend == 'megatron' else 'fsdp'}-engine"
+    }
+    for path in out["files"]:
+        py_compile.compile(str(root / path), doraise=True, cfile=str(root.parent / "compiled.pyc"))
+    if version.startswith("0.9"):
+        assert any("trainer.use_v1=False" in w for p in out["patches"] for w in p["warnings"])
+
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.OK, [c for t in out["trees"] for c in t["checks"] if not c["ok"]]
+    skill = out["trees"][0]["skill"]
+    assert f"PASS: {root / 'verl/utils/debug/metrics.py'}" in skill
+    if "verl.request-id" not in skipped:
+        assert any(line.endswith("(request_id)") and line.startswith("PASS") for line in skill)
+    result = cli(
+        "check-consistency-patch", "--verl-root", root, "--backend", "megatron" if backend == "megatron" else "fsdp"
+    )
+    assert result.exit_code == (1 if skipped else 0), result.stdout
+
+    patched = snapshot(root)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--mode", "consistency")
+    assert code == ExitCode.OK and out["status"] == "already applied"
+    assert snapshot(root) == patched
+    assert cli_json("revert", "--verl-root", root)[0] == ExitCode.OK
+    assert snapshot(root) == original
+
+
+def test_request_id_named_explicitly_on_a_release_without_extra_fields(real_tree) -> None:
+    root = real_tree("0.7.0")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--only", "verl.request-id")
+    assert code == ExitCode.REFUSED
+    assert "no TokenOutput.extra_fields" in " ".join(out["details"])
+    assert not (root / ".rlprobe-patch").exists()

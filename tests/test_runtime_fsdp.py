@@ -80,8 +80,11 @@ def log_lines(dump: Path) -> list[dict]:
 
 @pytest.mark.parametrize("version", ["0.9.1", "0.8.0"])
 def test_patched_fsdp_engine_dumps_per_micro_batch(version: str, tmp_path: Path) -> None:
-    python = venvs.ensure_runtime_venv(version)
-    venvs.reset_verl(python, version)
+    with venvs.using(version) as python:
+        check_in_venv(python, version, tmp_path)
+
+
+def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     site = venvs.site_packages(python)
     pristine = snapshot(site / "verl")
 

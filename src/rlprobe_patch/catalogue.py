@@ -36,6 +36,19 @@ def patches_dir() -> Path:
 class Notice:
     versions: SpecifierSet
     text: str
+    # A warning is repeated by `verify`: the patch is in place but part of the job is not done.
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Site:
+    """One file a patch edits, on the releases in `versions`, with the codemod class that edits it."""
+
+    target: str
+    codemod_class: str
+    versions: SpecifierSet
+    # A non-required site is skipped on trees that lack its file (an optional, experimental part of verl).
+    required: bool = True
 
 
 @dataclass(frozen=True)
@@ -43,7 +56,7 @@ class Patch:
     id: str
     revision: int
     package: str
-    target: str
+    sites: tuple[Site, ...]
     backends: tuple[str, ...]
     modes: tuple[str, ...]
     versions: SpecifierSet
@@ -55,27 +68,59 @@ class Patch:
     overrides: dict[str, Any] = field(default_factory=dict)
 
     @functools.cached_property
-    def codemod(self) -> PatchCodemod:
+    def _module(self) -> Any:
         module_name = "rlprobe_patch.patches." + self.id.replace(".", "_").replace("-", "_")
         spec = importlib.util.spec_from_file_location(module_name, self.folder / "codemod.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return module.Codemod(Payload(self.folder / "payload.py"), self.target)
+        return module
+
+    @functools.cached_property
+    def payload(self) -> Payload:
+        return Payload(self.folder / "payload.py")
+
+    def codemod(self, site: Site) -> PatchCodemod:
+        return self._codemods[site]
+
+    @functools.cached_property
+    def _codemods(self) -> dict[Site, PatchCodemod]:
+        return {site: getattr(self._module, site.codemod_class)(self.payload, site.target) for site in self.sites}
+
+    @property
+    def targets(self) -> list[str]:
+        return [site.target for site in self.sites]
+
+    def sites_for(self, version: Version) -> list[Site]:
+        return [site for site in self.sites if site.versions.contains(version, prereleases=True)]
 
     def supports(self, version: Version) -> bool:
         return self.versions.contains(version, prereleases=True)
 
+    def serves(self, backend: str) -> bool:
+        return "any" in self.backends or backend in self.backends
+
     def is_tested(self, version: Version) -> bool:
         return any(Version(v) == version for v in self.tested)
 
+    def warnings_for(self, version: Version) -> list[str]:
+        return [
+            n.text.format(version=version)
+            for n in self.notices
+            if n.warning and n.versions.contains(version, prereleases=True)
+        ]
+
     def notices_for(self, version: Version, root: Path) -> list[str]:
-        texts = [n.text.format(version=version) for n in self.notices if n.versions.contains(version, prereleases=True)]
+        texts = [
+            n.text.format(version=version)
+            for n in self.notices
+            if not n.warning and n.versions.contains(version, prereleases=True)
+        ]
         if self.overrides:
             texts += [
                 self.overrides["text"].format(cls=cls, file=file)
                 for cls, file in find_overriding_classes(
-                    root, self.overrides["files"], self.overrides["method"], [self.target, *self.overrides["exclude"]]
+                    root, self.overrides["files"], self.overrides["method"], [*self.targets, *self.overrides["exclude"]]
                 )
             ]
         return texts
@@ -103,19 +148,30 @@ def find_overriding_classes(root: Path, pattern: str, method: str, exclude: list
 
 def _load(folder: Path) -> Patch:
     meta = tomllib.loads((folder / "patch.toml").read_text(encoding="utf-8"))
+    versions = SpecifierSet(meta["versions"])
+    if "site" in meta:
+        sites = tuple(
+            Site(s["target"], s["codemod"], SpecifierSet(s.get("versions", str(versions))), s.get("required", True))
+            for s in meta["site"]
+        )
+    else:
+        sites = (Site(meta["target"], meta.get("codemod", "Codemod"), versions),)
     return Patch(
         id=meta["id"],
         revision=int(meta["revision"]),
         package=meta["package"],
-        target=meta["target"],
+        sites=sites,
         backends=tuple(meta["backends"]),
         modes=tuple(meta.get("modes", ())),
-        versions=SpecifierSet(meta["versions"]),
+        versions=versions,
         tested=tuple(meta.get("tested", ())),
         why=" ".join(meta["why"].split()),
         refused_why=meta.get("refused_why", "{version} is outside " + meta["versions"]),
         folder=folder,
-        notices=tuple(Notice(SpecifierSet(n["versions"]), " ".join(n["text"].split())) for n in meta.get("notice", [])),
+        notices=tuple(
+            Notice(SpecifierSet(n["versions"]), " ".join(n["text"].split()), n.get("warning", False))
+            for n in meta.get("notice", [])
+        ),
         overrides=dict(meta.get("overrides", {})),
     )
 
@@ -136,5 +192,10 @@ def get_patch(patch_id: str) -> Patch:
     raise KeyError(patch_id)
 
 
-def patches_for(package: str, backend: str) -> list[Patch]:
-    return [p for p in load_catalogue() if p.package == package and backend in p.backends]
+def select(package: str, backend: str, mode: str | None = None) -> list[Patch]:
+    """The patches of `package` for `backend`: the engine hook alone, or every patch of `mode`."""
+    return [
+        p
+        for p in load_catalogue()
+        if p.package == package and p.serves(backend) and (mode in p.modes if mode else "any" not in p.backends)
+    ]

@@ -15,7 +15,7 @@ import click
 from rlprobe_patch import __version__
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 from rlprobe_patch.state_registry import registered_trees
-from rlprobe_patch.trees import BACKENDS, Tree, find_verl_tree
+from rlprobe_patch.trees import BACKENDS, MODES, Tree, find_verl_tree
 
 # The engine (LibCST, GitPython) is imported inside the commands that use it, so that
 # `--version`, `--help` and usage errors start fast.
@@ -101,6 +101,14 @@ def main() -> None:
 @main.command("apply")
 @tree_options
 @click.option("--backend", type=click.Choice(BACKENDS), required=True, help="Training backend to hook.")
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    help="Apply the whole patch set of a collection mode (consistency: engine hook, PROMPTS_ONLY trimming, "
+    "guards, request id). Without it: only the backend's engine hook.",
+)
+@click.option("--only", "only", metavar="ID[,ID]", help="Apply just these patches (ids from `rlprobe-patch list`).")
+@click.option("--skip", "skip", metavar="ID[,ID]", help="Leave these patches out of the set.")
 @click.option("--dry-run", is_flag=True, help="Print the unified diff; write nothing.")
 @click.option(
     "--force", is_flag=True, help="Allow a release outside the patch's version range (anchors still checked)."
@@ -113,6 +121,9 @@ def apply_cmd(
     verl_root: Path | None,
     python: str | None,
     backend: str,
+    mode: str | None,
+    only: str | None,
+    skip: str | None,
     dry_run: bool,
     force: bool,
     msprobe_config: str | None,
@@ -120,12 +131,13 @@ def apply_cmd(
 ) -> int:
     """Patch the verl engine of BACKEND with msprobe dump hooks, recorded as a revertible diff."""
     from rlprobe_patch.diffs import diffstat
-    from rlprobe_patch.engine import apply
+    from rlprobe_patch.engine import Selection, apply
 
     tree = find_verl_tree(verl_root, python)
     params = {"msprobe_config": msprobe_config} if msprobe_config else {}
+    selection = Selection(backend, mode, _ids(only), _ids(skip))
     result = apply(
-        tree, backend, params, force=force, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress
+        tree, selection, params, force=force, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress
     )
     plan = result.plan
     status_word = "dry-run" if dry_run else ("already applied" if result.already_applied else "applied")
@@ -135,6 +147,7 @@ def apply_cmd(
             "status": status_word,
             "tree": tree_json(tree),
             "backend": backend,
+            "mode": mode,
             "patches": [p.to_json() for p in plan.patches],
             "files": sorted(plan.changes),
             "record": result.record.id if result.record else None,
@@ -148,8 +161,14 @@ def apply_cmd(
         out.line(f"recovered: {message}", fg="yellow")
     for p in plan.patches:
         after = {"applicable": "would apply" if dry_run else "applied", "applied": "already applied"}
-        out.line(f"  {p.patch.id:<24} {after.get(p.state.value, p.state.value):<16} {p.patch.target}")
+        out.line(f"  {p.patch.id:<24} {after.get(p.state_name, p.state_name):<20} {', '.join(p.targets)}")
+        if p.skipped:
+            out.line(f"      {p.skipped}", fg="yellow")
     _print_notices(out, plan.patches)
+    skipped = [p.patch.id for p in plan.patches if p.skipped]
+    if skipped:
+        still = [p.patch.id for p in plan.patches if not p.skipped]
+        out.line(f"not for this release: {', '.join(skipped)}; in place: {', '.join(still)}", fg="yellow")
     if dry_run:
         out.line(result.diff or "(no change)")
     elif result.already_applied:
@@ -163,6 +182,10 @@ def apply_cmd(
     return int(ExitCode.OK)
 
 
+def _ids(text: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (text or "").split(",") if part.strip())
+
+
 def _print_tree(out: Out, tree: Tree) -> None:
     out.line(f"{tree.package} {tree.version} at {tree.root} (version from {tree.version_source})", bold=True)
 
@@ -171,6 +194,8 @@ def _print_notices(out: Out, plans: list[PatchPlan]) -> None:
     for p in plans:
         for notice in p.notices:
             out.line(f"notice ({p.patch.id}): {notice}", fg="yellow")
+        for warning in p.warnings:
+            out.line(f"WARNING ({p.patch.id}): {warning}", fg="red", bold=True)
 
 
 # -- verify -----------------------------------------------------------------------------------
@@ -195,13 +220,25 @@ def _targets(verl_root: Path | None, python: str | None) -> list[Tree]:
 
 @main.command("verify")
 @tree_options
-@click.option("--backend", type=click.Choice(BACKENDS), help="Check this backend (default: what was applied).")
+@click.option(
+    "--backend", type=click.Choice(BACKENDS), help="Also check this backend's hook (default: what was applied)."
+)
+@click.option("--mode", type=click.Choice(MODES), help="Also check this mode's patch set.")
+@click.option("--vllm-ascend-root", type=click.Path(path_type=Path), help="Run the skill's vLLM-Ascend rules on it.")
 @command
-def verify_cmd(out: Out, verl_root: Path | None, python: str | None, backend: str | None) -> int:
+def verify_cmd(
+    out: Out,
+    verl_root: Path | None,
+    python: str | None,
+    backend: str | None,
+    mode: str | None,
+    vllm_ascend_root: Path | None,
+) -> int:
     """Check the hooks (syntax tree, compile, recorded post-image, the skill's rules)."""
-    from rlprobe_patch.engine import verify
+    from rlprobe_patch.engine import Selection, verify
 
-    results = [verify(tree, backend) for tree in _targets(verl_root, python)]
+    selection = Selection(backend or "fsdp", mode) if backend or mode else None
+    results = [verify(tree, selection, vllm_ascend_root) for tree in _targets(verl_root, python)]
     ok = all(r.ok for r in results)
     out.emit(
         {
@@ -220,9 +257,10 @@ def verify_cmd(out: Out, verl_root: Path | None, python: str | None, backend: st
     for r in results:
         _print_tree(out, r.tree)
         for c in r.checks:
+            word = "WARN" if c.warning else ("PASS" if c.ok else "FAIL")
             out.line(
-                f"  {'PASS' if c.ok else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail and not c.ok else ""),
-                fg=None if c.ok else "red",
+                f"  {word}  {c.name}" + (f": {c.detail}" if c.detail and (c.warning or not c.ok) else ""),
+                fg="yellow" if c.warning else (None if c.ok else "red"),
             )
     out.line("verified" if ok else "verification FAILED", fg="green" if ok else "red", bold=True)
     return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
@@ -236,6 +274,23 @@ def check_engine_patch_cmd(verl_root: Path, backend: str) -> None:
     from rlprobe_patch.skill_checks import check_engine_patch
 
     ok, lines = check_engine_patch(verl_root, backend)
+    for line in lines:
+        click.echo(line)
+    sys.exit(0 if ok else 1)
+
+
+@main.command("check-consistency-patch")
+@click.option("--verl-root", type=click.Path(path_type=Path), required=True)
+@click.option("--backend", type=click.Choice(["fsdp", "megatron"]), default="fsdp", show_default=True)
+@click.option("--vllm-ascend-root", default="", help="Also check the vLLM-Ascend DispatchLogger files.")
+@click.option("--skip-vllm", is_flag=True)
+def check_consistency_patch_cmd(verl_root: Path, backend: str, vllm_ascend_root: str, skip_vllm: bool) -> None:
+    """The skill's check-consistency-patch: same rules, PASS/FAIL/INFO wording and exit codes."""
+    from rlprobe_patch.skill_checks import check_consistency_patch
+
+    ok, lines = check_consistency_patch(
+        verl_root, backend, Path(vllm_ascend_root) if vllm_ascend_root else None, skip_vllm
+    )
     for line in lines:
         click.echo(line)
     sys.exit(0 if ok else 1)
@@ -328,8 +383,10 @@ def status_cmd(out: Out, verl_root: Path | None, python: str | None, backend: st
         recorded = {p["id"] for rec in r.records for p in rec.patches}
         for p in r.patches:
             mark = " (recorded)" if p.patch.id in recorded else ""
-            colour = {"applied": "green", "applicable": None, "drifted": "red"}[p.state.value]
-            out.line(f"  {p.patch.id:<24} {p.state.value}{mark}", fg=colour)
+            colour = {"applied": "green", "applicable": None, "drifted": "red"}.get(p.state_name, "yellow")
+            out.line(f"  {p.patch.id:<24} {p.state_name}{mark}", fg=colour)
+            if p.skipped:
+                out.line(f"      {p.skipped}")
             for reason in p.reasons:
                 out.line(f"      {reason}")
         _print_notices(out, r.patches)
@@ -352,8 +409,11 @@ def list_cmd(out: Out) -> int:
                     "id": p.id,
                     "revision": p.revision,
                     "package": p.package,
-                    "target": p.target,
+                    "sites": [
+                        {"target": t.target, "versions": str(t.versions), "required": t.required} for t in p.sites
+                    ],
                     "backends": list(p.backends),
+                    "modes": list(p.modes),
                     "versions": str(p.versions),
                     "tested": list(p.tested),
                     "why": p.why,
@@ -363,8 +423,11 @@ def list_cmd(out: Out) -> int:
         }
     )
     for p in patches:
-        out.line(f"{p.id}  ({p.package} {p.versions}; backends {', '.join(p.backends)})", bold=True)
-        out.line(f"  target: {p.target}")
+        modes = f"; modes {', '.join(p.modes)}" if p.modes else ""
+        out.line(f"{p.id}  ({p.package} {p.versions}; backends {', '.join(p.backends)}{modes})", bold=True)
+        for site in p.sites:
+            extra = "" if site.required else ", when present"
+            out.line(f"  edits:  {site.target} ({p.package} {site.versions}{extra})")
         out.line(f"  tested: {', '.join(p.tested)}")
         out.line(f"  why:    {p.why}")
     return int(ExitCode.OK)

@@ -79,7 +79,7 @@ class Hook:
     `template` maps names used in the payload to expressions taken from the anchor.
     """
 
-    cls: str
+    cls: str | None  # None: a module-level function named `method`
     method: str
     payload: str
     where: Where
@@ -92,12 +92,29 @@ class Hook:
 
 @dataclass(frozen=True)
 class AddMethods:
-    """Add every method of the payload class `cls` to the class of the same name."""
+    """Add every method of the payload class `payload_cls` (default: `cls`) to the class `cls`."""
 
     cls: str
+    payload_cls: str | None = None
 
 
-Operation = Hook | AddMethods
+@dataclass(frozen=True)
+class HoistKeyword:
+    """Name the value of `keyword=` in the one call of `cls.method` that `call` matches.
+
+    `f(keyword=EXPR)` becomes `name = EXPR` followed by `f(keyword=name)`, so that hooks after
+    the call can use the value (for example the request id a rollout server was sent).
+    """
+
+    cls: str | None
+    method: str
+    call: m.BaseMatcherNode
+    keyword: str
+    name: str
+    expected: str = ""
+
+
+Operation = Hook | AddMethods | HoistKeyword
 
 
 def statement_key(node: cst.CSTNode) -> str:
@@ -142,6 +159,10 @@ def _is_docstring(stmt: Statement) -> bool:
 
 def _without_docstring(body: Sequence[Statement]) -> Sequence[Statement]:
     return body[1:] if body and _is_docstring(body[0]) else body
+
+
+def _scope_name(op: Hook | HoistKeyword) -> str:
+    return f"{op.cls}.{op.method}" if op.cls else op.method
 
 
 def _with_blank_line(fn: cst.CSTNode) -> cst.CSTNode:
@@ -288,9 +309,63 @@ class PatchCodemod:
     def _apply(self, module: cst.Module, op: Operation, params: dict[str, str], strip: bool) -> cst.Module:
         if isinstance(op, AddMethods):
             return self._edit_class(module, op.cls, lambda cls: self._add_methods(cls, op, params, strip))
-        return self._edit_class(
-            module, op.cls, lambda cls: self._edit_method(cls, op, lambda fn: self._hook(fn, op, params, strip))
+        edit: Callable[[cst.FunctionDef], cst.FunctionDef] = (
+            (lambda fn: self._hoist(fn, op, strip))
+            if isinstance(op, HoistKeyword)
+            else (lambda fn: self._hook(fn, op, params, strip))
         )
+        if op.cls is None:
+            return self._edit_function(module, op.method, edit)
+        return self._edit_class(module, op.cls, lambda cls: self._edit_method(cls, op, edit))
+
+    def _edit_function(
+        self, module: cst.Module, name: str, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
+    ) -> cst.Module:
+        found = [i for i, s in enumerate(module.body) if m.matches(s, m.FunctionDef(name=m.Name(name)))]
+        if len(found) != 1:
+            raise AnchorError(f"{self.target}", f"one module-level function `{name}`", f"{len(found)} such functions")
+        body = list(module.body)
+        body[found[0]] = edit(body[found[0]])  # type: ignore[arg-type]
+        return module.with_changes(body=body)
+
+    def _hoist(self, fn: cst.FunctionDef, op: HoistKeyword, strip: bool) -> cst.FunctionDef:
+        scope = f"{self.target}: {_scope_name(op)}"
+        found = 0
+
+        def keyword_of(stmt: Statement) -> cst.Arg | None:
+            calls = m.findall(stmt, op.call)
+            args = [a for c in calls for a in c.args if a.keyword is not None and a.keyword.value == op.keyword]  # type: ignore[attr-defined]
+            return args[0] if len(calls) == 1 and len(args) == 1 else None
+
+        def edit(stmts: list[Statement], is_method_body: bool) -> list[Statement]:
+            nonlocal found
+            out: list[Statement] = []
+            for stmt in stmts:
+                arg = keyword_of(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
+                if arg is None:
+                    out.append(stmt)
+                    continue
+                found += 1
+                named = m.matches(arg.value, m.Name(op.name))
+                if strip:
+                    prev = out[-1] if out else None
+                    pattern = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(op.name))])])
+                    if named and prev is not None and m.matches(prev, pattern):
+                        out.pop()
+                        value = prev.body[0].value  # type: ignore[attr-defined]
+                        stmt = stmt.deep_replace(arg, arg.with_changes(value=value))  # type: ignore[assignment]
+                    out.append(stmt)
+                    continue
+                hoisted = cst.parse_statement(f"{op.name} = _  # rlprobe-patch")
+                hoisted = hoisted.visit(_Substitute({"_": arg.value}))  # type: ignore[assignment]
+                out += [hoisted, stmt.deep_replace(arg, arg.with_changes(value=cst.Name(op.name)))]  # type: ignore[list-item]
+            return out
+
+        new_fn = fn.visit(_BlockEditor(fn, ANY, edit))
+        if not strip and found != 1:
+            raise AnchorError(scope, f"exactly one {op.expected}", "none" if not found else f"{found} (ambiguous)")
+        assert isinstance(new_fn, cst.FunctionDef)
+        return new_fn
 
     def _edit_class(self, module: cst.Module, name: str, edit: Callable[[cst.ClassDef], cst.ClassDef]) -> cst.Module:
         found = [i for i, s in enumerate(module.body) if m.matches(s, m.ClassDef(name=m.Name(name)))]
@@ -315,7 +390,7 @@ class PatchCodemod:
 
     def _add_methods(self, cls: cst.ClassDef, op: AddMethods, params: dict[str, str], strip: bool) -> cst.ClassDef:
         assert isinstance(cls.body, cst.IndentedBlock)
-        ours = [self.bake(fn, params) for fn in self.payload.methods(op.cls)]
+        ours = [self.bake(fn, params) for fn in self.payload.methods(op.payload_cls or op.cls)]
         names = {fn.name.value for fn in ours}  # type: ignore[attr-defined]
         body = [s for s in cls.body.body if not (isinstance(s, cst.FunctionDef) and s.name.value in names)]
         if not strip:
@@ -330,7 +405,7 @@ class PatchCodemod:
         return cls.with_changes(body=cls.body.with_changes(body=body))
 
     def _hook(self, fn: cst.FunctionDef, op: Hook, params: dict[str, str], strip: bool) -> cst.FunctionDef:
-        scope = f"{self.target}: {op.cls}.{op.method}"
+        scope = f"{self.target}: {_scope_name(op)}"
         base = [self.bake(s, params) for s in self.payload.statements(op.payload)]
         anchors = 0
 
@@ -482,7 +557,7 @@ def _added_methods_of(codemod: PatchCodemod, module: cst.Module) -> cst.Module:
     for op in codemod.OPERATIONS:
         if not isinstance(op, AddMethods):
             continue
-        names = {fn.name.value for fn in codemod.payload.methods(op.cls)}
+        names = {fn.name.value for fn in codemod.payload.methods(op.payload_cls or op.cls)}
         for stmt in module.body:
             if m.matches(stmt, m.ClassDef(name=m.Name(op.cls))):
                 found += [s for s in stmt.body.body if isinstance(s, cst.FunctionDef) and s.name.value in names]

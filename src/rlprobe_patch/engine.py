@@ -27,8 +27,8 @@ from typing import Any
 import libcst as cst
 
 from rlprobe_patch import __version__
-from rlprobe_patch.catalogue import Patch, patches_for
-from rlprobe_patch.codemod import State, StateReport
+from rlprobe_patch.catalogue import Patch, get_patch, load_catalogue, select
+from rlprobe_patch.codemod import PatchCodemod, State, StateReport
 from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
 from rlprobe_patch.errors import RefusedError, RevertBlockedError
 from rlprobe_patch.fsio import atomic_write, checkpoint, remove_stale_temp_files, sha256
@@ -73,23 +73,35 @@ def file_mode(path: Path) -> int:
 
 
 # -- planning ---------------------------------------------------------------------------------
+NOT_FOR_THIS_RELEASE = "not for this release"
+
+
 @dataclass
 class PatchPlan:
     patch: Patch
-    state: State
+    state: State | None  # None: the patch does not apply to this release (skipped, see reasons)
     reasons: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # the patch alone does not do the job: say it loudly
     tested: bool = True
     params: dict[str, str] = field(default_factory=dict)
+    targets: list[str] = field(default_factory=list)
+    skipped: str = ""  # why a patch of a --mode set does not apply to this release
+
+    @property
+    def state_name(self) -> str:
+        return self.state.value if self.state else NOT_FOR_THIS_RELEASE
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.patch.id,
             "revision": self.patch.revision,
-            "target": self.patch.target,
-            "state": self.state.value,
+            "targets": self.targets,
+            "state": self.state_name,
             "reasons": self.reasons,
+            "skipped": self.skipped,
             "notices": self.notices,
+            "warnings": self.warnings,
             "tested_release": self.tested,
             "params": self.params,
         }
@@ -99,15 +111,15 @@ class PatchPlan:
 class Plan:
     tree: Tree
     backend: str
+    mode: str | None
     params: dict[str, str]
     patches: list[PatchPlan]
     changes: dict[str, tuple[bytes, bytes, int]]  # path -> (before, after, mode)
+    inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256 of what was read
 
     @property
     def refused(self) -> list[PatchPlan]:
         return [p for p in self.patches if p.reasons]
-
-    inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256 of what was read
 
     def diff(self) -> str:
         return unified_diff({path: (b, a) for path, (b, a, _) in self.changes.items()})
@@ -120,69 +132,113 @@ class Plan:
         return True
 
 
-def select_patches(package: str, backend: str) -> list[Patch]:
-    patches = patches_for(package, backend)
-    if not patches:
-        raise RefusedError(
-            f"no {package} patch serves backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"
-        )
-    return patches
+@dataclass(frozen=True)
+class Selection:
+    """What the user asked for: a backend, optionally a mode's patch set, narrowed by --only/--skip."""
+
+    backend: str
+    mode: str | None = None
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    refuse_off_range: bool | None = None  # default: refuse when patches were named one by one
+
+    def patches(self, package: str) -> list[Patch]:
+        known = {p.id: p for p in load_catalogue()}
+        unknown = [i for i in (*self.only, *self.skip) if i not in known]
+        if unknown:
+            raise RefusedError(f"unknown patch id: {', '.join(unknown)}", hint="`rlprobe-patch list` shows them")
+        chosen = [known[i] for i in self.only] if self.only else select(package, self.backend, self.mode)
+        chosen = [p for p in chosen if p.id not in self.skip and p.package == package]
+        if not chosen:
+            raise RefusedError(
+                f"no {package} patch selected for backend {self.backend!r}"
+                + (f" in mode {self.mode!r}" if self.mode else ""),
+                hint=f"backends: {', '.join(BACKENDS)}; `rlprobe-patch list` shows the patches",
+            )
+        return chosen
+
+    @property
+    def explicit(self) -> bool:
+        """Patches named one by one (or the bare engine hook) are refused, not skipped, off-range."""
+        if self.refuse_off_range is not None:
+            return self.refuse_off_range
+        return bool(self.only) or self.mode is None
 
 
-def plan_apply(tree: Tree, backend: str, params: dict[str, str], force: bool = False) -> Plan:
+def plan_apply(
+    tree: Tree, selection: Selection, params: dict[str, str], force: bool = False, check: bool = True
+) -> Plan:
     plans: list[PatchPlan] = []
     current: dict[str, tuple[bytes, cst.Module, int]] = {}
-    for patch in select_patches(tree.package, backend):
+    for patch in selection.patches(tree.package):
         plan = PatchPlan(patch, State.APPLICABLE, tested=patch.is_tested(tree.version))
         plans.append(plan)
         if not patch.supports(tree.version):
             why = patch.refused_why.format(version=tree.version)
+            if not force and not selection.explicit:
+                plan.state, plan.skipped = None, why
+                continue
             if not force:
                 plan.state = State.DRIFTED
                 plan.reasons.append(f"unsupported release: {why}; supported: {tree.package} {patch.versions}")
                 continue
             plan.notices.append(f"--force: {why}; trying the anchors anyway")
-        try:
-            if patch.target not in current:
-                data, module = read_target(tree, patch.target)
-                current[patch.target] = (data, module, file_mode(tree.root / patch.target))
-            data, module, mode = current[patch.target]
-            report = patch.codemod.state(module)
-        except RefusedError as exc:
-            plan.state = State.DRIFTED
-            plan.reasons.append(exc.message + (f" ({exc.hint})" if exc.hint else ""))
-            continue
-        plan.state = report.state
         plan.notices += patch.notices_for(tree.version, tree.root)
+        plan.warnings += patch.warnings_for(tree.version)
         if not plan.tested:
             plan.notices.append(
                 f"{tree.package} {tree.version} is not a tested release of {patch.id} "
                 f"(tested: {', '.join(patch.tested)}); its anchors matched"
             )
-        wanted = {**patch.codemod.PARAMS, **{k: v for k, v in params.items() if k in patch.codemod.PARAMS}}
-        plan.params = wanted
-        if report.state is State.DRIFTED:
-            plan.reasons += list(report.reasons)
+        sites = patch.sites_for(tree.version) or list(patch.sites[-1:])  # --force: the newest layout
+        states: list[State] = []
+        for site in sites:
+            if not site.required and not (tree.root / site.target).is_file():
+                continue  # an optional part of verl this tree does not have
+            plan.targets.append(site.target)
+            codemod = patch.codemod(site)
+            try:
+                if site.target not in current:
+                    data, module = read_target(tree, site.target)
+                    current[site.target] = (data, module, file_mode(tree.root / site.target))
+                data, module, mode = current[site.target]
+                report = codemod.state(module)
+            except RefusedError as exc:
+                states.append(State.DRIFTED)
+                plan.reasons.append(exc.message + (f" ({exc.hint})" if exc.hint else ""))
+                continue
+            states.append(report.state)
+            wanted = {**codemod.PARAMS, **{k: v for k, v in params.items() if k in codemod.PARAMS}}
+            plan.params.update(wanted)
+            if report.state is State.DRIFTED:
+                plan.reasons += list(report.reasons)
+            elif report.state is State.APPLIED:
+                plan.params.update(report.params)
+                if report.params != wanted:
+                    plan.reasons.append(
+                        f"{site.target}: already applied with {_show_params(report.params)}, not "
+                        f"{_show_params(wanted)}; revert first to change it"
+                    )
+            else:
+                new = report.expected if report.params == wanted else codemod.insert(module, wanted)
+                assert new is not None
+                if check:
+                    _check_in_memory(tree, patch, codemod, site.target, new)
+                current[site.target] = (new.bytes, new, mode)
+        if State.DRIFTED in states:
+            plan.state = State.DRIFTED
             plan.reasons.append(_drift_hint(patch))
-        elif report.state is State.APPLIED:
-            plan.params = report.params
-            if report.params != wanted:
-                plan.reasons.append(
-                    f"already applied with {_show_params(report.params)}, not {_show_params(wanted)}; "
-                    "revert first to change it"
-                )
-        else:
-            new = report.expected if report.params == wanted else patch.codemod.insert(module, wanted)
-            assert new is not None
-            _check_in_memory(tree, patch, new)
-            current[patch.target] = (new.bytes, new, mode)
+        elif states and all(s is State.APPLIED for s in states):
+            plan.state = State.APPLIED
+        elif not plan.reasons:
+            plan.state = State.APPLICABLE
     changes, inputs = {}, {}
     for rel, (data, _, mode) in current.items():
         original = (tree.root / rel).read_bytes()
         inputs[rel] = sha256(original)
         if data != original:
             changes[rel] = (original, data, mode)
-    return Plan(tree, backend, params, plans, changes, inputs)
+    return Plan(tree, selection.backend, selection.mode, params, plans, changes, inputs)
 
 
 def _drift_hint(patch: Patch) -> str:
@@ -196,15 +252,15 @@ def _show_params(params: dict[str, str]) -> str:
     return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in params.items()) or "default parameters"
 
 
-def _check_in_memory(tree: Tree, patch: Patch, new: cst.Module) -> None:
+def _check_in_memory(tree: Tree, patch: Patch, codemod: PatchCodemod, target: str, new: cst.Module) -> None:
     """The transformed file must compile and be recognised as APPLIED before anything is written."""
     try:
-        compile(new.code, str(tree.root / patch.target), "exec", dont_inherit=True)
+        compile(new.code, str(tree.root / target), "exec", dont_inherit=True)
     except SyntaxError as exc:  # a bug in a codemod, never the user's fault
         raise RuntimeError(f"{patch.id} produced code that does not compile: {exc}") from exc
-    again = patch.codemod.state(new)
+    again = codemod.state(new)
     if again.state is not State.APPLIED:
-        raise RuntimeError(f"{patch.id}: the patched file is not recognised as applied: {again.reasons}")
+        raise RuntimeError(f"{patch.id}: {target} is not recognised as applied after the transform: {again.reasons}")
 
 
 # -- applying ---------------------------------------------------------------------------------
@@ -227,7 +283,7 @@ def _now() -> str:
 
 def apply(
     tree: Tree,
-    backend: str,
+    selection: Selection | str,
     params: dict[str, str] | None = None,
     *,
     force: bool = False,
@@ -236,9 +292,11 @@ def apply(
     progress: Progress = _quiet,
 ) -> ApplyResult:
     params = params or {}
+    if isinstance(selection, str):
+        selection = Selection(selection)
     if dry_run:
         progress(f"planning {tree.package} {tree.version} at {tree.root}")
-        plan = plan_apply(tree, backend, params, force)
+        plan = plan_apply(tree, selection, params, force)
         _raise_if_refused(plan)
         return ApplyResult(plan, None, [], True, plan.diff())
     state = StateDir(tree.root)
@@ -246,7 +304,7 @@ def apply(
     plan = None
     if state.read_journal() is None:
         progress(f"planning {tree.package} {tree.version} at {tree.root}")
-        plan = plan_apply(tree, backend, params, force)
+        plan = plan_apply(tree, selection, params, force)
         _raise_if_refused(plan)
         if not plan.changes:
             return ApplyResult(plan, None, [], False, "")
@@ -254,7 +312,7 @@ def apply(
         recovered = recover(state)
         if plan is None or not plan.inputs_unchanged():
             progress(f"planning {tree.package} {tree.version} at {tree.root} again (it changed meanwhile)")
-            plan = plan_apply(tree, backend, params, force)
+            plan = plan_apply(tree, selection, params, force)
             _raise_if_refused(plan)
         if not plan.changes:
             return ApplyResult(plan, None, recovered, False, "")
@@ -268,7 +326,7 @@ def _raise_if_refused(plan: Plan) -> None:
     if refused:
         raise RefusedError(
             f"refused to patch {plan.tree.package} {plan.tree.version} at {plan.tree.root}; nothing was written",
-            details=[f"{p.patch.id} ({p.patch.target}): {reason}" for p in refused for reason in p.reasons],
+            details=[f"{p.patch.id}: {reason}" for p in refused for reason in p.reasons],
         )
 
 
@@ -293,7 +351,7 @@ def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
             ("Patches", ", ".join(f"{p['id']} r{p['revision']}" for p in patch_list)),
             ("Package", f"{tree.package} {tree.version} ({tree.version_source})"),
             ("Tree", str(tree.root)),
-            ("Backend", plan.backend),
+            ("Backend", plan.backend + (f", mode {plan.mode}" if plan.mode else "")),
             ("Params", _show_params(params)),
             ("Created", _now()),
         ]
@@ -315,6 +373,7 @@ def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
         tool_version=__version__,
         created=_now(),
         backend=plan.backend,
+        mode=plan.mode or "",
         patches=patch_list,
         params=params,
         files=files,
@@ -393,9 +452,10 @@ class Check:
     name: str
     ok: bool
     detail: str = ""
+    warning: bool = False  # passes, but the user must read it
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.name, "ok": self.ok, "detail": self.detail}
+        return {"check": self.name, "ok": self.ok, "detail": self.detail, "warning": self.warning}
 
 
 @dataclass
@@ -409,9 +469,9 @@ class VerifyResult:
         return all(c.ok for c in self.checks)
 
 
-def verify(tree: Tree, backend: str | None = None) -> VerifyResult:
+def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Path | None = None) -> VerifyResult:
     """Our syntax-tree checks, compile checks, recorded post-images, and the skill's rules."""
-    from rlprobe_patch.skill_checks import check_engine_patch
+    from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch
 
     state = StateDir(tree.root)
     checks: list[Check] = []
@@ -421,8 +481,11 @@ def verify(tree: Tree, backend: str | None = None) -> VerifyResult:
         )
     ledger = state.read_ledger()
     records = [r for r in ledger.records if r.package == tree.package]
-    backends = {backend} if backend else {r.backend for r in records}
-    if not backends:
+    patch_ids = [p["id"] for r in records for p in r.patches]
+    if selection is not None:
+        patch_ids += [p.id for p in selection.patches(tree.package) if p.supports(tree.version)]
+    patches = [get_patch(i) for i in dict.fromkeys(patch_ids)]
+    if not patches:
         checks.append(Check("recorded", False, f"nothing recorded for {tree.root}; apply first or name --backend"))
     for record in records:
         checks.append(_check_diff(state, record))
@@ -431,44 +494,55 @@ def verify(tree: Tree, backend: str | None = None) -> VerifyResult:
             if not path.is_file():
                 checks.append(Check(f"unchanged since apply: {f.path}", False, "file is missing"))
                 continue
-            data = path.read_bytes()
-            changed = sha256(data) != f.after
-            checks.append(
-                Check(
-                    f"unchanged since apply: {f.path}",
-                    not changed,
-                    "edited after apply (drift); `rlprobe-patch revert` will show the edit" if changed else "",
-                )
-            )
-    seen: set[str] = set()
-    for b in sorted(backends):
-        for patch in select_patches(tree.package, b):
-            if patch.id in seen:
+            changed = sha256(path.read_bytes()) != f.after
+            detail = "edited after apply (drift); `rlprobe-patch revert` will show the edit" if changed else ""
+            checks.append(Check(f"unchanged since apply: {f.path}", not changed, detail))
+    for patch in patches:
+        for site in patch.sites_for(tree.version):
+            if not site.required and not (tree.root / site.target).is_file():
                 continue
-            seen.add(patch.id)
+            name = f"{patch.id}: hooks in place in {site.target}"
             try:
-                data, module = read_target(tree, patch.target)
+                data, module = read_target(tree, site.target)
             except RefusedError as exc:
-                checks.append(Check(f"{patch.id}: hooks in place", False, exc.message))
+                checks.append(Check(name, False, exc.message))
                 continue
-            report: StateReport = patch.codemod.state(module)
-            checks.append(
-                Check(
-                    f"{patch.id}: hooks in place",
-                    report.state is State.APPLIED,
-                    "" if report.state is State.APPLIED else f"{report.state.value}: {'; '.join(report.reasons)}",
-                )
-            )
+            report: StateReport = patch.codemod(site).state(module)
+            applied = report.state is State.APPLIED
+            checks.append(Check(name, applied, "" if applied else f"{report.state.value}: {'; '.join(report.reasons)}"))
             try:
-                compile(data, str(tree.root / patch.target), "exec", dont_inherit=True)
-                checks.append(Check(f"compiles: {patch.target}", True))
+                compile(data, str(tree.root / site.target), "exec", dont_inherit=True)
+                checks.append(Check(f"compiles: {site.target}", True))
             except SyntaxError as exc:
-                checks.append(Check(f"compiles: {patch.target}", False, str(exc)))
+                checks.append(Check(f"compiles: {site.target}", False, str(exc)))
+        checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in patch.warnings_for(tree.version)]
     skill_lines: list[str] = []
-    for b in sorted({"megatron" if b == "megatron" else "fsdp" for b in backends}):
+    engines = sorted({b for p in patches for b in p.backends if b in ("fsdp", "megatron")})
+    for b in engines:
         ok, lines = check_engine_patch(tree.root, b)
         skill_lines += lines
         checks.append(Check(f"skill check-engine-patch --backend {b}", ok, "; ".join(lines[1:])))
+    if any("consistency" in p.modes and "any" in p.backends for p in patches):
+        # The skill's rules expect every patch of the set; a release that cannot take one of
+        # them (no rollout_corr_helper.py before 0.6.1, no extra_fields before 0.7.1) fails
+        # those rules by design. Such FAIL lines are shown, and do not fail verify.
+        by_design = [p for p in select(tree.package, "fsdp", "consistency") if not p.supports(tree.version)]
+        expected_fail = {str(tree.root / t) for p in by_design for t in p.targets}
+        if any(p.id == "verl.request-id" for p in by_design):
+            expected_fail.add("request_id injection missing in both llm_server.py and agent_loop.py")
+        for b in engines or ["fsdp"]:
+            ok, lines = check_consistency_patch(
+                tree.root, b, vllm_ascend_root=vllm_ascend_root, skip_vllm=vllm_ascend_root is None
+            )
+            skill_lines += lines
+            failed = [line[len("FAIL: ") :] for line in lines if line.startswith("FAIL: ")]
+            unexpected = [f for f in failed if f not in expected_fail]
+            detail = "; ".join(unexpected) or (
+                f"FAIL only where verl {tree.version} cannot take the patch: {', '.join(p.id for p in by_design)}"
+                if failed
+                else ""
+            )
+            checks.append(Check(f"skill check-consistency-patch --backend {b}", not unexpected, detail))
     return VerifyResult(tree, checks, skill_lines)
 
 
@@ -627,6 +701,7 @@ class StatusResult:
 
 
 def status(tree: Tree, backend: str | None = None) -> StatusResult:
+    """Every catalogue patch of the tree's package (or of one backend) and its state."""
     state = StateDir(tree.root)
     recovered: list[str] = []
     if state.read_journal() is not None and os.access(state.path, os.W_OK):
@@ -634,9 +709,7 @@ def status(tree: Tree, backend: str | None = None) -> StatusResult:
             recovered = recover(state)
     ledger = state.read_ledger()
     records = [r for r in ledger.records if r.package == tree.package]
-    backends = [backend] if backend else ["fsdp", "megatron"]
-    plans: list[PatchPlan] = []
-    for b in backends:
-        plan = plan_apply(tree, b, {}, force=True)
-        plans += [p for p in plan.patches if p.patch.id not in {q.patch.id for q in plans}]
-    return StatusResult(tree, plans, records, recovered, state.read_journal() is not None)
+    ids = tuple(p.id for p in load_catalogue() if p.package == tree.package and (backend is None or p.serves(backend)))
+    selection = Selection(backend or "fsdp", only=ids, refuse_off_range=False)
+    plan = plan_apply(tree, selection, {}, check=False)
+    return StatusResult(tree, plan.patches, records, recovered, state.read_journal() is not None)

@@ -1,6 +1,7 @@
-"""The skill's `check-engine-patch.py` rules, reproduced so that users' existing checks keep working.
+"""The skill's `check-engine-patch.py` and `check-consistency-patch.py` rules, reproduced so that
+users' existing checks keep working.
 
-Same markers, same messages, same exit codes (0 PASS, 1 FAIL, 2 usage) as the skill's script.
+Same markers, same messages, same exit codes (0 PASS, 1 FAIL, 2 usage) as the skill's scripts.
 One deliberate difference: the backend rule looks at the path *inside* the tree
 (`verl/workers/engine/<backend>/...`), not at the whole path string, so a root such as
 `/data/megatron-runs/verl` no longer triggers the Megatron rule for an FSDP check.
@@ -42,3 +43,74 @@ def check_engine_patch(verl_root: Path, backend: str) -> tuple[bool, list[str]]:
     if errors:
         return False, [f"FAIL: {path}"] + [f"  - {e}" for e in errors]
     return True, [f"PASS: {path}"]
+
+
+ENGINE_MARKERS = REQUIRED_MARKERS
+VERL_CHECKS = {
+    "verl/trainer/ppo/ray_trainer.py": ["PROMPTS_ONLY", "compute_prompts_only", "responses_len"],
+    "verl/utils/debug/metrics.py": ["PROMPTS_ONLY", "skipping debug metrics"],
+    "verl/trainer/ppo/rollout_corr_helper.py": ["PROMPTS_ONLY", "compute_rollout_correction_and_add_to_batch"],
+}
+REQUEST_ID_CHECKS = {
+    "verl/workers/rollout/llm_server.py": ['extra_fields["request_id"]', "vllm_request_id"],
+    "verl/experimental/agent_loop/agent_loop.py": ['extra_fields["request_id"]', "vllm_request_id"],
+}
+VLLM_CHECKS = {
+    "vllm_ascend/worker/dispatch_logger.py": ["class DispatchLogger", "dispatch_log.jsonl"],
+    "vllm_ascend/worker/model_runner_v1.py": ["DispatchLogger", "_finish_msprobe_step", "_dispatch_logger"],
+}
+
+
+def _markers_error(path: Path, markers: list[str]) -> str | None:
+    if not path.exists():
+        return f"missing file: {path}"
+    text = path.read_text(encoding="utf-8", errors="replace")
+    missing = [marker for marker in markers if marker not in text]
+    return f"missing markers: {', '.join(missing)}" if missing else None
+
+
+def check_consistency_patch(
+    verl_root: Path, backend: str = "fsdp", vllm_ascend_root: Path | None = None, skip_vllm: bool = False
+) -> tuple[bool, list[str]]:
+    """(passed, output lines) as the skill's check-consistency-patch.py prints them."""
+    lines: list[str] = []
+    failed = False
+
+    def report(path: Path, errors: list[str]) -> None:
+        nonlocal failed
+        if errors:
+            failed = True
+            lines.append(f"FAIL: {path}")
+            lines.extend(f"  - {e}" for e in errors)
+        else:
+            lines.append(f"PASS: {path}")
+
+    engine = Path(verl_root) / engine_target(backend)
+    errors = [e for e in [_markers_error(engine, ENGINE_MARKERS)] if e]
+    if engine.exists():
+        text = engine.read_text(encoding="utf-8", errors="replace")
+        if backend == "fsdp" and ("forward_backward_batch" not in text or "_debugger.start" not in text):
+            errors.append("FSDP: expected dump hooks in forward_backward_batch")
+        if backend == "megatron" and "_finish_dump_step" not in text and "_dump_should_record" not in text:
+            errors.append("Megatron: expected _finish_dump_step hooks")
+    report(engine, errors)
+    for rel, markers in VERL_CHECKS.items():
+        path = Path(verl_root) / rel
+        report(path, [e for e in [_markers_error(path, markers)] if e])
+    request_id_ok = False
+    for rel, markers in REQUEST_ID_CHECKS.items():
+        path = Path(verl_root) / rel
+        error = _markers_error(path, markers)
+        if error is None:
+            request_id_ok = True
+            lines.append(f"PASS: {path} (request_id)")
+        else:
+            lines.append(f"INFO: {path} not patched ({error})")
+    if not request_id_ok:
+        failed = True
+        lines.append("FAIL: request_id injection missing in both llm_server.py and agent_loop.py")
+    if not skip_vllm and vllm_ascend_root:
+        for rel, markers in VLLM_CHECKS.items():
+            path = Path(vllm_ascend_root) / rel
+            report(path, [e for e in [_markers_error(path, markers)] if e])
+    return not failed, lines

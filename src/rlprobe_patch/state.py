@@ -63,6 +63,7 @@ class Record:
     tool_version: str
     created: str
     backend: str
+    mode: str  # "" when only the backend's engine hook was asked for
     patches: list[dict[str, Any]]  # {"id", "revision"}
     params: dict[str, str]
     files: list[FileRecord]

@@ -15,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 from rlprobe_patch.errors import NotATreeError
 
 BACKENDS = ("fsdp", "fsdp2", "megatron")
+MODES = ("consistency",)  # collection modes that need source patches (training/inference: later issues)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,11 @@ RECIPES: tuple[RuntimeRecipe, ...] = (
             "datasets==5.2.0",
             "ray==2.60.0",  # verl/protocol.py imports ray at `import verl`; ray.init is never called
             "pillow==13.0.0",  # not in verl's Requires-Dist, but rl_dataset.py imports PIL
+            # verl.workers.rollout.llm_server (the request-id patch's target) imports these
+            "cachetools==8.0.2",
+            "fastapi==0.165.0",
+            "uvicorn==0.54.0",
+            "pydantic==2.14.4",
             MSPROBE_PIN,
         ),
         constraints=(TORCH_PIN,),
@@ -88,6 +93,10 @@ RECIPES: tuple[RuntimeRecipe, ...] = (
             "dill==0.4.1",
             "ray==2.60.0",
             "pillow==13.0.0",
+            "cachetools==8.0.2",
+            "fastapi==0.165.0",
+            "uvicorn==0.54.0",
+            "pydantic==2.14.4",
             MSPROBE_PIN,
         ),
         # numpy<2 as a constraint too, so that msprobe's own deps cannot pull numpy 2
@@ -333,6 +342,15 @@ def reset_verl(python: Path, verl_version: str) -> None:
         if proc.returncode != 0:
             raise RuntimeError(f"reinstalling {wheel.name} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
     _log(f"reset verl {verl_version} in {purelib} ({time.monotonic() - started:.1f}s)")
+
+
+@contextlib.contextmanager
+def using(verl_version: str) -> Iterator[Path]:
+    """The venv's python, held for one test (tests patch its verl in place), verl reset first."""
+    python = ensure_runtime_venv(verl_version)
+    with _locked(f"use-verl-{verl_version}"):
+        reset_verl(python, verl_version)
+        yield python
 
 
 MEGATRON_REQUIREMENTS = (TORCH_PIN, "megatron-core==0.16.1", MSPROBE_PIN, "tensordict==0.10.0")
