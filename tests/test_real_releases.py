@@ -32,7 +32,7 @@ def test_engine_patch_cell(real_tree, version: str, backend: str) -> None:
     target.chmod(0o640)  # an unusual mode must survive apply and revert
     original[ENGINE_FILE[backend]] = (original[ENGINE_FILE[backend]][0], 0o640)
 
-    code, out = cli_json("apply", "--verl-root", root, "--backend", backend)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--worker-impl", "engine")
     assert code == ExitCode.OK, out
     assert out["status"] == "applied"
     assert out["tree"]["version"] == version
@@ -60,7 +60,7 @@ def test_engine_patch_cell(real_tree, version: str, backend: str) -> None:
     assert result.exit_code == 0 and result.stdout == f"PASS: {target}\n"
 
     patched = snapshot(root)
-    code, out = cli_json("apply", "--verl-root", root, "--backend", backend)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--worker-impl", "engine")
     assert code == ExitCode.OK and out["status"] == "already applied" and out["files"] == []
     assert snapshot(root) == patched
 
@@ -76,7 +76,7 @@ def test_both_engines_then_one_revert(real_tree, version: str) -> None:
     root = real_tree(version)
     original = snapshot(root)
     for backend in ("fsdp", "megatron"):
-        assert cli_json("apply", "--verl-root", root, "--backend", backend)[0] == ExitCode.OK
+        assert cli_json("apply", "--verl-root", root, "--backend", backend, "--worker-impl", "engine")[0] == ExitCode.OK
     code, out = cli_json("status", "--verl-root", root)
     states = {p["id"]: p["state"] for p in out["trees"][0]["patches"]}
     assert states == {"verl.fsdp-engine": "applied", "verl.megatron-engine": "applied"}
@@ -90,14 +90,14 @@ def test_both_engines_then_one_revert(real_tree, version: str) -> None:
 def test_old_releases_refused(real_tree, version: str, backend: str) -> None:
     root = real_tree(version)
     original = snapshot(root)
-    code, out = cli_json("apply", "--verl-root", root, "--backend", backend)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--worker-impl", "engine")
     assert code == ExitCode.REFUSED
     assert "nothing was written" in out["message"]
     assert any(f"unsupported release: verl {version} has no" in d for d in out["details"])
     assert snapshot(root) == original
     assert not (root / ".rlprobe-patch").exists()
     # --force relaxes the version range only: the anchors are still missing, so still refused.
-    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--force")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--worker-impl", "engine", "--force")
     assert code == ExitCode.REFUSED
     assert any("missing" in d for d in out["details"])
     assert snapshot(root) == original
@@ -107,7 +107,7 @@ def test_old_releases_refused(real_tree, version: str, backend: str) -> None:
 def test_legacy_worker_notice(real_tree, version: str) -> None:
     """Users on 0.6.x / 0.7.x are told the patched engine may not run their PPO actor."""
     root = real_tree(version)
-    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--dry-run")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine", "--dry-run")
     assert code == ExitCode.OK
     notices = " ".join(n for p in out["patches"] for n in p["notices"])
     assert "legacy" in notices
@@ -141,7 +141,8 @@ def test_consistency_set_cell(real_tree, version: str, backend: str) -> None:
     skill's check-consistency-patch rules), compiles, re-applies as a no-op, reverts byte-identical."""
     root = real_tree(version)
     original = snapshot(root)
-    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--mode", "consistency")
+    engine = ("--worker-impl", "engine")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--mode", "consistency", *engine)
     assert code == ExitCode.OK, out
     states = {p["id"]: p["state"] for p in out["patches"]}
     skipped = NOT_FOR.get(version, set())
@@ -166,7 +167,7 @@ def test_consistency_set_cell(real_tree, version: str, backend: str) -> None:
     assert result.exit_code == (1 if skipped else 0), result.stdout
 
     patched = snapshot(root)
-    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--mode", "consistency")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--mode", "consistency", *engine)
     assert code == ExitCode.OK and out["status"] == "already applied"
     assert snapshot(root) == patched
     assert cli_json("revert", "--verl-root", root)[0] == ExitCode.OK

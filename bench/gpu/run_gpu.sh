@@ -66,9 +66,17 @@ PYEOF
 stamp "keep a pristine copy of verl, then patch the installed tree with rlprobe-patch"
 mkdir -p "$PRISTINE" && cp -a "$SITE/verl" "$PRISTINE/verl"
 RP() { PYTHONPATH=$REPO/src:$PYTHONPATH "$PY" -m rlprobe_patch "$@"; }
+APPLIED=1
 for backend in fsdp2 megatron; do
-  RP apply --python "$PY" --backend $backend --json > "$RES/apply_$backend.json"; echo "apply --backend $backend: exit $?"
+  RP apply --python "$PY" --backend $backend --json > "$RES/apply_$backend.json"; rc=$?
+  echo "apply --backend $backend: exit $rc"; [ $rc = 0 ] || APPLIED=0
 done
+if [ $APPLIED = 0 ] && [ -d "$WHL/prepatched" ]; then
+  # Fallback: the files rlprobe-patch wrote into the same wheel's tree on the dev machine.
+  echo "rlprobe-patch apply failed here (git: $(command -v git || echo absent)): using $WHL/prepatched"
+  for e in fsdp megatron; do cp "$WHL/prepatched/$e/transformer_impl.py" "$SITE/verl/workers/engine/$e/"; done
+  echo '{"prepatched": true}' > "$RES/prepatched.json"
+fi
 RP verify --json > "$RES/verify.json"; echo "verify: exit $?"
 RP status --verl-root "$SITE" --json > "$RES/status.json"; echo "status: exit $?"
 cp "$SITE"/.rlprobe-patch/diffs/*.diff "$RES/" 2>/dev/null
@@ -104,7 +112,8 @@ run megatron_steps_unpatched_1 "$UNPATCHED" $M --mode steps $MSTEPS
 run megatron_steps_patched_1   "$PATCHED"   $M --mode steps $MSTEPS --pristine-file "$MP" --interleave "$MCORE_ROUNDS"
 CFG=$(msprobe_config megatron)
 DUMP_ON=1 MSPROBE_ACTOR_CONFIG=$CFG run megatron_dump "$PATCHED" $M --mode dump --dump-phases default,update_actor,all
-if [ "${MCORE_REPEAT:-1}" = 1 ]; then
+# a second unpatched/patched pair of processes, if the call has time left (REPEAT_DEADLINE s)
+if [ "${MCORE_REPEAT:-1}" = 1 ] && [ $(( $(date +%s) - T0 )) -lt "${REPEAT_DEADLINE:-400}" ]; then
   run megatron_steps_unpatched_2 "$UNPATCHED" $M --mode steps $MSTEPS
   run megatron_steps_patched_2   "$PATCHED"   $M --mode steps $MSTEPS
 fi

@@ -66,6 +66,11 @@ class Patch:
     folder: Path
     notices: tuple[Notice, ...] = ()
     overrides: dict[str, Any] = field(default_factory=dict)
+    # verl's worker path the patch hooks: "engine" (engine workers) or "legacy" (fsdp/megatron workers).
+    worker_impl: str = "engine"
+    # Releases that do this themselves (no patch), and how to switch it on there.
+    native: SpecifierSet | None = None
+    native_how: str = ""
 
     @functools.cached_property
     def _module(self) -> Any:
@@ -93,6 +98,9 @@ class Patch:
 
     def sites_for(self, version: Version) -> list[Site]:
         return [site for site in self.sites if site.versions.contains(version, prereleases=True)]
+
+    def is_native(self, version: Version) -> bool:
+        return self.native is not None and self.native.contains(version, prereleases=True)
 
     def supports(self, version: Version) -> bool:
         return self.versions.contains(version, prereleases=True)
@@ -173,6 +181,9 @@ def _load(folder: Path) -> Patch:
             for n in meta.get("notice", [])
         ),
         overrides=dict(meta.get("overrides", {})),
+        worker_impl=meta.get("worker_impl", "engine"),
+        native=SpecifierSet(meta["native"]) if "native" in meta else None,
+        native_how=" ".join(meta.get("native_how", "").split()),
     )
 
 
@@ -192,10 +203,13 @@ def get_patch(patch_id: str) -> Patch:
     raise KeyError(patch_id)
 
 
-def select(package: str, backend: str, mode: str | None = None) -> list[Patch]:
-    """The patches of `package` for `backend`: the engine hook alone, or every patch of `mode`."""
-    return [
-        p
-        for p in load_catalogue()
-        if p.package == package and p.serves(backend) and (mode in p.modes if mode else "any" not in p.backends)
-    ]
+def select(package: str, backend: str, mode: str | None = None, worker_impl: str = "engine") -> list[Patch]:
+    """The patches of `package` for `backend`: its worker hook alone, or with every patch of `mode`.
+
+    The worker hook is the one of `worker_impl` ("engine" or "legacy"): the path verl's PPO
+    actor takes. A mode's set is that hook plus the backend-independent patches of the mode."""
+    hooks = [p for p in load_catalogue() if p.package == package and p.serves(backend) and "any" not in p.backends]
+    chosen = [p for p in hooks if p.worker_impl == worker_impl]
+    if mode:
+        chosen += [p for p in load_catalogue() if p.package == package and "any" in p.backends and mode in p.modes]
+    return chosen

@@ -15,7 +15,7 @@ import click
 from rlprobe_patch import __version__
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 from rlprobe_patch.state_registry import registered_trees
-from rlprobe_patch.trees import BACKENDS, MODES, Tree, find_verl_tree
+from rlprobe_patch.trees import BACKENDS, MODES, PACKAGES, Tree, find_tree, importable
 
 # The engine (LibCST, GitPython) is imported inside the commands that use it, so that
 # `--version`, `--help` and usage errors start fast.
@@ -74,17 +74,69 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
 
 
 def tree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option(
+    """--verl-root / --sglang-root / --vllm-ascend-root / --python, for every tree command."""
+    for name, package in (("--vllm-ascend-root", "vllm_ascend"), ("--sglang-root", "sglang"), ("--verl-root", "verl")):
+        fn = click.option(
+            name,
+            type=click.Path(path_type=Path),
+            help=f"Directory containing the `{package}` package (e.g. site-packages); the package folder also works.",
+        )(fn)
+    return click.option(
         "--python",
         "python",
         metavar="PATH",
-        help="The training environment's interpreter: patch the verl it imports (found without importing it).",
+        help="The training environment's interpreter: the trees it imports (found without importing them).",
     )(fn)
-    return click.option(
-        "--verl-root",
-        type=click.Path(path_type=Path),
-        help="Directory containing the `verl` package (e.g. /verl, or site-packages); the package folder also works.",
-    )(fn)
+
+
+class Roots:
+    """The trees a command acts on: the roots given, else the trees `python` imports."""
+
+    def __init__(
+        self, verl_root: Path | None, sglang_root: Path | None, vllm_ascend_root: Path | None, python: str | None
+    ) -> None:
+        self.given = {
+            package: root
+            for package, root in (("verl", verl_root), ("sglang", sglang_root), ("vllm_ascend", vllm_ascend_root))
+            if root is not None
+        }
+        self.python = python
+
+    def for_apply(self, mode: str | None, needs_verl: bool) -> list[Tree]:
+        if self.given:  # exactly the trees named, nothing searched
+            return [find_tree(package, root) for package, root in self.given.items()]
+        trees = [find_tree("verl", None, self.python)] if needs_verl or mode == "consistency" else []
+        if mode in ("inference", "consistency"):
+            trees += [find_tree(p, None, self.python) for p in ("sglang", "vllm_ascend") if importable(p, self.python)]
+        if not trees:
+            raise RefusedError(
+                "no tree to patch: nothing importable for this mode",
+                hint="name the trees with --verl-root / --sglang-root / --vllm-ascend-root",
+            )
+        return trees
+
+    def for_records(self) -> list[Tree]:
+        """Trees named, or found through --python, or else every tree apply registered."""
+        if self.given:
+            return [find_tree(package, root) for package, root in self.given.items()]
+        if self.python is not None:
+            return [find_tree(p, None, self.python) for p in PACKAGES if p == "verl" or importable(p, self.python)]
+        entries = registered_trees()
+        if not entries:
+            raise RefusedError(
+                "no patched tree is registered",
+                hint="pass --verl-root DIR (or --sglang-root, --vllm-ascend-root, --python PATH) to name the tree",
+            )
+        found = []
+        for entry in entries:
+            try:
+                found.append(find_tree(entry["package"], Path(entry["root"])))
+            except RefusedError as exc:
+                raise RefusedError(
+                    f"a registered tree is gone: {exc.message}",
+                    hint="it moved or was deleted; name it with --verl-root (or the package's root option)",
+                ) from None
+        return found
 
 
 def tree_json(tree: Tree) -> dict[str, str]:
@@ -100,12 +152,13 @@ def main() -> None:
 # -- apply ------------------------------------------------------------------------------------
 @main.command("apply")
 @tree_options
-@click.option("--backend", type=click.Choice(BACKENDS), required=True, help="Training backend to hook.")
+@click.option("--backend", type=click.Choice(BACKENDS), help="Training backend to hook (needed for verl).")
 @click.option(
     "--mode",
     type=click.Choice(MODES),
     help="Apply the whole patch set of a collection mode (consistency: engine hook, PROMPTS_ONLY trimming, "
-    "guards, request id). Without it: only the backend's engine hook.",
+    "guards, request id, and the SGLang / vLLM-Ascend patches; inference: SGLang < 0.5.11). Without it: the "
+    "backend's engine hook, and the patches of the SGLang / vLLM-Ascend trees named.",
 )
 @click.option("--only", "only", metavar="ID[,ID]", help="Apply just these patches (ids from `rlprobe-patch list`).")
 @click.option("--skip", "skip", metavar="ID[,ID]", help="Leave these patches out of the set.")
@@ -113,71 +166,122 @@ def main() -> None:
 @click.option(
     "--force", is_flag=True, help="Allow a release outside the patch's version range (anchors still checked)."
 )
-@click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the hooks.")
+@click.option(
+    "--worker-impl",
+    type=click.Choice(["auto", "engine", "legacy"]),
+    default="auto",
+    show_default=True,
+    help="verl's worker path to hook: the engine workers or the legacy fsdp/megatron workers. auto: the one the "
+    "release runs the PPO actor through (0.6.x legacy; 0.7.x trainer.use_legacy_worker_impl, read from --script; "
+    "0.8+ engine).",
+)
+@click.option(
+    "--script", type=click.Path(path_type=Path), help="The training script, to read which worker path it uses."
+)
+@click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the verl hooks.")
+@click.option("--sglang-config", metavar="PATH", help="Default msprobe config.json baked into the SGLang hook.")
 @click.option("--lock-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for another run.")
 @command
 def apply_cmd(
     out: Out,
-    verl_root: Path | None,
     python: str | None,
-    backend: str,
+    verl_root: Path | None,
+    sglang_root: Path | None,
+    vllm_ascend_root: Path | None,
+    backend: str | None,
     mode: str | None,
     only: str | None,
     skip: str | None,
     dry_run: bool,
     force: bool,
+    worker_impl: str,
+    script: Path | None,
     msprobe_config: str | None,
+    sglang_config: str | None,
     lock_timeout: float,
 ) -> int:
-    """Patch the verl engine of BACKEND with msprobe dump hooks, recorded as a revertible diff."""
+    """Patch verl (engine of BACKEND, or a mode's set), SGLang and vLLM-Ascend; each change a revertible diff."""
     from rlprobe_patch.diffs import diffstat
-    from rlprobe_patch.engine import Selection, apply
+    from rlprobe_patch.engine import Selection, apply, plan_apply, raise_if_refused, resolve_worker_impl
 
-    tree = find_verl_tree(verl_root, python)
-    params = {"msprobe_config": msprobe_config} if msprobe_config else {}
-    selection = Selection(backend, mode, _ids(only), _ids(skip))
-    result = apply(
-        tree, selection, params, force=force, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress
-    )
-    plan = result.plan
-    status_word = "dry-run" if dry_run else ("already applied" if result.already_applied else "applied")
-    out.emit(
-        {
-            "ok": True,
-            "status": status_word,
-            "tree": tree_json(tree),
-            "backend": backend,
-            "mode": mode,
-            "patches": [p.to_json() for p in plan.patches],
-            "files": sorted(plan.changes),
-            "record": result.record.id if result.record else None,
-            "diff_file": str(tree.root / ".rlprobe-patch" / result.record.diff) if result.record else None,
-            "diff": result.diff if dry_run else None,
-            "recovered": result.recovered,
-        }
-    )
-    _print_tree(out, tree)
-    for message in result.recovered:
-        out.line(f"recovered: {message}", fg="yellow")
-    for p in plan.patches:
-        after = {"applicable": "would apply" if dry_run else "applied", "applied": "already applied"}
-        out.line(f"  {p.patch.id:<24} {after.get(p.state_name, p.state_name):<20} {', '.join(p.targets)}")
-        if p.skipped:
-            out.line(f"      {p.skipped}", fg="yellow")
-    _print_notices(out, plan.patches)
-    skipped = [p.patch.id for p in plan.patches if p.skipped]
-    if skipped:
-        still = [p.patch.id for p in plan.patches if not p.skipped]
-        out.line(f"not for this release: {', '.join(skipped)}; in place: {', '.join(still)}", fg="yellow")
-    if dry_run:
-        out.line(result.diff or "(no change)")
-    elif result.already_applied:
-        out.line("already applied: nothing written", fg="green")
-    else:
-        assert result.record is not None
-        for path, added, removed in diffstat(result.diff):
-            out.line(f"  {path} | +{added} -{removed}")
-        out.line(f"recorded: {tree.root / '.rlprobe-patch' / result.record.diff}", fg="green")
+    roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
+    only_ids, skip_ids = _ids(only), _ids(skip)
+    needs_verl = (mode is None and not only_ids) or any(i.startswith("verl.") for i in only_ids)
+    trees = roots.for_apply(mode, needs_verl)
+    params = {k: v for k, v in (("msprobe_config", msprobe_config), ("sglang_config", sglang_config)) if v}
+    selections = []
+    worker_paths: dict[Path, dict[str, str]] = {}
+    for tree in trees:
+        ids = tuple(i for i in only_ids if i.split(".")[0] == tree.package.replace("_", "-"))
+        if only_ids and not ids:
+            continue  # --only names no patch of this tree
+        impl, why = "engine", ""
+        if tree.package == "verl":
+            if backend is None:
+                raise click.UsageError("--backend is required to patch verl (fsdp, fsdp2 or megatron)")
+            impl, why = resolve_worker_impl(tree, worker_impl, script)
+            worker_paths[tree.root] = {"impl": impl, "why": why}
+        selections.append((tree, Selection(backend or "any", mode, ids, skip_ids, worker_impl=impl)))
+    if not selections:
+        raise RefusedError("no patch selected for the trees given", hint="`rlprobe-patch list` shows the patches")
+    if len(selections) > 1 and not dry_run:
+        for tree, selection in selections:  # refuse everything before writing anything
+            raise_if_refused(plan_apply(tree, selection, params, force, check=False))
+    results = [
+        (tree, apply(tree, sel, params, force=force, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress))
+        for tree, sel in selections
+    ]
+    documents = []
+    for tree, result in results:
+        plan = result.plan
+        documents.append(
+            {
+                "status": "dry-run" if dry_run else ("already applied" if result.already_applied else "applied"),
+                "tree": tree_json(tree),
+                "backend": backend,
+                "mode": mode,
+                "patches": [p.to_json() for p in plan.patches],
+                "files": sorted(plan.changes),
+                "record": result.record.id if result.record else None,
+                "diff_file": str(tree.root / ".rlprobe-patch" / result.record.diff) if result.record else None,
+                "diff": result.diff if dry_run else None,
+                "recovered": result.recovered,
+                "worker_path": worker_paths.get(tree.root),
+            }
+        )
+    # "trees" is the full answer; the first tree's fields are repeated at the top for one-tree scripts.
+    out.emit({"ok": True, **documents[0], "trees": documents})
+    for (tree, result), document in zip(results, documents):
+        plan = result.plan
+        _print_tree(out, tree)
+        if document["worker_path"]:
+            out.line(f"worker path hooked: {document['worker_path']['impl']} ({document['worker_path']['why']})")
+        for message in result.recovered:
+            out.line(f"recovered: {message}", fg="yellow")
+        for p in plan.patches:
+            after = {"applicable": "would apply" if dry_run else "applied", "applied": "already applied"}
+            out.line(f"  {p.patch.id:<28} {after.get(p.state_name, p.state_name):<20} {', '.join(p.targets)}")
+            for text in (p.skipped, p.native):
+                if text:
+                    out.line(f"      {text}", fg="yellow")
+        _print_notices(out, plan.patches)
+        skipped = [p.patch.id for p in plan.patches if p.skipped]
+        if skipped:
+            still = [p.patch.id for p in plan.patches if not p.skipped and not p.native]
+            out.line(f"not for this release: {', '.join(skipped)}; in place: {', '.join(still)}", fg="yellow")
+        if dry_run:
+            out.line(result.diff or "(no change)")
+        elif result.already_applied:
+            out.line(
+                "already applied: nothing written" if any(p.state for p in plan.patches) else "nothing to write",
+                fg="green",
+            )
+        else:
+            assert result.record is not None
+            for path, added, removed in diffstat(result.diff):
+                out.line(f"  {path} | +{added} -{removed}")
+            out.line(f"recorded: {document['diff_file']}", fg="green")
+    if not dry_run and any(r.record for _, r in results):
         out.line("next: rlprobe-patch verify    (undo: rlprobe-patch revert)")
     return int(ExitCode.OK)
 
@@ -199,46 +303,32 @@ def _print_notices(out: Out, plans: list[PatchPlan]) -> None:
 
 
 # -- verify -----------------------------------------------------------------------------------
-def _targets(verl_root: Path | None, python: str | None) -> list[Tree]:
-    if verl_root is not None or python is not None:
-        return [find_verl_tree(verl_root, python)]
-    trees = [t for t in registered_trees() if t["package"] == "verl"]
-    if not trees:
-        raise RefusedError(
-            "no patched tree is registered", hint="pass --verl-root DIR (or --python PATH) to name the tree"
-        )
-    found = []
-    for entry in trees:
-        try:
-            found.append(find_verl_tree(Path(entry["root"])))
-        except RefusedError as exc:
-            raise RefusedError(
-                f"a registered tree is gone: {exc.message}", hint="it moved or was deleted; name it with --verl-root"
-            ) from None
-    return found
-
-
 @main.command("verify")
 @tree_options
 @click.option(
     "--backend", type=click.Choice(BACKENDS), help="Also check this backend's hook (default: what was applied)."
 )
 @click.option("--mode", type=click.Choice(MODES), help="Also check this mode's patch set.")
-@click.option("--vllm-ascend-root", type=click.Path(path_type=Path), help="Run the skill's vLLM-Ascend rules on it.")
 @command
 def verify_cmd(
     out: Out,
-    verl_root: Path | None,
     python: str | None,
+    verl_root: Path | None,
+    sglang_root: Path | None,
+    vllm_ascend_root: Path | None,
     backend: str | None,
     mode: str | None,
-    vllm_ascend_root: Path | None,
 ) -> int:
     """Check the hooks (syntax tree, compile, recorded post-image, the skill's rules)."""
     from rlprobe_patch.engine import Selection, verify
 
     selection = Selection(backend or "fsdp", mode) if backend or mode else None
-    results = [verify(tree, selection, vllm_ascend_root) for tree in _targets(verl_root, python)]
+    trees = Roots(verl_root, sglang_root, vllm_ascend_root, python).for_records()
+    vllm = next((t.root for t in trees if t.package == "vllm_ascend"), None)
+    results = [
+        verify(tree, selection if tree.package == "verl" else None, vllm if tree.package == "verl" else None)
+        for tree in trees
+    ]
     ok = all(r.ok for r in results)
     out.emit(
         {
@@ -304,15 +394,28 @@ def check_consistency_patch_cmd(verl_root: Path, backend: str, vllm_ascend_root:
 @click.option("--lock-timeout", type=float, default=10.0, show_default=True)
 @command
 def revert_cmd(
-    out: Out, verl_root: Path | None, python: str | None, merge: bool, dry_run: bool, lock_timeout: float
+    out: Out,
+    python: str | None,
+    verl_root: Path | None,
+    sglang_root: Path | None,
+    vllm_ascend_root: Path | None,
+    merge: bool,
+    dry_run: bool,
+    lock_timeout: float,
 ) -> int:
     """Restore, byte for byte, what apply changed; never destroys later edits."""
     from rlprobe_patch.engine import revert
+    from rlprobe_patch.state import StateDir
 
+    trees = Roots(verl_root, sglang_root, vllm_ascend_root, python).for_records()
+    roots = list(dict.fromkeys(t.root for t in trees))  # trees sharing a root (site-packages) share one record
+    if len(roots) > 1:
+        roots = [r for r in roots if StateDir(r).exists()] or roots[:1]
     results = []
-    for tree in _targets(verl_root, python):
+    for root in roots:
+        tree = next(t for t in trees if t.root == root)
         results.append(
-            revert(tree.root, tree, merge=merge, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress)
+            revert(root, tree, merge=merge, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress)
         )
     out.emit(
         {
@@ -353,14 +456,21 @@ def revert_cmd(
 @tree_options
 @click.option("--backend", type=click.Choice(BACKENDS), help="Only the patches of this backend.")
 @command
-def status_cmd(out: Out, verl_root: Path | None, python: str | None, backend: str | None) -> int:
-    """Per tree: path, version, every patch and its state (applied / applicable / drifted)."""
+def status_cmd(
+    out: Out,
+    python: str | None,
+    verl_root: Path | None,
+    sglang_root: Path | None,
+    vllm_ascend_root: Path | None,
+    backend: str | None,
+) -> int:
+    """Per tree: path, version, every patch and its state (applied / applicable / drifted / native)."""
     from rlprobe_patch.engine import status
 
-    if verl_root is None and python is None and not registered_trees():
-        trees = [find_verl_tree()]
-    else:
-        trees = _targets(verl_root, python)
+    roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
+    if not roots.given and python is None and not registered_trees():
+        roots.python = sys.executable  # nothing named or registered: what this Python imports
+    trees = roots.for_records()
     results = [status(tree, backend) for tree in trees]
     out.emit(
         {
@@ -384,11 +494,10 @@ def status_cmd(out: Out, verl_root: Path | None, python: str | None, backend: st
         for p in r.patches:
             mark = " (recorded)" if p.patch.id in recorded else ""
             colour = {"applied": "green", "applicable": None, "drifted": "red"}.get(p.state_name, "yellow")
-            out.line(f"  {p.patch.id:<24} {p.state_name}{mark}", fg=colour)
-            if p.skipped:
-                out.line(f"      {p.skipped}")
-            for reason in p.reasons:
-                out.line(f"      {reason}")
+            out.line(f"  {p.patch.id:<28} {p.state_name}{mark}", fg=colour)
+            for text in (p.skipped, p.native, *p.reasons):
+                if text:
+                    out.line(f"      {text}")
         _print_notices(out, r.patches)
     return int(ExitCode.OK)
 
@@ -447,6 +556,11 @@ def demo_cmd(out: Out, verl_version: str, offline: bool, workdir: Path | None) -
     out.emit({"ok": report["identical"] and report["verified"], **report})
     return int(ExitCode.OK if report["identical"] and report["verified"] else ExitCode.VERIFY_FAILED)
 
+
+# The collection-workflow commands (detect, doctor, config, script, check-script, check-dump).
+from rlprobe_patch.workflow.cli import register  # noqa: E402 - registers on `main`, defined above
+
+register(main)
 
 if __name__ == "__main__":
     main()

@@ -515,13 +515,15 @@ def first_returned(stmt: Statement) -> cst.BaseExpression:
 
 
 class ConfigPathParam(PatchCodemod):
-    """Patches whose payload reads `os.environ.get("MSPROBE_ACTOR_CONFIG", "<default>")`.
+    """Patches whose payload reads `os.environ.get("<ENV_VAR>", "<default>")`.
 
-    `apply --msprobe-config PATH` bakes PATH in as the default; `read_params` reads it back
-    from a patched tree so that its state can be decided without any record.
+    `apply --msprobe-config PATH` (or the patch's own option, PARAM) bakes PATH in as the
+    default; `read_params` reads it back from a patched tree so that its state can be decided
+    without any record.
     """
 
     ENV_VAR: ClassVar[str] = "MSPROBE_ACTOR_CONFIG"
+    PARAM: ClassVar[str] = "msprobe_config"
     PARAMS: ClassVar[dict[str, str]] = {"msprobe_config": "/home/config_actor.json"}
 
     def _env_get(self) -> m.Call:
@@ -531,8 +533,8 @@ class ConfigPathParam(PatchCodemod):
         )
 
     def bake(self, stmt: cst.CSTNode, params: dict[str, str]) -> cst.CSTNode:
-        path = params["msprobe_config"]
-        if path == self.PARAMS["msprobe_config"]:
+        path = params[self.PARAM]
+        if path == self.PARAMS[self.PARAM]:
             return stmt
         return m.replace(
             stmt,
@@ -543,7 +545,7 @@ class ConfigPathParam(PatchCodemod):
     def read_params(self, module: cst.Module) -> dict[str, str]:
         for call in m.findall(_added_methods_of(self, module), self._env_get()):
             value = call.args[1].value  # type: ignore[attr-defined]
-            return {"msprobe_config": value.evaluated_value}
+            return {self.PARAM: value.evaluated_value}
         return dict(self.PARAMS)
 
 
@@ -562,3 +564,34 @@ def _added_methods_of(codemod: PatchCodemod, module: cst.Module) -> cst.Module:
             if m.matches(stmt, m.ClassDef(name=m.Name(op.cls))):
                 found += [s for s in stmt.body.body if isinstance(s, cst.FunctionDef) and s.name.value in names]
     return cst.Module(body=found)
+
+
+class CreateFile:
+    """A site that is a whole new file: the payload file `FILE` (beside payload.py), verbatim.
+
+    Absent: APPLICABLE. Present with our syntax tree: APPLIED. Present otherwise: DRIFTED
+    (the release, or someone, already has a file there: never overwritten).
+    """
+
+    DESCRIPTION: ClassVar[str] = ""
+    FILE: ClassVar[str] = ""
+    PARAMS: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, payload: Payload, target: str) -> None:
+        self.source = payload.path.parent / self.FILE
+        self.target = target
+
+    @property
+    def content(self) -> bytes:
+        return self.source.read_bytes()
+
+    def state_of(self, data: bytes | None) -> StateReport:
+        if data is None:
+            return StateReport(State.APPLICABLE)
+        try:
+            ours = syntax_key(data.decode("utf-8")) == syntax_key(self.content.decode("utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            ours = False
+        if ours:
+            return StateReport(State.APPLIED)
+        return StateReport(State.DRIFTED, (f"{self.target}: exists and is not the file this patch adds",))

@@ -15,15 +15,22 @@ from rlprobe_patch.errors import RefusedError
 _GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
 
 
-def unified_diff(changes: Mapping[str, tuple[bytes, bytes]]) -> str:
-    """`git diff` of {path: (before, after)}, paths relative to the tree root (a/ b/ prefixes)."""
+def unified_diff(changes: Mapping[str, tuple[bytes | None, bytes | None]]) -> str:
+    """`git diff` of {path: (before, after)}, paths relative to the tree root (a/ b/ prefixes).
+
+    None stands for an absent file: a file a patch adds (or a revert removes)."""
     out = []
     with tempfile.TemporaryDirectory(prefix="rlprobe-diff-") as tmp:
         for path, (before, after) in sorted(changes.items()):
             for side, data in (("a", before), ("b", after)):
                 target = Path(tmp, side, path)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+                if data is not None:
+                    target.write_bytes(data)
+            sides = [
+                f"a/{path}" if before is not None else os.devnull,
+                f"b/{path}" if after is not None else os.devnull,
+            ]
             proc = subprocess.run(
                 [
                     "git",
@@ -33,8 +40,7 @@ def unified_diff(changes: Mapping[str, tuple[bytes, bytes]]) -> str:
                     "--no-color",
                     "--no-ext-diff",
                     "--no-textconv",
-                    f"a/{path}",
-                    f"b/{path}",
+                    *sides,
                 ],
                 cwd=tmp,
                 capture_output=True,
@@ -42,7 +48,12 @@ def unified_diff(changes: Mapping[str, tuple[bytes, bytes]]) -> str:
             )
             if proc.returncode not in (0, 1):
                 raise RuntimeError(f"git diff failed: {proc.stderr.decode(errors='replace')}")
-            out.append(proc.stdout.decode("utf-8", errors="surrogateescape"))
+            text = proc.stdout.decode("utf-8", errors="surrogateescape")
+            # A side that is /dev/null makes git name both sides after the other one.
+            first, _, rest = text.partition("\n")
+            if first.startswith("diff --git "):
+                text = f"diff --git a/{path} b/{path}\n{rest}"
+            out.append(text)
     return "".join(out)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -25,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import libcst as cst
+from packaging.version import Version
 
 from rlprobe_patch import __version__
 from rlprobe_patch.catalogue import Patch, get_patch, load_catalogue, select
-from rlprobe_patch.codemod import PatchCodemod, State, StateReport
+from rlprobe_patch.codemod import CreateFile, PatchCodemod, State, StateReport
 from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
 from rlprobe_patch.errors import RefusedError, RevertBlockedError
-from rlprobe_patch.fsio import atomic_write, checkpoint, remove_stale_temp_files, sha256
+from rlprobe_patch.fsio import atomic_write, checkpoint, fsync_dir, remove_stale_temp_files, sha256
 from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir
 from rlprobe_patch.state_registry import register_tree
 from rlprobe_patch.trees import BACKENDS, Tree
@@ -87,10 +89,13 @@ class PatchPlan:
     params: dict[str, str] = field(default_factory=dict)
     targets: list[str] = field(default_factory=list)
     skipped: str = ""  # why a patch of a --mode set does not apply to this release
+    native: str = ""  # the release does this itself: how to switch it on
 
     @property
     def state_name(self) -> str:
-        return self.state.value if self.state else NOT_FOR_THIS_RELEASE
+        if self.state:
+            return self.state.value
+        return "native" if self.native else NOT_FOR_THIS_RELEASE
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +105,7 @@ class PatchPlan:
             "state": self.state_name,
             "reasons": self.reasons,
             "skipped": self.skipped,
+            "native": self.native,
             "notices": self.notices,
             "warnings": self.warnings,
             "tested_release": self.tested,
@@ -114,7 +120,7 @@ class Plan:
     mode: str | None
     params: dict[str, str]
     patches: list[PatchPlan]
-    changes: dict[str, tuple[bytes, bytes, int]]  # path -> (before, after, mode)
+    changes: dict[str, tuple[bytes | None, bytes, int]]  # path -> (before or None if new, after, mode)
     inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256 of what was read
 
     @property
@@ -125,11 +131,7 @@ class Plan:
         return unified_diff({path: (b, a) for path, (b, a, _) in self.changes.items()})
 
     def inputs_unchanged(self) -> bool:
-        for rel, digest in self.inputs.items():
-            path = self.tree.root / rel
-            if not path.is_file() or sha256(path.read_bytes()) != digest:
-                return False
-        return True
+        return all(digest(read_or_none(self.tree.root / rel)) == seen for rel, seen in self.inputs.items())
 
 
 @dataclass(frozen=True)
@@ -141,13 +143,19 @@ class Selection:
     only: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
     refuse_off_range: bool | None = None  # default: refuse when patches were named one by one
+    worker_impl: str = "engine"  # verl's worker path to hook: "engine" or "legacy" (see resolve_worker_impl)
 
     def patches(self, package: str) -> list[Patch]:
         known = {p.id: p for p in load_catalogue()}
         unknown = [i for i in (*self.only, *self.skip) if i not in known]
         if unknown:
             raise RefusedError(f"unknown patch id: {', '.join(unknown)}", hint="`rlprobe-patch list` shows them")
-        chosen = [known[i] for i in self.only] if self.only else select(package, self.backend, self.mode)
+        if self.only:
+            chosen = [known[i] for i in self.only]
+        elif self.mode is None and package != "verl":
+            chosen = [p for p in known.values() if p.package == package]  # SGLang / vLLM-Ascend: their patches
+        else:
+            chosen = select(package, self.backend, self.mode, self.worker_impl)
         chosen = [p for p in chosen if p.id not in self.skip and p.package == package]
         if not chosen:
             raise RefusedError(
@@ -165,6 +173,46 @@ class Selection:
         return bool(self.only) or self.mode is None
 
 
+WORKER_IMPLS = ("auto", "engine", "legacy")
+_LEGACY_SETTING = re.compile(r"""(?:^|[\s'"])\+{0,2}trainer\.use_legacy_worker_impl\s*=\s*['"]?(\w+)""", re.M)
+
+
+def read_legacy_setting(script: Path) -> str | None:
+    """The value a training script gives `trainer.use_legacy_worker_impl` (a Hydra override), if any."""
+    try:
+        found = _LEGACY_SETTING.findall(script.read_text(encoding="utf-8", errors="replace"))
+    except OSError as exc:
+        raise RefusedError(f"--script {script}: cannot read it ({exc.strerror})") from None
+    return found[-1].lower() if found else None  # the last override wins, as in Hydra
+
+
+def resolve_worker_impl(tree: Tree, requested: str, script: Path | None = None) -> tuple[str, str]:
+    """Which verl worker path the user's PPO actor takes, and why: ("engine" | "legacy", reason)."""
+    if requested != "auto":
+        return requested, f"--worker-impl {requested}"
+    version = tree.version
+    if version < Version("0.7.0"):
+        return "legacy", f"verl {version} always runs the PPO actor through the legacy workers"
+    if version >= Version("0.8.0"):
+        return "engine", f"verl {version} runs the PPO actor through the engine workers (the legacy ones are gone)"
+    setting = read_legacy_setting(script) if script else None
+    if setting == "disable":
+        return "engine", f"{script} sets trainer.use_legacy_worker_impl=disable: the engine workers run the PPO actor"
+    if setting is not None:
+        return "legacy", f"{script} sets trainer.use_legacy_worker_impl={setting}: the legacy workers run the PPO actor"
+    return "legacy", (
+        f"verl {version} defaults to trainer.use_legacy_worker_impl=auto, so the legacy workers run the PPO actor"
+        + ("" if script else "; if your run sets it to disable, pass --script YOUR_SCRIPT or --worker-impl engine")
+    )
+
+
+def hooked_worker_paths(records: list[Record]) -> list[str]:
+    """The worker paths ("engine", "legacy") whose hooks the records applied."""
+    impls = {get_patch(p["id"]).worker_impl for r in records for p in r.patches}
+    backend_hooks = {p["id"] for r in records for p in r.patches if "any" not in get_patch(p["id"]).backends}
+    return sorted(impl for impl in impls if any(get_patch(i).worker_impl == impl for i in backend_hooks))
+
+
 def plan_apply(
     tree: Tree, selection: Selection, params: dict[str, str], force: bool = False, check: bool = True
 ) -> Plan:
@@ -173,6 +221,9 @@ def plan_apply(
     for patch in selection.patches(tree.package):
         plan = PatchPlan(patch, State.APPLICABLE, tested=patch.is_tested(tree.version))
         plans.append(plan)
+        if patch.is_native(tree.version):
+            plan.state, plan.native = None, patch.native_how.format(version=tree.version)
+            continue
         if not patch.supports(tree.version):
             why = patch.refused_why.format(version=tree.version)
             if not force and not selection.explicit:
@@ -197,6 +248,16 @@ def plan_apply(
                 continue  # an optional part of verl this tree does not have
             plan.targets.append(site.target)
             codemod = patch.codemod(site)
+            if isinstance(codemod, CreateFile):
+                if site.target not in current:
+                    path = tree.root / site.target
+                    current[site.target] = (path.read_bytes() if path.is_file() else None, None, 0o644)
+                report = codemod.state_of(current[site.target][0])
+                states.append(report.state)
+                plan.reasons += list(report.reasons)
+                if report.state is State.APPLICABLE:
+                    current[site.target] = (codemod.content, None, 0o644)
+                continue
             try:
                 if site.target not in current:
                     data, module = read_target(tree, site.target)
@@ -234,11 +295,21 @@ def plan_apply(
             plan.state = State.APPLICABLE
     changes, inputs = {}, {}
     for rel, (data, _, mode) in current.items():
-        original = (tree.root / rel).read_bytes()
-        inputs[rel] = sha256(original)
+        original = read_or_none(tree.root / rel)
+        inputs[rel] = digest(original)
         if data != original:
             changes[rel] = (original, data, mode)
     return Plan(tree, selection.backend, selection.mode, params, plans, changes, inputs)
+
+
+def read_or_none(path: Path) -> bytes | None:
+    """A file's bytes, or None when it does not exist (a file a patch adds)."""
+    return path.read_bytes() if path.is_file() else None
+
+
+def digest(data: bytes | None) -> str:
+    """sha256 of the bytes; "" stands for an absent file."""
+    return "" if data is None else sha256(data)
 
 
 def _drift_hint(patch: Patch) -> str:
@@ -297,7 +368,7 @@ def apply(
     if dry_run:
         progress(f"planning {tree.package} {tree.version} at {tree.root}")
         plan = plan_apply(tree, selection, params, force)
-        _raise_if_refused(plan)
+        raise_if_refused(plan)
         return ApplyResult(plan, None, [], True, plan.diff())
     state = StateDir(tree.root)
     # Plan before taking the lock, so that a refusal or a no-op leaves no trace in the tree.
@@ -305,7 +376,7 @@ def apply(
     if state.read_journal() is None:
         progress(f"planning {tree.package} {tree.version} at {tree.root}")
         plan = plan_apply(tree, selection, params, force)
-        _raise_if_refused(plan)
+        raise_if_refused(plan)
         if not plan.changes:
             return ApplyResult(plan, None, [], False, "")
     with state.lock(lock_timeout):
@@ -313,7 +384,7 @@ def apply(
         if plan is None or not plan.inputs_unchanged():
             progress(f"planning {tree.package} {tree.version} at {tree.root} again (it changed meanwhile)")
             plan = plan_apply(tree, selection, params, force)
-            _raise_if_refused(plan)
+            raise_if_refused(plan)
         if not plan.changes:
             return ApplyResult(plan, None, recovered, False, "")
         progress(f"writing {len(plan.changes)} file(s)")
@@ -321,7 +392,7 @@ def apply(
     return ApplyResult(plan, record, recovered, False, diff)
 
 
-def _raise_if_refused(plan: Plan) -> None:
+def raise_if_refused(plan: Plan) -> None:
     refused = plan.refused
     if refused:
         raise RefusedError(
@@ -338,9 +409,11 @@ def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
     files = []
     before_tree, after_tree = {}, {}
     for rel, (before, after, mode) in sorted(plan.changes.items()):
-        fr = FileRecord(rel, mode, sha256(before), sha256(after), state.store_blob(before), state.store_blob(after))
+        before_blob = "" if before is None else state.store_blob(before)
+        fr = FileRecord(rel, mode, digest(before), sha256(after), before_blob, state.store_blob(after))
         files.append(fr)
-        before_tree[rel] = (fr.before_blob, mode)
+        if before is not None:  # a file the patch adds is absent from the "before" commit
+            before_tree[rel] = (fr.before_blob, mode)
         after_tree[rel] = (fr.after_blob, mode)
     params = {k: v for p in applied for k, v in p.params.items()}
     patch_list = [{"id": p.patch.id, "revision": p.patch.revision} for p in applied]
@@ -392,7 +465,7 @@ def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
                 {"path": f.path, "mode": f.mode, "from": f.before, "to": f.after, "blob": f.after_blob} for f in files
             ],
             "ledger": ledger.to_json(),
-            "branch": commit_after,
+            "branches": {tree.package: commit_after},
         },
     )
     return record, diff
@@ -417,21 +490,26 @@ def _carry_out(state: StateDir, journal: dict[str, Any]) -> list[str]:
     for f in journal["files"]:
         path = state.root / f["path"]
         remove_stale_temp_files(path)
-        current = sha256(path.read_bytes()) if path.is_file() else None
+        current = digest(read_or_none(path))
         if current == f["to"]:
-            if file_mode(path) != f["mode"]:
+            if f["to"] and file_mode(path) != f["mode"]:
                 os.chmod(path, f["mode"])
             continue
         if current != f["from"]:
             problems.append(f"{f['path']}: changed by someone else during the interrupted run; left as it is")
             continue
         checkpoint(f"write {f['path']}")
-        atomic_write(path, state.read_blob(f["blob"]), f["mode"])
+        if f["blob"]:
+            atomic_write(path, state.read_blob(f["blob"]), f["mode"])
+        else:  # revert of a file the patch added
+            path.unlink()
+            fsync_dir(path.parent)
     checkpoint("ledger")
     state.write_ledger(Ledger.from_json(journal["ledger"]))
-    state.set_branch(journal["package"], journal["branch"])
     ledger = Ledger.from_json(journal["ledger"])
-    register_tree(state.root, journal["package"], present=journal["package"] in {r.package for r in ledger.records})
+    for package, commit in journal["branches"].items():
+        state.set_branch(package, commit)
+        register_tree(state.root, package, present=package in {r.package for r in ledger.records})
     checkpoint("clear journal")
     state.clear_journal()
     return problems
@@ -471,7 +549,7 @@ class VerifyResult:
 
 def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Path | None = None) -> VerifyResult:
     """Our syntax-tree checks, compile checks, recorded post-images, and the skill's rules."""
-    from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch
+    from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch, check_vllm_rules
 
     state = StateDir(tree.root)
     checks: list[Check] = []
@@ -502,19 +580,27 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
             if not site.required and not (tree.root / site.target).is_file():
                 continue
             name = f"{patch.id}: hooks in place in {site.target}"
+            codemod = patch.codemod(site)
+            if isinstance(codemod, CreateFile):
+                name = f"{patch.id}: {site.target} added"
+                data = read_or_none(tree.root / site.target)
+                report: StateReport = codemod.state_of(data)
+                applied = report.state is State.APPLIED
+                checks.append(
+                    Check(name, applied, "" if applied else f"{report.state.value}: {'; '.join(report.reasons)}")
+                )
+                if data is not None:
+                    checks.append(_compile_check(site.target, data, tree.root))
+                continue
             try:
                 data, module = read_target(tree, site.target)
             except RefusedError as exc:
                 checks.append(Check(name, False, exc.message))
                 continue
-            report: StateReport = patch.codemod(site).state(module)
+            report = codemod.state(module)
             applied = report.state is State.APPLIED
             checks.append(Check(name, applied, "" if applied else f"{report.state.value}: {'; '.join(report.reasons)}"))
-            try:
-                compile(data, str(tree.root / site.target), "exec", dont_inherit=True)
-                checks.append(Check(f"compiles: {site.target}", True))
-            except SyntaxError as exc:
-                checks.append(Check(f"compiles: {site.target}", False, str(exc)))
+            checks.append(_compile_check(site.target, data, tree.root))
         checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in patch.warnings_for(tree.version)]
     skill_lines: list[str] = []
     engines = sorted({b for p in patches for b in p.backends if b in ("fsdp", "megatron")})
@@ -522,7 +608,11 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
         ok, lines = check_engine_patch(tree.root, b)
         skill_lines += lines
         checks.append(Check(f"skill check-engine-patch --backend {b}", ok, "; ".join(lines[1:])))
-    if any("consistency" in p.modes and "any" in p.backends for p in patches):
+    if tree.package == "vllm_ascend" and patches:
+        ok, lines = check_vllm_rules(tree.root)
+        skill_lines += lines
+        checks.append(Check("skill check-consistency-patch vLLM-Ascend rules", ok, "; ".join(lines[1:])))
+    if tree.package == "verl" and any("consistency" in p.modes and "any" in p.backends for p in patches):
         # The skill's rules expect every patch of the set; a release that cannot take one of
         # them (no rollout_corr_helper.py before 0.6.1, no extra_fields before 0.7.1) fails
         # those rules by design. Such FAIL lines are shown, and do not fail verify.
@@ -544,6 +634,14 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
             )
             checks.append(Check(f"skill check-consistency-patch --backend {b}", not unexpected, detail))
     return VerifyResult(tree, checks, skill_lines)
+
+
+def _compile_check(target: str, data: bytes, root: Path) -> Check:
+    try:
+        compile(data, str(root / target), "exec", dont_inherit=True)
+        return Check(f"compiles: {target}", True)
+    except SyntaxError as exc:
+        return Check(f"compiles: {target}", False, str(exc))
 
 
 def _check_diff(state: StateDir, record: Record) -> Check:
@@ -607,22 +705,24 @@ def revert(
         packages = {r.package for r in ledger.records}
         files = []
         for rel, (cur, new, mode, blob) in sorted(targets.items()):
-            files.append({"path": rel, "mode": mode, "from": sha256(cur), "to": sha256(new), "blob": blob})
-        head = None
+            files.append({"path": rel, "mode": mode, "from": digest(cur), "to": digest(new), "blob": blob})
+        branches = {}
         for package in sorted(packages):
-            parent = _branch_head(state, package)
-            tree_files = {rel: (blob, mode) for rel, (_, _, mode, blob) in targets.items()}
-            head = state.commit_files(tree_files, f"rlprobe-patch revert {', '.join(r.id for r in reverted)}", parent)
+            package_files = {f.path for r in ledger.records if r.package == package for f in r.files}
+            tree_files = {
+                rel: (blob, mode) for rel, (_, _, mode, blob) in targets.items() if blob and rel in package_files
+            }
+            message = f"rlprobe-patch revert {', '.join(r.id for r in reverted if r.package == package)}"
+            branches[package] = state.commit_files(tree_files, message, _branch_head(state, package))
         progress(f"writing {len(files)} file(s)")
         _run_journal(
             state,
             {
                 "op": "revert",
                 "record": ",".join(r.id for r in reverted),
-                "package": sorted(packages)[0],
                 "files": files,
                 "ledger": Ledger(root=ledger.root).to_json(),
-                "branch": head,
+                "branches": branches,
             },
         )
     return RevertResult(tree, root, reverted, sorted(targets), merged, recovered, False, diff)
@@ -630,10 +730,10 @@ def revert(
 
 def _plan_revert(
     state: StateDir, ledger: Ledger, merge: bool
-) -> tuple[dict[str, tuple[bytes, bytes, int, str]], list[str]]:
-    """{path: (current bytes, reverted bytes, mode, blob of reverted bytes)}; refuses on edits."""
-    current: dict[str, bytes] = {}
-    result: dict[str, bytes] = {}
+) -> tuple[dict[str, tuple[bytes | None, bytes | None, int, str]], list[str]]:
+    """{path: (current, reverted, mode, blob of reverted)}, None for an absent file; refuses on edits."""
+    current: dict[str, bytes | None] = {}
+    result: dict[str, bytes | None] = {}
     modes: dict[str, int] = {}
     merged: list[str] = []
     blocked: list[str] = []
@@ -641,25 +741,25 @@ def _plan_revert(
         for f in record.files:
             path = state.root / f.path
             if f.path not in result:
-                if not path.is_file():
+                current[f.path] = result[f.path] = read_or_none(path)
+                if current[f.path] is None and f.before:
                     blocked.append(f"{f.path}: deleted after apply; reinstall the package to restore it")
                     continue
-                current[f.path] = path.read_bytes()
-                result[f.path] = current[f.path]
             data = result[f.path]
             modes[f.path] = f.mode
-            if sha256(data) == f.after:
-                result[f.path] = state.read_blob(f.before_blob)
-            elif sha256(data) == f.before:
+            if digest(data) == f.after:
+                result[f.path] = state.read_blob(f.before_blob) if f.before else None
+            elif digest(data) == f.before:
                 continue  # already reverted by hand
             else:
-                original = state.read_blob(f.before_blob)
+                assert data is not None
                 patched = state.read_blob(f.after_blob)
                 edit = unified_diff({f.path: (patched, data)})
-                if not merge:
-                    blocked.append(f"{f.path}: edited after apply; your edit (patched -> now):\n{edit}")
+                if not merge or not f.before:
+                    why = "edited after apply" if f.before else "a file this patch added, edited after apply"
+                    blocked.append(f"{f.path}: {why}; your edit (patched -> now):\n{edit}")
                     continue
-                ok, out = _merge3(data, patched, original)
+                ok, out = _merge3(data, patched, state.read_blob(f.before_blob))
                 if not ok:
                     blocked.append(f"{f.path}: your edit overlaps the patch; cannot merge it. Your edit:\n{edit}")
                     continue
@@ -674,7 +774,7 @@ def _plan_revert(
     targets = {}
     for rel, new in result.items():
         if new != current[rel]:
-            targets[rel] = (current[rel], new, modes[rel], state.store_blob(new))
+            targets[rel] = (current[rel], new, modes[rel], "" if new is None else state.store_blob(new))
     return targets, merged
 
 

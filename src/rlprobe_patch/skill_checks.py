@@ -114,3 +114,14 @@ def check_consistency_patch(
             path = Path(vllm_ascend_root) / rel
             report(path, [e for e in [_markers_error(path, markers)] if e])
     return not failed, lines
+
+
+def check_vllm_rules(vllm_ascend_root: Path) -> tuple[bool, list[str]]:
+    """The vLLM-Ascend part of check-consistency-patch, for a vLLM-Ascend tree on its own."""
+    lines, ok = [], True
+    for rel, markers in VLLM_CHECKS.items():
+        path = Path(vllm_ascend_root) / rel
+        error = _markers_error(path, markers)
+        ok = ok and error is None
+        lines += [f"PASS: {path}"] if error is None else [f"FAIL: {path}", f"  - {error}"]
+    return ok, lines

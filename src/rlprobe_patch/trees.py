@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from rlprobe_patch.errors import NotATreeError
 
 BACKENDS = ("fsdp", "fsdp2", "megatron")
-MODES = ("consistency",)  # collection modes that need source patches (training/inference: later issues)
+MODES = ("inference", "consistency")  # collection modes that need source patches
 
 
 @dataclass(frozen=True)
@@ -54,14 +55,32 @@ VERL_FINGERPRINTS: tuple[tuple[str | tuple[str, str], str], ...] = (
 )
 
 
+PACKAGES = ("verl", "sglang", "vllm_ascend")
+ROOT_OPTIONS = {"verl": "--verl-root", "sglang": "--sglang-root", "vllm_ascend": "--vllm-ascend-root"}
+
+
+def find_tree(package: str, root: Path | None = None, python: str | None = None) -> Tree:
+    """The `package` tree at `root`, or the one that `python` (default: this one) imports."""
+    if root is not None:
+        base = _package_root(Path(root), package, ROOT_OPTIONS[package])
+    else:
+        base = _imported_root(package, python)
+    version, source = VERSION_READERS[package](base)
+    return Tree(package, base, version, source)
+
+
 def find_verl_tree(verl_root: Path | None = None, python: str | None = None) -> Tree:
     """The verl tree at `verl_root`, or the one that `python` (default: this one) imports."""
-    if verl_root is not None:
-        root = _package_root(Path(verl_root), "verl", "--verl-root")
-    else:
-        root = _imported_root("verl", python)
-    version, source = verl_version(root)
-    return Tree("verl", root, version, source)
+    return find_tree("verl", verl_root, python)
+
+
+def importable(package: str, python: str | None = None) -> bool:
+    """Whether `python` can import `package` (asked with find_spec, nothing is imported)."""
+    try:
+        _imported_root(package, python)
+    except NotATreeError:
+        return False
+    return True
 
 
 def _package_root(path: Path, package: str, option: str) -> Path:
@@ -113,6 +132,63 @@ def _imported_root(package: str, python: str | None) -> Path:
     return _package_root(Path(locations[0]), package, "import " + package)
 
 
+def _dist_info_version(root: Path, name: str) -> Version | None:
+    for meta in sorted(root.glob("*.dist-info/METADATA")):
+        headers = HeaderParser().parsestr(meta.read_text(encoding="utf-8", errors="replace"))
+        if headers.get("Name", "").lower().replace("-", "_") == name and headers.get("Version"):
+            try:
+                return Version(headers["Version"])
+            except InvalidVersion:
+                continue
+    return None
+
+
+def _assigned_string(path: Path, name: str) -> str | None:
+    """The string literal assigned to `name` at module level in `path` (read, never imported)."""
+    if not path.is_file():
+        return None
+    for node in ast.parse(path.read_text(encoding="utf-8", errors="replace")).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return node.value.value
+    return None
+
+
+def _version_from(root: Path, package: str, files: tuple[str, ...]) -> tuple[Version, str]:
+    for rel in files:
+        text = _assigned_string(root / package / rel, "__version__")
+        if text:
+            try:
+                return Version(text), rel
+            except InvalidVersion:
+                pass
+    found = _dist_info_version(root, package)
+    if found is not None:
+        return found, "dist-info"
+    raise NotATreeError(f"{root / package}: cannot tell the {package} version (no version file or dist-info)")
+
+
+def sglang_version(root: Path) -> tuple[Version, str]:
+    return _version_from(root, "sglang", ("version.py", "_version.py"))
+
+
+def vllm_ascend_version(root: Path) -> tuple[Version, str]:
+    # vllm_ascend/_version.py is written by setuptools-scm as `__version__ = version = '0.13.0'`.
+    path = root / "vllm_ascend" / "_version.py"
+    if path.is_file():
+        for node in ast.parse(path.read_text(encoding="utf-8", errors="replace")).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                if any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets):
+                    try:
+                        return Version(str(node.value.value)), "_version.py"
+                    except InvalidVersion:
+                        break
+    found = _dist_info_version(root, "vllm_ascend")
+    if found is not None:
+        return found, "dist-info"
+    raise NotATreeError(f"{root / 'vllm_ascend'}: cannot tell the vllm-ascend version (no _version.py or dist-info)")
+
+
 def verl_version(root: Path) -> tuple[Version, str]:
     version_file = root / "verl" / "version" / "version"
     if version_file.is_file():
@@ -121,16 +197,15 @@ def verl_version(root: Path) -> tuple[Version, str]:
             return Version(text), "version file"
         except InvalidVersion:
             pass
-    for meta in sorted(root.glob("verl-*.dist-info/METADATA")):
-        headers = HeaderParser().parsestr(meta.read_text(encoding="utf-8", errors="replace"))
-        if headers.get("Name", "").lower() == "verl" and headers.get("Version"):
-            try:
-                return Version(headers["Version"]), "dist-info"
-            except InvalidVersion:
-                continue
+    found = _dist_info_version(root, "verl")
+    if found is not None:
+        return found, "dist-info"
     for probe, version in VERL_FINGERPRINTS:
         path, text = probe if isinstance(probe, tuple) else (probe, None)
         target = root / path
         if target.exists() and (text is None or text in target.read_text(encoding="utf-8", errors="replace")):
             return Version(version), "fingerprint"
     raise NotATreeError(f"{root / 'verl'}: cannot tell the verl version (no version file, dist-info or known layout)")
+
+
+VERSION_READERS = {"verl": verl_version, "sglang": sglang_version, "vllm_ascend": vllm_ascend_version}

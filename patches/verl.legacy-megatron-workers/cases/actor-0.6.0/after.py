@@ -1,0 +1,198 @@
+"""Megatron Actor (the shape of verl 0.6.0's megatron_actor.py, shortened)."""
+
+import logging
+import os
+from functools import partial
+
+import torch
+from megatron.core import parallel_state as mpu
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from verl.utils.device import get_device_id
+from verl.workers.actor import BasePPOActor
+
+logger = logging.getLogger(__file__)
+
+
+class MegatronPPOActor(BasePPOActor):
+    def __init__(self, config, model_config, hf_config, tf_config, actor_module, actor_optimizer):
+        """MegatronPPOActor class."""
+        super().__init__(config)
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+        self._debugger = None  # rlprobe-patch
+        self._update_actor_logger_fp = None
+        self._dump_should_record = False
+        self._dump_micro_batch = None
+
+    def compute_log_prob(self, data, calculate_entropy=False) -> torch.Tensor:
+        """Compute the log probability of the responses."""
+        data = self._prompts_only_batch(data)  # rlprobe-patch
+        micro_batch_size = data.meta_info.get("micro_batch_size", None)
+        with torch.no_grad():
+            output = self.forward_backward_batch(data, forward_only=True, micro_batch_size=micro_batch_size)
+        return output, None
+
+    def forward_backward_batch(self, data, forward_only=False, post_process_fn=None, micro_batch_size=None):
+        """
+        We assume:
+        - The model takes input: (input_ids, attention_mask, position_ids). No rmpad for the input
+        """
+        self._dump_should_record = self._should_dump(forward_only)  # rlprobe-patch
+        micro_batches = data.batch.split(micro_batch_size)
+        n_micro_batch = len(micro_batches)
+        forward_backward_func = get_forward_backward_func()
+
+        def loss_func(output, data, meta_info):
+            device = output.device
+            metrics = {}
+            if forward_only:
+                if self._dump_should_record:  # rlprobe-patch
+                    self._dump_after_loss(torch.tensor(1.0, device=device), forward_only)
+                return torch.tensor(1.0, device=device), metrics
+            policy_loss = output.mean()
+            if self._dump_should_record:  # rlprobe-patch
+                self._dump_after_loss(policy_loss, forward_only)
+            return policy_loss, [metrics, None]
+
+        def forward_step(batch_iter, model):
+            batch = next(batch_iter)
+            if self._dump_should_record:  # rlprobe-patch
+                self._start_dump_step(model, batch)
+            batch = batch.to(get_device_id())
+            batch = batch.contiguous()
+            output = model(batch["input_ids"])
+            return output, partial(loss_func, data=batch, meta_info=None)
+
+        batch_generator = iter(micro_batches)
+        if mpu.get_pipeline_model_parallel_world_size() > 1:
+            losses_reduced = forward_backward_func(
+                forward_step_func=forward_step,
+                data_iterator=batch_generator,
+                model=self.actor_module,
+                num_microbatches=n_micro_batch,
+                forward_only=forward_only,
+            )
+            if self._dump_should_record:  # rlprobe-patch
+                self._finish_dump_step()
+        else:
+            losses_reduced = forward_backward_func(
+                forward_step_func=forward_step,
+                data_iterator=batch_generator,
+                model=self.actor_module,
+                num_microbatches=n_micro_batch,
+                forward_only=forward_only,
+            )
+            if self._dump_should_record:  # rlprobe-patch
+                self._finish_dump_step()
+        # loss_reduces contains the stats returned from loss_func
+        return {"output": losses_reduced}
+
+    # Added by rlprobe-patch (verl.legacy-megatron-workers); `rlprobe-patch revert` removes it.
+    def _ensure_debugger(self):
+        # Lazy: nothing is imported or opened until DUMP_ON asks for it; the ref policy never dumps.
+        if getattr(self, "_debugger", None) is not None or self.actor_optimizer is None:
+            return
+        if not int(os.environ.get("DUMP_ON", "0")):
+            return
+        from msprobe.pytorch import PrecisionDebugger, seed_all
+
+        seed_all(mode=True)
+        self._debugger = PrecisionDebugger(
+            config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
+        )
+        try:
+            log_dir = os.path.join(self._debugger.config.dump_path, str(os.getpid()))
+            os.makedirs(log_dir, exist_ok=True)
+            self._update_actor_logger_fp = open(os.path.join(log_dir, "update_actor_log.jsonl"), "a", encoding="utf-8")
+        except Exception as exc:
+            logger.warning(f"Failed to initialize update_actor_logger: {exc}")
+
+    def _should_dump(self, forward_only):
+        # Decided once per forward_backward_batch call: forward-only calls are log-prob passes.
+        self._ensure_debugger()
+        if getattr(self, "_debugger", None) is None:
+            return False
+        dump_phase = os.environ.get("DUMP_PHASE", "log_prob")
+        phase = "log_prob" if forward_only else "update_actor"
+        return dump_phase in ("all", phase)
+
+    def _log_update_actor_step(self, micro_batch):
+        if getattr(self, "_update_actor_logger_fp", None) is None:
+            return
+        import json
+        import time
+
+        # A TensorDict micro-batch: request ids only when the batch carries them.
+        request_ids = micro_batch.get("request_id", None) if "request_id" in micro_batch.keys() else None
+        if request_ids is None:
+            request_ids = []
+        elif hasattr(request_ids, "tolist"):
+            request_ids = request_ids.tolist()
+        request_ids = [str(request_id) for request_id in request_ids]
+        record = {
+            "source": "update_actor",
+            "timestamp": time.time(),
+            "pid": os.getpid(),
+            # MegatronPPOActor has no self.rank.
+            "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
+            "step": self._debugger.service.current_iter,
+            "request_ids": request_ids,
+            "num_requests": len(request_ids),
+        }
+        self._update_actor_logger_fp.write(json.dumps(record) + "\n")
+        self._update_actor_logger_fp.flush()
+
+    def _start_dump_step(self, model, batch):
+        if getattr(self, "_dump_micro_batch", None) is not None:
+            # A step left open (a pipeline stage that never sees the loss): close it first.
+            self._finish_dump_step()
+        while isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module  # unwrap DDP / Float16Module, as verl's unwrap_model does
+        self._dump_micro_batch = batch
+        self._debugger.start(model=model)
+
+    def _dump_after_loss(self, loss, forward_only):
+        if getattr(self, "_dump_micro_batch", None) is None:
+            return
+        if forward_only or not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+            self._finish_dump_step()
+            return
+
+        def _finish_after_backward(grad):
+            # The hook fires when the loss's gradient is computed, at the start of backward;
+            # the queued callback runs once the whole backward pass has finished.
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_dump_step)
+            return grad
+
+        loss.register_hook(_finish_after_backward)
+
+    def _finish_dump_step(self):
+        if getattr(self, "_dump_micro_batch", None) is None:
+            return
+        micro_batch, self._dump_micro_batch = self._dump_micro_batch, None
+        # Once msprobe has dumped every step its config asks for, it only has to be stopped.
+        if not self._debugger.service.should_stop_service:
+            self._log_update_actor_step(micro_batch)
+        self._debugger.stop()
+        self._debugger.step()
+
+    def _prompts_only_batch(self, data):
+        # PROMPTS_ONLY=1: the log-prob pass covers the prompts only, like the rollout engine's
+        # prefill. A batch the trainer already cut (verl.prompts-only) has width-0 responses
+        # and is returned as it is.
+        if not int(os.environ.get("PROMPTS_ONLY", "0")):
+            return data
+        batch = data.batch
+        if batch is None or "responses" not in batch.keys() or batch["responses"].size(1) == 0:
+            return data
+        responses_len = batch["responses"].size(1)
+        trimmed = batch.clone(recurse=False)
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            if key in batch.keys():
+                # 2-D (bs, seq) or 3-D (bs, 3, seq) position_ids: the sequence is the last axis.
+                trimmed[key] = batch[key][..., :-responses_len]
+        for key in ("responses", "rollout_log_probs", "response_mask"):
+            if key in batch.keys():
+                trimmed[key] = batch[key][:, :0]
+        return type(data)(batch=trimmed, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)

@@ -1,0 +1,181 @@
+"""What `verl.legacy-megatron-workers` inserts into `verl/workers/actor/megatron_actor.py`.
+
+On verl 0.6.x, and on 0.7.x unless `trainer.use_legacy_worker_impl=disable`, the PPO actor
+runs through the legacy `megatron_workers.ActorRolloutRefWorker`, which hands every log-prob
+pass and every update to `MegatronPPOActor.forward_backward_batch`. That method runs the
+micro-batches through Megatron's pipeline schedule with two nested closures, `forward_step`
+(takes the micro-batch from the iterator) and `loss_func` (turns the output into the loss),
+so the hooks mark the step boundaries as the Megatron engine patch does: a step starts when
+`forward_step` takes its micro-batch, and closes when `loss_func` has the loss (log-prob
+passes) or when the backward that starts from that loss has finished (updates, through a
+callback queued on autograd's engine). One `update_actor_log.jsonl` line per step, in the
+engine patch's format.
+
+The methods of the class `MegatronPPOActor` below are added verbatim to verl's
+`MegatronPPOActor`. Each module-level function is a *statement hook*: its body (without the
+docstring) is inserted at the place its docstring names; `codemod.py` finds those places.
+
+Switches, all unset = the original behaviour with no import and no file work:
+`DUMP_ON=1`, `DUMP_PHASE` (`log_prob` default, `update_actor`, `all`),
+`MSPROBE_ACTOR_CONFIG` (default baked in by `apply --msprobe-config`), `PROMPTS_ONLY=1`.
+The reference policy (a `MegatronPPOActor` without optimizer) never dumps.
+"""
+
+import logging
+import os
+
+import torch
+
+# verl's megatron_actor.py defines these names at module level.
+logger = logging.getLogger(__file__)
+
+
+class MegatronPPOActor:
+    # Added by rlprobe-patch (verl.legacy-megatron-workers); `rlprobe-patch revert` removes it.
+    def _ensure_debugger(self):
+        # Lazy: nothing is imported or opened until DUMP_ON asks for it; the ref policy never dumps.
+        if getattr(self, "_debugger", None) is not None or self.actor_optimizer is None:
+            return
+        if not int(os.environ.get("DUMP_ON", "0")):
+            return
+        from msprobe.pytorch import PrecisionDebugger, seed_all
+
+        seed_all(mode=True)
+        self._debugger = PrecisionDebugger(
+            config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
+        )
+        try:
+            log_dir = os.path.join(self._debugger.config.dump_path, str(os.getpid()))
+            os.makedirs(log_dir, exist_ok=True)
+            self._update_actor_logger_fp = open(os.path.join(log_dir, "update_actor_log.jsonl"), "a", encoding="utf-8")
+        except Exception as exc:
+            logger.warning(f"Failed to initialize update_actor_logger: {exc}")
+
+    def _should_dump(self, forward_only):
+        # Decided once per forward_backward_batch call: forward-only calls are log-prob passes.
+        self._ensure_debugger()
+        if getattr(self, "_debugger", None) is None:
+            return False
+        dump_phase = os.environ.get("DUMP_PHASE", "log_prob")
+        phase = "log_prob" if forward_only else "update_actor"
+        return dump_phase in ("all", phase)
+
+    def _log_update_actor_step(self, micro_batch):
+        if getattr(self, "_update_actor_logger_fp", None) is None:
+            return
+        import json
+        import time
+
+        # A TensorDict micro-batch: request ids only when the batch carries them.
+        request_ids = micro_batch.get("request_id", None) if "request_id" in micro_batch.keys() else None
+        if request_ids is None:
+            request_ids = []
+        elif hasattr(request_ids, "tolist"):
+            request_ids = request_ids.tolist()
+        request_ids = [str(request_id) for request_id in request_ids]
+        record = {
+            "source": "update_actor",
+            "timestamp": time.time(),
+            "pid": os.getpid(),
+            # MegatronPPOActor has no self.rank.
+            "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
+            "step": self._debugger.service.current_iter,
+            "request_ids": request_ids,
+            "num_requests": len(request_ids),
+        }
+        self._update_actor_logger_fp.write(json.dumps(record) + "\n")
+        self._update_actor_logger_fp.flush()
+
+    def _start_dump_step(self, model, batch):
+        if getattr(self, "_dump_micro_batch", None) is not None:
+            # A step left open (a pipeline stage that never sees the loss): close it first.
+            self._finish_dump_step()
+        while isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module  # unwrap DDP / Float16Module, as verl's unwrap_model does
+        self._dump_micro_batch = batch
+        self._debugger.start(model=model)
+
+    def _dump_after_loss(self, loss, forward_only):
+        if getattr(self, "_dump_micro_batch", None) is None:
+            return
+        if forward_only or not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+            self._finish_dump_step()
+            return
+
+        def _finish_after_backward(grad):
+            # The hook fires when the loss's gradient is computed, at the start of backward;
+            # the queued callback runs once the whole backward pass has finished.
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_dump_step)
+            return grad
+
+        loss.register_hook(_finish_after_backward)
+
+    def _finish_dump_step(self):
+        if getattr(self, "_dump_micro_batch", None) is None:
+            return
+        micro_batch, self._dump_micro_batch = self._dump_micro_batch, None
+        # Once msprobe has dumped every step its config asks for, it only has to be stopped.
+        if not self._debugger.service.should_stop_service:
+            self._log_update_actor_step(micro_batch)
+        self._debugger.stop()
+        self._debugger.step()
+
+    def _prompts_only_batch(self, data):
+        # PROMPTS_ONLY=1: the log-prob pass covers the prompts only, like the rollout engine's
+        # prefill. A batch the trainer already cut (verl.prompts-only) has width-0 responses
+        # and is returned as it is.
+        if not int(os.environ.get("PROMPTS_ONLY", "0")):
+            return data
+        batch = data.batch
+        if batch is None or "responses" not in batch.keys() or batch["responses"].size(1) == 0:
+            return data
+        responses_len = batch["responses"].size(1)
+        trimmed = batch.clone(recurse=False)
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            if key in batch.keys():
+                # 2-D (bs, seq) or 3-D (bs, 3, seq) position_ids: the sequence is the last axis.
+                trimmed[key] = batch[key][..., :-responses_len]
+        for key in ("responses", "rollout_log_probs", "response_mask"):
+            if key in batch.keys():
+                trimmed[key] = batch[key][:, :0]
+        return type(data)(batch=trimmed, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+
+
+def init_debugger_state(self):
+    """Appended to the end of `MegatronPPOActor.__init__`."""
+    self._debugger = None  # rlprobe-patch
+    self._update_actor_logger_fp = None
+    self._dump_should_record = False
+    self._dump_micro_batch = None
+
+
+def log_prob_prologue(self, data):
+    """First statement of `MegatronPPOActor.compute_log_prob` (after its docstring)."""
+    data = self._prompts_only_batch(data)  # rlprobe-patch
+
+
+def decide_dump(self, forward_only):
+    """First statement of `MegatronPPOActor.forward_backward_batch` (after its docstring)."""
+    self._dump_should_record = self._should_dump(forward_only)  # rlprobe-patch
+
+
+def close_open_step(self):
+    """Right after each `losses_reduced = forward_backward_func(...)` of `forward_backward_batch`."""
+    if self._dump_should_record:  # rlprobe-patch
+        self._finish_dump_step()
+
+
+def start_micro_batch(self, model, batch):
+    """Right after `batch = next(batch_iter)` in the nested `forward_step` of `forward_backward_batch`."""
+    if self._dump_should_record:  # rlprobe-patch
+        self._start_dump_step(model, batch)
+
+
+def finish_after_loss(self, loss, forward_only):
+    """Before each `return <loss>, ...` of the nested `loss_func` of `forward_backward_batch`.
+
+    `loss` stands for the first element of that return: `policy_loss`, or the constant
+    `torch.tensor(1.0, device=device)` of the early forward-only return.
+    """
+    if self._dump_should_record:  # rlprobe-patch
+        self._dump_after_loss(loss, forward_only)

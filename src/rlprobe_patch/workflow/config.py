@@ -1,0 +1,181 @@
+"""`config`: an msprobe config.json with the skill's rules per mode and side, checked by msprobe.
+
+Rules (SKILL.md "共用 config.json 规范" and the three-mode table):
+
+| mode        | side      | dump_path | step  |
+|-------------|-----------|-----------|-------|
+| training    | training  | forbidden (verl's precision_debugger profiler sets it per stage) | [] |
+| inference   | generate  | required  | [0]   |
+| consistency | generate  | required  | [0]   |
+| consistency | actor     | required (the patched hook logs next to it) | [] |
+
+`"level": "mix"` unless asked otherwise. The file is then loaded by msprobe itself, in the
+training interpreter: `parse_json_config` (msprobe's CommonConfig and task config checks) and
+`DebuggerConfig` (what `PrecisionDebugger(config_path=...)` builds), so a config this command
+writes is one msprobe accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.workflow.envprobe import interpreter, last_json, run_python
+
+SIDES = {"training": ("training",), "inference": ("generate",), "consistency": ("actor", "generate")}
+LEVELS = ("mix", "L0", "L1", "L2", "debug")
+TASKS = ("statistics", "tensor")
+# verl's precision_debugger profiler passes its own dump_path (save_path/step_N/stage); the
+# check stands in for it so that msprobe's "dump_path not found" rule is exercised on the rest.
+TRAINING_DUMP_PATH_STAND_IN = "<global_profiler.save_path>/step_N/<stage>"
+
+
+class ConfigError(RefusedError):
+    pass
+
+
+def build_config(
+    mode: str,
+    side: str,
+    dump_path: str | None,
+    *,
+    level: str = "mix",
+    task: str = "statistics",
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+) -> dict[str, Any]:
+    if side not in SIDES[mode]:
+        raise ConfigError(
+            f"--side {side} does not belong to --mode {mode}",
+            hint=f"{mode} configs are for: {', '.join(SIDES[mode])}",
+        )
+    if mode == "training" and dump_path:
+        raise ConfigError(
+            "dump_path is forbidden in a training-profiler config",
+            hint="verl's precision_debugger writes each stage to global_profiler.save_path/step_N/<stage>; "
+            "set global_profiler.save_path in the script instead",
+        )
+    if mode != "training" and not dump_path:
+        raise ConfigError(
+            f"--dump-path is required for a {mode} {side} config",
+            hint="use a different folder per side (actor / generate) and per PD role",
+        )
+    config: dict[str, Any] = {"task": task}
+    if dump_path:
+        config["dump_path"] = str(dump_path)
+    default_step = [0] if side == "generate" else []
+    config.update(
+        {
+            "rank": list(ranks or []),
+            "step": list(steps if steps is not None else default_step),
+            "level": level,
+            "async_dump": False,
+            "extra_info": True,
+        }
+    )
+    config[task] = {
+        "scope": [],
+        "list": [],
+        **({"tensor_list": []} if task == "statistics" else {}),
+        "data_mode": ["all"],
+        "summary_mode": "statistics",
+    }
+    if task == "tensor":
+        del config[task]["summary_mode"]
+    return config
+
+
+_CHECK = r"""
+import io, json, logging, sys, contextlib
+path, stand_in = sys.argv[1], sys.argv[2]
+buf = io.StringIO()
+result = {"ok": False}
+try:
+    with contextlib.redirect_stdout(buf):
+        from msprobe.pytorch.dump.pt_config import parse_json_config
+        from msprobe.pytorch.dump.debugger.debugger_config import DebuggerConfig
+        common, task_config = parse_json_config(path, None)
+        debugger = DebuggerConfig(common, task_config, None, stand_in or None, None)
+    result = {"ok": True, "task": debugger.task, "level": debugger.level, "step": debugger.step,
+              "rank": debugger.rank, "dump_path": common.dump_path}
+except BaseException as exc:
+    result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+import importlib.metadata as md
+try:
+    result["msprobe"] = md.version("mindstudio-probe")
+except md.PackageNotFoundError:
+    result["msprobe"] = None
+result["log"] = [l for l in buf.getvalue().splitlines() if "ERROR" in l or "error" in l][-10:]
+print(json.dumps(result))
+"""
+
+
+def check_with_msprobe(path: Path, python: str | None, *, training: bool) -> dict[str, Any]:
+    """Load `path` with msprobe's own config parsing in `python`; {"ok", ...} or {"ok": False, "error"}."""
+    proc = run_python(python, _CHECK, str(path), TRAINING_DUMP_PATH_STAND_IN if training else "")
+    result = last_json(proc, f"msprobe config check in {interpreter(python)}")
+    if result.get("msprobe") is None and not result["ok"]:
+        raise RefusedError(
+            f"msprobe is not installed in {interpreter(python)}: cannot check the config with msprobe",
+            hint="pass the training interpreter with --python, install it (rlprobe-patch doctor --install), "
+            "or skip the check with --no-check",
+        )
+    return result
+
+
+def write_config(config: dict[str, Any], output: Path, python: str | None, *, check: bool) -> dict[str, Any] | None:
+    """Write `config` to `output` (temp file, checked by msprobe, then renamed into place)."""
+    output = Path(output)
+    if output.is_dir():
+        raise ConfigError(f"-o {output}: is a directory", hint="name the file, e.g. -o config_actor.json")
+    if not output.parent.is_dir():
+        raise ConfigError(f"-o {output}: folder {output.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o640)  # msprobe refuses config files that others may write
+        result = None
+        if check:
+            result = check_with_msprobe(Path(tmp), python, training="dump_path" not in config)
+            if not result["ok"]:
+                raise ConfigError(
+                    f"msprobe {result.get('msprobe')} rejects the config: {result['error']}",
+                    details=result.get("log", []),
+                    hint="nothing was written",
+                )
+        os.replace(tmp, output)
+        return result
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such msprobe config") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return data
+
+
+def rule_problems(data: dict[str, Any], mode: str, side: str) -> list[str]:
+    """The skill's rules for an existing config (used by check-script)."""
+    problems = []
+    if mode == "training" and "dump_path" in data:
+        problems.append("dump_path is set; it is forbidden for the training profiler (verl sets it per stage)")
+    if mode != "training" and not data.get("dump_path"):
+        problems.append(f"dump_path is missing; it is required for the {side} side")
+    if side == "generate" and data.get("step") not in ([0],):
+        problems.append(f"step is {data.get('step')!r}; the generate side uses [0]")
+    if data.get("level", "L1") != "mix":
+        problems.append(f'level is {data.get("level", "L1 (default)")!r}; the skill uses "mix" unless asked otherwise')
+    return problems

@@ -1,0 +1,260 @@
+"""`detect`: the collection mode, training backend and rollout backend of a training script.
+
+The skill's three detectors (`detect-dump-mode.sh`, `detect-train-backend.sh`,
+`detect-rollout-backend.sh`) grep the script. Here the same signals (same points, same tie
+order: training, inference, consistency) are read from the parsed script: Hydra overrides
+and the YAML files it references, exported switches, so `rollout: {name: sglang}` in a YAML
+file counts and a commented-out `# DUMP_ON=1` does not. Every decision lists its signals.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlprobe_patch.errors import PatchError
+from rlprobe_patch.workflow.scriptmodel import Script, is_true, read_script
+
+MODES = ("training", "inference", "consistency")
+STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
+ROLLOUT_BACKENDS = ("sglang", "vllm", "trtllm", "hf")
+
+# The skill's hint words (SKILL.md, step 0), per mode.
+HINT_WORDS: dict[str, tuple[str, ...]] = {
+    "training": ("training", "训练采集", "global_profiler", "precision_debugger", *STAGES),
+    "inference": ("inference", "推理采集", "rollout dump", "generate dump"),
+    "consistency": ("consistency", "训推一致", "prefill 对齐", "prefill对齐"),
+}
+
+
+@dataclass
+class Signal:
+    decision: str  # "mode", "train_backend", "rollout_backend"
+    value: str  # the mode or backend it points to
+    points: int
+    evidence: str
+    where: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision,
+            "value": self.value,
+            "points": self.points,
+            "evidence": self.evidence,
+            "where": self.where,
+        }
+
+
+@dataclass
+class Detection:
+    script: Script
+    mode: str
+    scores: dict[str, int]
+    train_backend: str
+    rollout_backend: str
+    signals: list[Signal] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+    def signals_for(self, decision: str) -> list[Signal]:
+        return [s for s in self.signals if s.decision == decision]
+
+
+def _where(source: str) -> str:
+    return source.replace("script:", "line ").replace("yaml:", "")
+
+
+def _hint_signals(hint: str) -> list[Signal]:
+    signals = []
+    text = hint.strip().lower()
+    if not text:
+        return signals
+    for mode, words in HINT_WORDS.items():
+        if text == mode:
+            signals.append(Signal("mode", mode, 10, f"hint is {mode!r}", "--hint"))
+            continue
+        for word in words:
+            if word.lower() in text:
+                signals.append(Signal("mode", mode, 10, f"hint mentions {word!r}", "--hint"))
+                break
+    return signals
+
+
+def _mode_signals(script: Script) -> list[Signal]:
+    signals: list[Signal] = []
+    # training: +8 precision_debugger tool, +4 stage names, +3 stages / profiler.enable=True
+    tool = script.get("global_profiler.tool")
+    if tool is not None and tool.value == "precision_debugger":
+        signals.append(Signal("mode", "training", 8, "global_profiler.tool=precision_debugger", _where(tool.source)))
+    else:
+        for s in script.find("tool"):
+            if s.value == "precision_debugger":
+                signals.append(Signal("mode", "training", 8, f"{s.key}=precision_debugger", _where(s.source)))
+                break
+    stage_settings = [s for s in script.settings.values() if _mentions_stage(s.value)]
+    if stage_settings:
+        s = stage_settings[0]
+        signals.append(Signal("mode", "training", 4, f"stage names in {s.key}", _where(s.source)))
+    stages = script.find("precision_debugger.stages")
+    enabled = [s for s in script.find("profiler.enable") if is_true(s.value)]
+    if stages or enabled:
+        s = (stages or enabled)[0]
+        signals.append(Signal("mode", "training", 3, f"{s.key}={s.value}", _where(s.source)))
+
+    # inference: +6 a dump config for the rollout, +2 enforce_eager=True
+    dump_configs = [
+        s
+        for s in script.settings.values()
+        if s.key.rsplit(".", 1)[-1] in ("dump_config_path", "msprobe_dump_config", "dump_config")
+        and "engine_kwargs" in s.key
+    ]
+    cli_flag = re.search(r"--msprobe[-_]dump[-_]config", script.code_text())
+    if dump_configs:
+        s = dump_configs[0]
+        signals.append(Signal("mode", "inference", 6, f"{s.key}={s.value}", _where(s.source)))
+    elif cli_flag:
+        signals.append(Signal("mode", "inference", 6, "--msprobe-dump-config on a command line", "script"))
+    eager = script.get("rollout.enforce_eager")
+    if eager is not None and is_true(eager.value):
+        signals.append(Signal("mode", "inference", 2, f"{eager.key}=True", _where(eager.source)))
+
+    # consistency: +8 DUMP_ON / PROMPTS_ONLY, +5 dispatch/update logs, +5 words, +5 combination
+    switches = {name: script.env.get(name) for name in ("DUMP_ON", "PROMPTS_ONLY")}
+    code = script.code_text()
+    on = [name for name, s in switches.items() if s is not None and is_true(s.value)]
+    used = [name for name in ("DUMP_ON", "PROMPTS_ONLY") if name not in on and re.search(rf"\b{name}\b", code)]
+    if on:
+        s = switches[on[0]]
+        assert s is not None
+        signals.append(Signal("mode", "consistency", 8, f"{' and '.join(on)} set", _where(s.source)))
+    elif used:
+        signals.append(Signal("mode", "consistency", 8, f"{used[0]} used in the script", "script"))
+    for name, s in switches.items():
+        if s is not None and not is_true(s.value):
+            signals.append(Signal("mode", "consistency", 0, f"{name}={s.value} (off)", _where(s.source)))
+    if re.search(r"dispatch_log|update_actor_log", code):
+        signals.append(Signal("mode", "consistency", 5, "dispatch_log / update_actor_log named", "script"))
+    words = re.search(r"训推一致|consistency|prefill.*对齐", script.text, re.I)
+    if words:
+        line = script.text.count("\n", 0, words.start()) + 1
+        signals.append(Signal("mode", "consistency", 5, f"the words {words.group(0)!r}", f"line {line}"))
+    if on or used:
+        prompts_only = "PROMPTS_ONLY" in on or "PROMPTS_ONLY" in used
+        dump_on = "DUMP_ON" in on or "DUMP_ON" in used
+        if dump_on and (dump_configs or cli_flag or prompts_only):
+            other = "PROMPTS_ONLY" if prompts_only else "a rollout dump config"
+            signals.append(Signal("mode", "consistency", 5, f"DUMP_ON together with {other}", "script"))
+    return signals
+
+
+def _mentions_stage(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_mentions_stage(v) for v in value)
+    return isinstance(value, str) and any(stage in value for stage in STAGES)
+
+
+def _train_backend(script: Script) -> tuple[str, list[Signal], list[str]]:
+    signals: list[Signal] = []
+    for s in script.settings.values():
+        leaf = s.key.rsplit(".", 1)[-1]
+        if leaf in ("strategy", "backend") and not s.key.startswith("global_profiler") and ".rollout." not in s.key:
+            value = str(s.value).lower()
+            if value in ("megatron", "fsdp", "fsdp2"):
+                weight = 3 if s.key.startswith("actor_rollout_ref.actor") else 1
+                signals.append(Signal("train_backend", value, weight, f"{s.key}={s.value}", _where(s.source)))
+    if script.config_name:
+        name = script.config_name.lower()
+        value = "megatron" if "megatron" in name else "fsdp" if "ppo_trainer" in name or "fsdp" in name else ""
+        if value:
+            signals.append(Signal("train_backend", value, 2, f"--config-name {script.config_name}", "script"))
+    megatron_keys = [k for k in script.settings if ".megatron." in f".{k}." and k.startswith("actor_rollout_ref")]
+    if megatron_keys and not any(s.value == "megatron" for s in signals):
+        s = script.settings[megatron_keys[0]]
+        signals.append(Signal("train_backend", "megatron", 1, f"megatron settings ({s.key})", _where(s.source)))
+    if not signals:
+        return "unknown", signals, []
+    totals: dict[str, int] = {}
+    for s in signals:
+        family = "megatron" if s.value == "megatron" else "fsdp"
+        totals[family] = totals.get(family, 0) + s.points
+    conflicts = []
+    if len(totals) > 1:
+        conflicts.append(
+            "training backend: both megatron and fsdp signals ("
+            + ", ".join(f"{s.evidence} at {s.where}" for s in signals)
+            + ")"
+        )
+    family = max(totals, key=lambda f: (totals[f], f == "megatron"))
+    if family == "fsdp":
+        strategies = [s for s in signals if s.value == "fsdp2"]
+        return ("fsdp2" if strategies else "fsdp"), signals, conflicts
+    return "megatron", signals, conflicts
+
+
+def _rollout_backend(script: Script) -> tuple[str, list[Signal]]:
+    signals: list[Signal] = []
+    name = script.get("rollout.name")
+    if name is not None and str(name.value).lower() in ROLLOUT_BACKENDS:
+        signals.append(
+            Signal("rollout_backend", str(name.value).lower(), 10, f"{name.key}={name.value}", _where(name.source))
+        )
+    elif name is not None:
+        signals.append(
+            Signal(
+                "rollout_backend", "unknown", 0, f"{name.key}={name.value} (not a known backend)", _where(name.source)
+            )
+        )
+    for backend in ("sglang", "vllm"):
+        keys = [s for s in script.settings.values() if f"engine_kwargs.{backend}." in s.key + "."]
+        if keys:
+            s = keys[0]
+            signals.append(Signal("rollout_backend", backend, 2, f"{s.key} set", _where(s.source)))
+    if not signals:
+        return "unknown", signals
+    best = max(signals, key=lambda s: s.points)
+    return (best.value if best.points else "unknown"), signals
+
+
+def detect_script(path: Path, hint: str = "") -> Detection:
+    script = read_script(path)
+    signals = _hint_signals(hint) + _mode_signals(script)
+    scores = {mode: sum(s.points for s in signals if s.decision == "mode" and s.value == mode) for mode in MODES}
+    best = max(scores.values())
+    mode = next(m for m in MODES if scores[m] == best) if best > 0 else "unknown"
+    train_backend, train_signals, conflicts = _train_backend(script)
+    rollout_backend, rollout_signals = _rollout_backend(script)
+    if len({s.value for s in rollout_signals if s.points}) > 1:
+        conflicts.append(
+            "rollout backend: " + ", ".join(f"{s.evidence} at {s.where}" for s in rollout_signals if s.points)
+        )
+    return Detection(
+        script=script,
+        mode=mode,
+        scores=scores,
+        train_backend=train_backend,
+        rollout_backend=rollout_backend,
+        signals=signals + train_signals + rollout_signals,
+        conflicts=conflicts,
+    )
+
+
+def found_trees(python: str | None) -> dict[str, Any]:
+    """verl (our tree finder) and the other packages (find_spec + metadata) in `python`."""
+    from rlprobe_patch.trees import find_verl_tree
+    from rlprobe_patch.workflow.envprobe import packages
+
+    result: dict[str, Any] = {}
+    try:
+        found, info = packages(python)
+    except PatchError as exc:
+        return {"error": exc.message}
+    result["python"] = info
+    try:
+        tree = find_verl_tree(None, python)
+        result["verl"] = {"found": True, **tree.to_json()}
+    except PatchError as exc:
+        result["verl"] = {"found": False, "reason": exc.message}
+    for name in ("sglang", "vllm", "vllm_ascend", "msprobe", "torch"):
+        result[name] = found[name].to_json()
+    return result

@@ -1,0 +1,86 @@
+"""`doctor`: can the training interpreter run msprobe, and what else is there.
+
+The skill's first step (`ensure-msprobe-env.sh`): msprobe must import in the same Python that
+runs verl, before any config, script or patch work. `--install` runs
+`<python> -m pip install mindstudio-probe` there and checks again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlprobe_patch.errors import PatchError
+from rlprobe_patch.workflow.envprobe import Package, interpreter, msprobe_import, packages
+
+MSPROBE_REQUIREMENT = "mindstudio-probe"
+
+
+@dataclass
+class DoctorReport:
+    python: dict[str, str]
+    msprobe: dict[str, Any]
+    packages: dict[str, Package]
+    verl: dict[str, Any]
+    patches: list[dict[str, Any]] = field(default_factory=list)
+    install: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.msprobe.get("ok"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "python": self.python,
+            "msprobe": {k: v for k, v in self.msprobe.items() if k != "traceback"},
+            "packages": {name: p.to_json() for name, p in self.packages.items()},
+            "verl": self.verl,
+            "patches": self.patches,
+            "install": self.install,
+        }
+
+
+def pip_install(python: str | None, requirement: str, extra_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    cmd = [interpreter(python), "-m", "pip", "install", "--disable-pip-version-check", *extra_args, requirement]
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=1800)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+    return {"command": cmd, "exit_code": proc.returncode, "ok": proc.returncode == 0, "output_tail": tail}
+
+
+def run_doctor(
+    python: str | None,
+    *,
+    install: bool = False,
+    requirement: str = MSPROBE_REQUIREMENT,
+    pip_args: tuple[str, ...] = (),
+    progress: Any = None,
+) -> DoctorReport:
+    say = progress or (lambda _: None)
+    say(f"checking msprobe in {interpreter(python)}")
+    found, info = packages(python)
+    msprobe = msprobe_import(python) if found["msprobe"].found else {"ok": False, "error": "msprobe is not installed"}
+    install_result = None
+    if install and not msprobe.get("ok"):
+        say(f"pip install {requirement} (in {interpreter(python)})")
+        install_result = pip_install(python, requirement, pip_args)
+        found, info = packages(python)
+        msprobe = msprobe_import(python) if found["msprobe"].found else {"ok": False, "error": "still not installed"}
+    verl: dict[str, Any]
+    patches: list[dict[str, Any]] = []
+    try:
+        from rlprobe_patch.trees import find_verl_tree
+
+        tree = find_verl_tree(None, python)
+        verl = {"found": True, **tree.to_json()}
+        try:
+            from rlprobe_patch.engine import status
+
+            result = status(tree)
+            patches = [{"id": p.patch.id, "state": p.state_name, "skipped": p.skipped or None} for p in result.patches]
+        except PatchError as exc:
+            verl["status_error"] = exc.message
+    except PatchError as exc:
+        verl = {"found": False, "reason": exc.message}
+    return DoctorReport(info, msprobe, found, verl, patches, install_result)

@@ -1,0 +1,532 @@
+"""`script` and `check-script`: a collection script derived from a training script, and its check.
+
+The skill's run templates copy the user's script, `sed` one flag and append overrides. Here the
+copy is edited at the words that carry each override (found by `scriptmodel`), the rest is
+appended to the training command, the switches are exported before it, and the original file
+is never written. What is set, and why (research/skill_and_msprobe.md section 6):
+
+- batch: `train_batch_size`, `ppo_mini_batch_size`, `ppo_micro_batch_size_per_gpu` and the
+  log-prob micro batches 1, `rollout.n` = DP, `agent.num_workers` = 1; one training step;
+- flags: remove padding on, dynamic batch and balance off, no validation before training,
+  rollout skip off, rollout-correction off, SP forced to 1 (with a notice);
+- eager rollout and `TORCHDYNAMO_DISABLE=1`; the dump config argument of the rollout backend
+  and release (vLLM-Ascend `dump_config_path`, `dump_config` on 0.12; SGLang >= 0.5.11
+  `msprobe_dump_config`, older SGLang needs its ModelRunner patch);
+- alignment, refused when it cannot hold: FSDP rollout TP = rollout GPU count and rollout DP
+  1; Megatron TP/PP/EP equal between actor, ref and rollout; vLLM rollout PP > 1.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.workflow.config import read_config, rule_problems
+from rlprobe_patch.workflow.detect import STAGES, Detection, detect_script
+from rlprobe_patch.workflow.scriptmodel import Script, Setting, flatten, is_true
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+@dataclass
+class Requirement:
+    key: str
+    value: Any
+    why: str
+    only_if_present: bool = False  # e.g. skip switches: turned off where the script turns them on
+
+    @property
+    def text(self) -> str:
+        return hydra_text(self.value)
+
+
+@dataclass
+class Requirements:
+    mode: str
+    train_backend: str
+    rollout_backend: str
+    settings: list[Requirement] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    refusals: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    configs: dict[str, str] = field(default_factory=dict)  # side -> config path the script uses
+
+    def add(self, key: str, value: Any, why: str, **kw: Any) -> None:
+        self.settings = [r for r in self.settings if r.key != key]
+        self.settings.append(Requirement(key, value, why, **kw))
+
+
+def hydra_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_text(v) for v in value) + "]"
+    return str(value)
+
+
+def same_value(current: Any, wanted: Any) -> bool:
+    def norm(v: Any) -> str:
+        if isinstance(v, str) and v.strip().lower() in ("null", "none", "~"):
+            return "null"
+        return hydra_text(v).strip().lower()
+
+    return norm(current) == norm(wanted)
+
+
+def _int(script: Script, key: str, default: int | None) -> tuple[int | None, str]:
+    setting = script.settings.get(key)
+    if setting is None:
+        return default, f"{key} not set (verl's default {default})"
+    try:
+        return int(setting.value), f"{key}={setting.value} ({_where(setting)})"
+    except (TypeError, ValueError):
+        return None, f"{key}={setting.value!r} ({_where(setting)}) is not a number"
+
+
+def _where(setting: Setting) -> str:
+    return setting.source.replace("script:", "line ").replace("yaml:", "")
+
+
+def _version(text: str | None) -> Version | None:
+    try:
+        return Version(text) if text else None
+    except InvalidVersion:
+        return None
+
+
+def requirements(
+    detection: Detection,
+    mode: str,
+    *,
+    train_backend: str | None = None,
+    rollout_backend: str | None = None,
+    n_gpus: int | None = None,
+    configs: dict[str, str] | None = None,
+    versions: dict[str, str | None] | None = None,
+    stages: tuple[str, ...] = STAGES,
+    save_path: str | None = None,
+) -> Requirements:
+    script = detection.script
+    versions = versions or {}
+    train = (train_backend or detection.train_backend).replace("fsdp2", "fsdp")
+    rollout = rollout_backend or detection.rollout_backend
+    req = Requirements(mode, train, rollout, configs=dict(configs or {}))
+
+    if mode == "training":
+        _training(req, script, versions, stages, save_path)
+        return req
+
+    # inference and consistency: the rollout dump
+    req.add(f"{ROLLOUT}.enforce_eager", True, "rollout dump needs eager mode (vllm-ascend < 0.20 raises without it)")
+    req.env["TORCHDYNAMO_DISABLE"] = "1"
+    for s in script.settings.values():
+        if s.key.endswith("skip.enable") or s.key.endswith("skip.rollout.enable"):
+            req.add(
+                s.key, False, "rollout skip replays dumped rollouts: nothing would be generated", only_if_present=True
+            )
+    _rollout_dump_arg(req, versions)
+    if mode == "inference":
+        return req
+
+    # consistency: batch sizes, flags, alignment, the engine hook switches
+    if train not in ("fsdp", "megatron"):
+        req.refusals.append("the training backend is unknown: pass --train-backend fsdp|megatron")
+        return req
+    world, world_why = _world(script, n_gpus)
+    if world is None:
+        req.refusals.append(f"cannot tell the GPU count: {world_why}; pass --n-gpus")
+        return req
+    dp = _alignment(req, script, train, world, world_why)
+    for key, value, why in (
+        ("data.train_batch_size", 1, "batch: one prompt per step"),
+        (f"{ACTOR}.ppo_mini_batch_size", 1, "batch: one mini-batch (mini_batch_num = 1)"),
+        (f"{ACTOR}.ppo_micro_batch_size_per_gpu", 1, "batch: one sample per micro-batch (gac = 1)"),
+        (f"{REF}.log_prob_micro_batch_size_per_gpu", 1, "batch: one sample per log-prob micro-batch"),
+        (f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", 1, "batch: one sample per log-prob micro-batch"),
+        (f"{ROLLOUT}.agent.num_workers", 1, "the agent loop only splits batches evenly"),
+        ("actor_rollout_ref.model.use_remove_padding", True, "remove padding, as the engine hook expects"),
+        (f"{ACTOR}.use_dynamic_bsz", False, "dynamic batch sizes regroup samples across micro-batches"),
+        (f"{REF}.log_prob_use_dynamic_bsz", False, "dynamic batch sizes regroup samples"),
+        (f"{ROLLOUT}.log_prob_use_dynamic_bsz", False, "dynamic batch sizes regroup samples"),
+        ("trainer.balance_batch", False, "balancing reorders samples across ranks"),
+        ("trainer.val_before_train", False, "validation would generate (and dump) first"),
+        ("trainer.total_training_steps", 1, "one step is enough to compare"),
+        ("algorithm.rollout_correction.rollout_is", None, "rollout correction off"),
+        ("algorithm.rollout_correction.rollout_rs", None, "rollout correction off"),
+        ("algorithm.rollout_correction.rollout_rs_threshold", None, "rollout correction off"),
+        ("algorithm.rollout_correction.rollout_is_batch_normalize", False, "rollout correction off"),
+    ):
+        req.add(key, value, why)
+    if dp is not None:
+        req.add(f"{ROLLOUT}.n", dp, f"rollout.n = DP = {dp}: each training rank gets one response")
+    if train == "fsdp":
+        for role in (ACTOR, REF):
+            key = f"{role}.ulysses_sequence_parallel_size"
+            current = script.settings.get(key)
+            if current is not None and str(current.value) not in ("1",):
+                req.notices.append(f"{key} was {current.value} ({_where(current)}): forced to 1 for the dump")
+            req.add(key, 1, "sequence parallelism splits the sequence across ranks; DP = world / SP")
+    actor_config = req.configs.get("actor")
+    req.env.update({"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "log_prob"})
+    if actor_config:
+        req.env["MSPROBE_ACTOR_CONFIG"] = actor_config
+    return req
+
+
+def _training(
+    req: Requirements, script: Script, versions: dict[str, str | None], stages: tuple[str, ...], save_path: str | None
+) -> None:
+    verl = _version(versions.get("verl"))
+    if verl is not None and verl < Version("0.8.0"):
+        req.refusals.append(
+            f"verl {verl} has no precision_debugger profiler (verl >= 0.8.0); "
+            "use --mode consistency (engine hook) on this release"
+        )
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        req.refusals.append(f"unknown stages {unknown}; known: {', '.join(STAGES)}")
+    req.add("global_profiler.tool", "precision_debugger", "verl's own msprobe integration (no source patch)")
+    steps = script.settings.get("global_profiler.steps")
+    if steps is None or not steps.value:
+        req.add("global_profiler.steps", [1], "the steps to profile")
+    if save_path:
+        req.add("global_profiler.save_path", save_path, "where each stage's dump goes (step_N/<stage>)")
+    config = req.configs.get("training")
+    if config:
+        req.add("global_profiler.global_tool_config.precision_debugger.config_path", config, "the msprobe config")
+    req.add("global_profiler.global_tool_config.precision_debugger.stages", list(stages), "the stages to dump")
+    if any(s.startswith("actor_") for s in stages):
+        req.add(f"{ACTOR}.profiler.enable", True, "the actor stages need the actor's profiler on")
+    if "ref_compute_log_prob" in stages:
+        req.add(f"{REF}.profiler.enable", True, "ref_compute_log_prob needs the ref's profiler on")
+
+
+def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> None:
+    config = req.configs.get("generate")
+    backend = req.rollout_backend
+    if backend == "vllm":
+        ascend = _version(versions.get("vllm_ascend"))
+        key = "dump_config" if ascend is not None and ascend < Version("0.13.0rc1") else "dump_config_path"
+        if ascend is None:
+            req.notices.append("vLLM-Ascend version unknown: using additional_config.dump_config_path (0.13+)")
+        if config:
+            req.add(f"{ROLLOUT}.engine_kwargs.vllm.additional_config.{key}", config, f"vLLM-Ascend reads {key}")
+    elif backend == "sglang":
+        sglang = _version(versions.get("sglang"))
+        if sglang is not None and sglang < Version("0.5.11"):
+            req.notices.append(
+                f"SGLang {sglang} < 0.5.11 has no msprobe option: patch its ModelRunner "
+                "(msprobe sglang_eager_dump_instruct.md); it reads ./config.json in the server's working directory"
+            )
+            return
+        if sglang is None:
+            req.notices.append(
+                "SGLang version unknown: assuming >= 0.5.11 (msprobe_dump_config); pass --sglang-version"
+            )
+        if config:
+            req.add(f"{ROLLOUT}.engine_kwargs.sglang.msprobe_dump_config", config, "SGLang >= 0.5.11 native option")
+        req.notices.append(
+            "SGLang with prefill/decode disaggregation: export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"
+        )
+    elif backend in ("trtllm", "hf"):
+        req.refusals.append(f"rollout backend {backend}: msprobe has no rollout dump for it (vllm or sglang only)")
+    else:
+        req.refusals.append(
+            "the rollout backend is unknown: set actor_rollout_ref.rollout.name or pass --rollout-backend"
+        )
+
+
+def _world(script: Script, n_gpus: int | None) -> tuple[int | None, str]:
+    if n_gpus is not None:
+        return n_gpus, f"--n-gpus {n_gpus}"
+    per_node, why_node = _int(script, "trainer.n_gpus_per_node", 8)
+    nodes, why_nodes = _int(script, "trainer.nnodes", 1)
+    if per_node is None or nodes is None:
+        return None, why_node if per_node is None else why_nodes
+    return per_node * nodes, f"{per_node * nodes} GPUs ({why_node}; {why_nodes})"
+
+
+def _alignment(req: Requirements, script: Script, train: str, world: int, world_why: str) -> int | None:
+    """Check or set the parallel sizes; return DP (None when refused)."""
+    rollout_tp, tp_why = _int(script, f"{ROLLOUT}.tensor_model_parallel_size", None)
+    rollout_dp, dp_why = _int(script, f"{ROLLOUT}.data_parallel_size", 1)
+    rollout_pp, pp_why = _int(script, f"{ROLLOUT}.pipeline_model_parallel_size", 1)
+    rollout_ep, ep_why = _int(script, f"{ROLLOUT}.expert_parallel_size", 1)
+    if req.rollout_backend == "vllm" and rollout_pp is not None and rollout_pp > 1:
+        req.refusals.append(f"vLLM rollout with pipeline parallelism > 1 is unsupported ({pp_why})")
+    if train == "fsdp":
+        if rollout_tp is None:
+            req.add(
+                f"{ROLLOUT}.tensor_model_parallel_size", world, f"FSDP: rollout TP = rollout GPU count ({world_why})"
+            )
+        elif rollout_tp != world:
+            req.refusals.append(
+                f"FSDP: rollout TP must equal the rollout GPU count so that every generate rank matches a "
+                f"training rank: {tp_why}, but {world_why}"
+            )
+        if rollout_dp not in (None, 1):
+            req.refusals.append(f"FSDP: rollout data parallel size must be 1 ({dp_why})")
+        return world
+    # Megatron: the same TP / PP / EP on actor, ref and rollout
+    sizes: dict[str, dict[str, tuple[int | None, str]]] = {}
+    for role in (ACTOR, REF):
+        sizes[role] = {
+            "TP": _int(script, f"{role}.megatron.tensor_model_parallel_size", 1),
+            "PP": _int(script, f"{role}.megatron.pipeline_model_parallel_size", 1),
+            "EP": _int(script, f"{role}.megatron.expert_model_parallel_size", 1),
+        }
+    sizes[ROLLOUT] = {
+        "TP": (
+            rollout_tp if rollout_tp is not None else 2,
+            tp_why if rollout_tp is not None else "rollout TP not set (verl's default 2)",
+        ),
+        "PP": (rollout_pp, pp_why),
+        "EP": (rollout_ep, ep_why),
+    }
+    for dim in ("TP", "PP", "EP"):
+        values = {role: sizes[role][dim] for role in sizes}
+        if len({v for v, _ in values.values()}) > 1:
+            detail = "; ".join(why for _, why in values.values())
+            req.refusals.append(f"Megatron: {dim} must be equal on actor, ref and rollout: {detail}")
+    if sizes[ACTOR]["PP"][0] not in (None, 1):
+        req.refusals.append(f"Megatron: pipeline parallelism must be 1 for the dump ({sizes[ACTOR]['PP'][1]})")
+    for role in (ACTOR, REF):
+        req.add(f"{role}.megatron.pipeline_model_parallel_size", 1, "PP = 1 (vLLM rollout PP > 1 is unsupported)")
+    tp = sizes[ACTOR]["TP"][0] or 1
+    cp, _ = _int(script, f"{ACTOR}.megatron.context_parallel_size", 1)
+    if world % (tp * (cp or 1)):
+        req.refusals.append(f"Megatron: {world_why} is not divisible by TP {tp} x CP {cp}")
+        return None
+    return world // (tp * (cp or 1))
+
+
+# -- verl's own config: which keys exist --------------------------------------------------------
+def verl_config_keys(verl_root: Path, train_backend: str) -> set[str] | None:
+    import yaml
+
+    name = "_generated_ppo_megatron_trainer.yaml" if train_backend == "megatron" else "_generated_ppo_trainer.yaml"
+    path = verl_root / "verl" / "trainer" / "config" / name
+    if not path.is_file():
+        return None
+    try:
+        return set(flatten(yaml.safe_load(path.read_text(encoding="utf-8"))))
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+# -- writing the new script ---------------------------------------------------------------------
+@dataclass
+class Change:
+    key: str
+    value: str
+    why: str
+    action: str  # "replaced", "added", "kept", "skipped"
+    line: int | None = None
+    old: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "value": self.value,
+            "why": self.why,
+            "action": self.action,
+            "line": self.line,
+            "old": self.old,
+        }
+
+
+def _token(prefix: str, key: str, value: str) -> str:
+    token = f"{prefix}{key}={value}"
+    return token if shlex.quote(token) == token else shlex.quote(token)
+
+
+def render_script(
+    script: Script, req: Requirements, source_name: str, known_keys: set[str] | None
+) -> tuple[str, list[Change]]:
+    if not script.training_commands:
+        raise RefusedError(
+            f"{script.path}: no training command with Hydra overrides found",
+            hint="the script must run verl (python3 -m verl.trainer.main_ppo key=value ...)",
+        )
+    text = script.text
+    edits: list[tuple[int, int, str]] = []
+    changes: list[Change] = []
+    appended: list[str] = []
+    for r in req.settings:
+        present = [o for o in script.overrides if o.key == r.key]
+        if present:
+            for o in present:
+                if same_value(o.value, r.value):
+                    changes.append(Change(r.key, r.text, r.why, "kept", o.line, o.value))
+                    continue
+                edits.append((o.word.start, o.word.end, _token(o.prefix if o.prefix != "~" else "++", r.key, r.text)))
+                changes.append(Change(r.key, r.text, r.why, "replaced", o.line, o.value))
+            continue
+        if r.only_if_present and r.key not in script.settings:
+            continue
+        current = script.settings.get(r.key)
+        if known_keys is not None and r.key not in known_keys and current is None:
+            changes.append(Change(r.key, r.text, r.why + " (not in this verl release's config)", "skipped"))
+            continue
+        old = current.value if current is not None else None
+        if current is not None and same_value(current.value, r.value):
+            changes.append(Change(r.key, r.text, r.why, "kept", None, old))
+            continue
+        appended.append(_token("++", r.key, r.text))
+        changes.append(Change(r.key, r.text, r.why, "added", None, old))
+    last = script.commands[script.training_commands[-1]]
+    anchor = max((o.word for o in script.overrides if o.command == script.training_commands[-1]), key=lambda w: w.end)
+    line_start = text.rfind("\n", 0, anchor.start) + 1
+    indent = text[line_start : line_start + len(text[line_start:]) - len(text[line_start:].lstrip(" \t"))]
+    if appended:
+        block = "".join(f" \\\n{indent}{token}" for token in appended)
+        edits.append((anchor.end, anchor.end, block))
+    first = last.words[0]
+    cmd_line_start = text.rfind("\n", 0, first.start) + 1
+    cmd_indent = text[cmd_line_start : first.start] if not text[cmd_line_start : first.start].strip() else ""
+    exports = [f"{cmd_indent}# rlprobe-patch: {req.mode} collection switches"]
+    for name, value in req.env.items():
+        exports.append(f"{cmd_indent}export {name}={shlex.quote(value)}")
+    edits.append((cmd_line_start, cmd_line_start, "\n".join(exports) + "\n"))
+    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        text = text[:start] + new + text[end:]
+    header = (
+        f"# Generated by rlprobe-patch script --mode {req.mode} from {source_name} "
+        f"on {dt.date.today().isoformat()}; the original is unchanged.\n"
+        f"# training backend: {req.train_backend}, rollout backend: {req.rollout_backend}\n"
+    )
+    if text.startswith("#!"):
+        nl = text.find("\n") + 1
+        text = text[:nl] + header + text[nl:]
+    else:
+        text = header + text
+    return text, changes
+
+
+def default_output(original: Path, mode: str) -> Path:
+    return original.parent / f"run_{mode}_dump_{dt.date.today().strftime('%Y%m%d')}.sh"
+
+
+def write_script(original: Path, output: Path, text: str, force: bool) -> None:
+    original = original.resolve()
+    if output.resolve() == original:
+        raise RefusedError(f"-o {output} is the original script; refusing to edit it", hint="name a new file")
+    if output.exists() and not force:
+        raise RefusedError(f"{output} exists", hint="pass --force to replace it, or name another file with -o")
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.chmod(tmp, original.stat().st_mode & 0o777 | 0o100)
+    os.replace(tmp, output)
+
+
+# -- check-script -------------------------------------------------------------------------------
+@dataclass
+class ScriptCheck:
+    name: str
+    ok: bool
+    detail: str = ""
+    warning: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail, "warning": self.warning}
+
+
+def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
+    checks: list[ScriptCheck] = []
+    for reason in req.refusals:
+        checks.append(ScriptCheck("alignment", False, reason))
+    for r in req.settings:
+        current = script.settings.get(r.key)
+        if current is None:
+            if r.only_if_present:
+                continue
+            checks.append(ScriptCheck(f"{r.key}={r.text}", False, f"not set ({r.why})"))
+        elif same_value(current.value, r.value):
+            checks.append(ScriptCheck(f"{r.key}={r.text}", True, _where(current)))
+        else:
+            checks.append(
+                ScriptCheck(
+                    f"{r.key}={r.text}", False, f"is {hydra_text(current.value)} at {_where(current)} ({r.why})"
+                )
+            )
+    for name, value in req.env.items():
+        current = script.env.get(name)
+        if current is None:
+            checks.append(ScriptCheck(f"export {name}={value}", False, "not exported"))
+        elif str(current.value) != value and not (value == "1" and is_true(current.value)):
+            checks.append(ScriptCheck(f"export {name}={value}", False, f"is {current.value!r} at {_where(current)}"))
+        else:
+            checks.append(ScriptCheck(f"export {name}={value}", True, _where(current)))
+    if req.mode == "consistency" and "MSPROBE_ACTOR_CONFIG" not in req.env:
+        current = script.env.get("MSPROBE_ACTOR_CONFIG")
+        checks.append(
+            ScriptCheck(
+                "export MSPROBE_ACTOR_CONFIG",
+                current is not None,
+                _where(current) if current else "not exported (the hook falls back to /home/config_actor.json)",
+            )
+        )
+    checks.extend(_config_checks(script, req))
+    for notice in req.notices:
+        checks.append(ScriptCheck("notice", True, notice, warning=True))
+    return checks
+
+
+def script_config_paths(script: Script, mode: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    if mode == "consistency" and "MSPROBE_ACTOR_CONFIG" in script.env:
+        found["actor"] = str(script.env["MSPROBE_ACTOR_CONFIG"].value)
+    if mode == "training":
+        s = script.get("precision_debugger.config_path")
+        if s is not None and s.value:
+            found["training"] = str(s.value)
+    else:
+        for leaf in ("dump_config_path", "msprobe_dump_config", "dump_config"):
+            for s in script.find(leaf):
+                if "engine_kwargs" in s.key and isinstance(s.value, str):
+                    found["generate"] = s.value
+    return found
+
+
+def _config_checks(script: Script, req: Requirements) -> list[ScriptCheck]:
+    checks = []
+    paths = script_config_paths(script, req.mode)
+    dump_paths: dict[str, str] = {}
+    for side, path in paths.items():
+        resolved = Path(path) if Path(path).is_absolute() else script.path.parent / path
+        if not resolved.is_file():
+            checks.append(ScriptCheck(f"{side} config {path}", True, "not on this machine: not checked", warning=True))
+            continue
+        try:
+            data = read_config(resolved)
+        except RefusedError as exc:
+            checks.append(ScriptCheck(f"{side} config {path}", False, exc.message))
+            continue
+        problems = rule_problems(data, req.mode, side)
+        errors = [p for p in problems if not p.startswith("level")]
+        for p in problems:
+            checks.append(ScriptCheck(f"{side} config {path}", p not in errors, p, warning=p not in errors))
+        if not errors:
+            checks.append(ScriptCheck(f"{side} config {path}", True, "follows the rules for its side"))
+        if data.get("dump_path"):
+            dump_paths[side] = str(data["dump_path"])
+    if len(dump_paths) == 2 and len(set(dump_paths.values())) == 1:
+        checks.append(
+            ScriptCheck("dump_path per side", False, f"actor and generate both dump to {dump_paths['actor']}")
+        )
+    return checks
+
+
+def load_detection(path: Path, hint: str = "") -> Detection:
+    return detect_script(path, hint)
