@@ -61,6 +61,60 @@ def verl_wheel(version: str) -> Path:
     return found[0]
 
 
+SGLANG_MEMBERS = ("sglang/", "sglang-")  # only the Python package and its dist-info are unpacked
+VLLM_ASCEND_MEMBERS = ("vllm_ascend/", "vllm_ascend-")
+
+
+def package_wheel(name: str, version: str) -> Path:
+    """A package's wheel from the index (`pip download --no-deps`), cached like verl's."""
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(exist_ok=True)
+    stem = name.replace("-", "_")
+    with open(wheels / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
+        if not found:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "-d",
+                    str(wheels),
+                    f"{name}=={version}",
+                ],
+                check=True,
+            )
+            found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
+    return found[0]
+
+
+def unpack(wheel: Path, dest: Path, prefixes: tuple[str, ...]) -> Path:
+    """Unpack the Python files (and dist-info) of a wheel: no compiled libraries are needed to patch."""
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            if member.startswith(prefixes) and not member.endswith((".so", ".a")):
+                zf.extract(member, dest)
+    return dest
+
+
+@pytest.fixture
+def sglang_tree(tmp_path: Path):
+    return lambda version: unpack(package_wheel("sglang", version), tmp_path / f"sglang-{version}", SGLANG_MEMBERS)
+
+
+@pytest.fixture
+def vllm_ascend_tree(tmp_path: Path):
+    return lambda version: unpack(
+        package_wheel("vllm-ascend", version), tmp_path / f"vllm-ascend-{version}", VLLM_ASCEND_MEMBERS
+    )
+
+
 @pytest.fixture(autouse=True)
 def state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own registry of patched trees."""

@@ -31,23 +31,54 @@ GEN_PID = "43210"
 
 def _drive(python: Path, tmp: Path, name: str, dump_path: Path) -> None:
     config = tmp / f"config-{name}.json"
-    config.write_text(json.dumps({"task": "statistics", "dump_path": str(dump_path), "rank": [], "step": [],
-                                  "level": "mix", "async_dump": False}))
+    config.write_text(
+        json.dumps(
+            {
+                "task": "statistics",
+                "dump_path": str(dump_path),
+                "rank": [],
+                "step": [],
+                "level": "mix",
+                "async_dump": False,
+            }
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DUMP_PHASE", "PROMPTS_ONLY")}
     env.update(DUMP_ON="1", MSPROBE_ACTOR_CONFIG=str(config))  # DUMP_PHASE default: log_prob (the prefill)
     proc = subprocess.run(
-        [str(python), str(DRIVER), "--model-dir", str(tmp / "model"), "--micro-batches", "2",
-         "--micro-batch-size", "1", "--out", str(tmp / f"{name}.json")],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            str(python),
+            str(DRIVER),
+            "--model-dir",
+            str(tmp / "model"),
+            "--micro-batches",
+            "2",
+            "--micro-batch-size",
+            "1",
+            "--out",
+            str(tmp / f"{name}.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def _dispatch(record_step: int, requests: list[str], phase: str = "prefill") -> dict:
-    return {"source": "dispatch_logger", "timestamp": 1.0, "pid": int(GEN_PID), "rank": 0, "step": record_step,
-            "phase": phase, "total_num_scheduled_tokens": 8 * len(requests),
-            "requests": [{"request_id": r, "type": "new" if phase == "prefill" else "cached", "tokens": 8}
-                         for r in requests]}
+    return {
+        "source": "dispatch_logger",
+        "timestamp": 1.0,
+        "pid": int(GEN_PID),
+        "rank": 0,
+        "step": record_step,
+        "phase": phase,
+        "total_num_scheduled_tokens": 8 * len(requests),
+        "requests": [
+            {"request_id": r, "type": "new" if phase == "prefill" else "cached", "tokens": 8} for r in requests
+        ],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +166,9 @@ def test_missing_pieces_are_reported_precisely(dumps: Path, tmp_path: Path) -> N
     for log in actor.glob("*/update_actor_log.jsonl"):
         log.write_text(log.read_text().replace("req-1", "req-9"))
     code, out = cli_json("check-dump", "--actor", actor, "--generate", generate)
-    assert any("request req-1 (sent as req-1-deadbeef) is in no update_actor_log.jsonl line" in p for p in out["problems"])
+    assert any(
+        "request req-1 (sent as req-1-deadbeef) is in no update_actor_log.jsonl line" in p for p in out["problems"]
+    )
     assert [p["request_id"] for p in out["pairs"]] == ["req-0"]
 
     empty = tmp_path / "empty"
@@ -150,8 +183,18 @@ def test_missing_pieces_are_reported_precisely(dumps: Path, tmp_path: Path) -> N
 def test_compare_runs_msprobe_on_each_pair(dumps: Path, tmp_path: Path) -> None:
     actor, generate = copy(dumps, tmp_path)
     python = venvs.ensure_runtime_venv("0.9.1")
-    code, out = cli_json("check-dump", "--actor", actor, "--generate", generate, "--compare",
-                         "--compare-output", tmp_path / "cmp", "--python", python)
+    code, out = cli_json(
+        "check-dump",
+        "--actor",
+        actor,
+        "--generate",
+        generate,
+        "--compare",
+        "--compare-output",
+        tmp_path / "cmp",
+        "--python",
+        python,
+    )
     assert code == ExitCode.OK, out["problems"]
     for pair in out["pairs"]:
         result = pair["compare"]

@@ -43,22 +43,22 @@ def test_fixture_scripts(name: str, mode: str, train: str, rollout: str) -> None
 
 
 def test_consistency_signals_have_the_skill_points() -> None:
-    code, out = detect_json(str(SCRIPTS / "consistency_fsdp_vllm.sh"))
+    _code, out = detect_json(str(SCRIPTS / "consistency_fsdp_vllm.sh"))
     points = {(s["value"], s["evidence"]): s["points"] for s in out["signals"] if s["decision"] == "mode"}
     assert points[("consistency", "DUMP_ON and PROMPTS_ONLY set")] == 8
     assert points[("consistency", "the words '训推一致'")] == 5
     assert points[("consistency", "DUMP_ON together with PROMPTS_ONLY")] == 5
     assert out["scores"] == {"training": 0, "inference": 8, "consistency": 18}
-    dump = [s for s in out["signals"] if s["value"] == "inference" and s["points"] == 6][0]
+    dump = next(s for s in out["signals"] if s["value"] == "inference" and s["points"] == 6)
     assert "/home/dump/config_generate.json" in dump["evidence"]  # ${GEN_CONFIG} expanded
     assert dump["where"] == "line 15"
 
 
 def test_yaml_only_settings_are_read_with_defaults(tmp_path: Path) -> None:
-    code, out = detect_json(str(SCRIPTS / "run_megatron_yaml.sh"))
+    _code, out = detect_json(str(SCRIPTS / "run_megatron_yaml.sh"))
     files = {Path(y["path"]).name: y for y in out["yaml_files"]}
     assert files["ppo_megatron_dump.yaml"]["loaded"] and files["base_cluster.yaml"]["loaded"]
-    tool = [s for s in out["signals"] if s["points"] == 8][0]
+    tool = next(s for s in out["signals"] if s["points"] == 8)
     assert tool["where"].endswith("ppo_megatron_dump.yaml")
     script = read_script(SCRIPTS / "run_megatron_yaml.sh")
     assert script.value("trainer.n_gpus_per_node") == 8  # from the defaults file

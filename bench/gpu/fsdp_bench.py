@@ -51,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "runtime"))
 
+CHECKPOINT = lambda: None  # noqa: E731  (main() points it at save())
 SWITCHES = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG")
 
 
@@ -75,6 +76,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pristine-file", type=Path)
     p.add_argument("--interleave", type=int, default=0, help="ABBA rounds of pristine vs patched (steps mode)")
     p.add_argument("--dump-phases", default="log_prob")
+    p.add_argument("--interleave-budget", type=float, default=None, help="stop the ABBA rounds after this many seconds")
+    p.add_argument("--interleave-nondeterministic", action="store_true",
+                   help="switch torch's deterministic algorithms off for the interleaved rounds")
+    p.add_argument("--then-dump", default=None, metavar="PHASES",
+                   help="steps mode: afterwards set DUMP_ON=1 in this process and run --mode dump for PHASES")
+    p.add_argument("--deterministic", type=int, default=1)
     p.add_argument("--attn", default=None, help="attn_implementation (default: sdpa on CUDA, eager on CPU)")
     p.add_argument("--seed", type=int, default=1234)
     return p.parse_args(argv)
@@ -227,22 +234,24 @@ class Stepper:
     def train(self):
         e = self.engine
         self.sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with e.train_mode():
             e.optimizer_zero_grad()
             out = e.forward_backward_batch(self.new_batch(), loss_function=self.loss_fn, forward_only=False)
             grad_norm = e.optimizer_step()
             e.lr_scheduler_step()
         self.sync()
+        self.last_cpu_s = time.process_time() - c0  # CPU time of this process (all threads)
         return time.perf_counter() - t0, out, grad_norm
 
     def log_prob(self):
         e = self.engine
         self.sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with e.eval_mode():
             out = e.forward_backward_batch(self.new_batch(), loss_function=None, forward_only=True)
         self.sync()
+        self.last_cpu_s = time.process_time() - c0  # CPU time of this process (all threads)
         return time.perf_counter() - t0, out
 
 
@@ -277,10 +286,13 @@ def median(xs):
 
 
 def run_steps(args, result, engine, stepper, spy, expected_ids):
+    import torch
+
     steps = []
     result["steps"] = steps
     for i in range(args.steps):
         t_train, out, grad_norm = stepper.train()
+        c_train = stepper.last_cpu_s
         train_ids = spy.take()
         t_lp, lp_out = stepper.log_prob()
         lp_ids = spy.take()
@@ -294,13 +306,16 @@ def run_steps(args, result, engine, stepper, spy, expected_ids):
                 "log_probs": log_probs_digest(lp_out),
                 "train_s": round(t_train, 6),
                 "log_prob_s": round(t_lp, 6),
+                "train_cpu_s": round(c_train, 4),
+                "log_prob_cpu_s": round(stepper.last_cpu_s, 4),
             }
         )
-        print(f"step {i}: train {t_train * 1e3:.1f} ms, log_prob {t_lp * 1e3:.1f} ms, loss {steps[-1]['losses']}")
+        print(f"step {i}: train {t_train * 1e3:.1f} ms (cpu {c_train:.2f} s), log_prob {t_lp * 1e3:.1f} ms, loss {steps[-1]['losses']}")
     timed = steps[args.warmup :]
     result["median_train_s"] = median([s["train_s"] for s in timed])
     result["median_log_prob_s"] = median([s["log_prob_s"] for s in timed])
 
+    CHECKPOINT()
     if args.pristine_file and args.interleave:
         spy.remove()  # nothing of ours between the engine and its forward_step while timing
         patched = type(engine).forward_backward_batch
@@ -310,7 +325,14 @@ def run_steps(args, result, engine, stepper, spy, expected_ids):
         variants = {"pristine": pristine, "patched": patched}
         times = {v: {"train": [], "log_prob": []} for v in variants}
         order = []
+        if args.interleave_nondeterministic:
+            torch.use_deterministic_algorithms(False)
+        started = time.perf_counter()
+        rounds = 0
         for r in range(args.interleave):
+            if args.interleave_budget and r % 2 == 0 and time.perf_counter() - started > args.interleave_budget:
+                break  # whole ABBA blocks only
+            rounds += 1
             pair = ("pristine", "patched") if r % 2 == 0 else ("patched", "pristine")  # ABBA
             for v in pair:
                 engine.forward_backward_batch = variants[v].__get__(engine)
@@ -320,7 +342,8 @@ def run_steps(args, result, engine, stepper, spy, expected_ids):
                 times[v]["log_prob"].append(t_lp)
                 order.append(v)
         del engine.forward_backward_batch
-        inter = {"rounds": args.interleave, "pattern": "ABBA", "raw_s": times}
+        inter = {"rounds": rounds, "pattern": "ABBA", "raw_s": times,
+                 "deterministic": torch.are_deterministic_algorithms_enabled()}
         for kind in ("train", "log_prob"):
             mp, mu = median(times["patched"][kind]), median(times["pristine"][kind])
             inter[f"median_{kind}_s"] = {"patched": mp, "pristine": mu}
@@ -330,7 +353,7 @@ def run_steps(args, result, engine, stepper, spy, expected_ids):
             inter[f"paired_ratio_median_{kind}"] = median(pairs)
         result["interleaved"] = inter
         print(
-            f"interleaved {args.interleave} rounds: train ratio {inter['ratio_train']:.4f} "
+            f"interleaved {rounds} rounds: train ratio {inter['ratio_train']:.4f} "
             f"(paired {inter['paired_ratio_median_train']:.4f}), log_prob ratio {inter['ratio_log_prob']:.4f} "
             f"(paired {inter['paired_ratio_median_log_prob']:.4f})"
         )
@@ -422,7 +445,7 @@ def run(args, result):
     prepare_environment(use_cuda)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(bool(args.deterministic), warn_only=True)
     import torch.distributed as dist
     import transformers
 
@@ -472,6 +495,12 @@ def run(args, result):
         stepper = Stepper(engine, batch_factory(samples, args), sync)
         if args.mode == "steps":
             run_steps(args, result, engine, stepper, spy, expected_ids)
+            CHECKPOINT()
+            if args.then_dump:  # the same engine, now with DUMP_ON=1 (the hook reads it lazily)
+                os.environ["DUMP_ON"] = "1"
+                args.dump_phases = args.then_dump
+                spy = Spy(engine) if "forward_step" not in vars(engine) else spy
+                run_dump(args, result, engine, stepper, spy, expected_ids)
         else:
             run_dump(args, result, engine, stepper, spy, expected_ids)
         if use_cuda:
@@ -483,6 +512,8 @@ def run(args, result):
 def main(argv=None) -> int:
     args = parse_args(argv)
     result = {"ok": False, "mode": args.mode, "args": {k: str(v) for k, v in vars(args).items()}}
+    global CHECKPOINT
+    CHECKPOINT = lambda: save(args.out, result)  # noqa: E731
     t0 = time.perf_counter()
     code = 0
     try:
@@ -494,9 +525,17 @@ def main(argv=None) -> int:
         traceback.print_exc()
         code = 1
     result["wall_s"] = round(time.perf_counter() - t0, 2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    save(args.out, result)
     return code
+
+
+def save(out, result):
+    """Write the result now (also after each phase: a run killed by its timeout keeps what it did)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    os.replace(tmp, out)
+
 
 
 if __name__ == "__main__":

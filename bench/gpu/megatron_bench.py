@@ -52,6 +52,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "runtime"))
 sys.path.insert(0, str(HERE))
+CHECKPOINT = lambda: None  # noqa: E731  (main() points it at save())
 SWITCHES = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG")
 PATCHED_METHODS = ("forward_backward_batch", "forward_step", "postprocess_micro_batch_func")
 
@@ -77,6 +78,12 @@ def parse_args(argv=None):
     p.add_argument("--pristine-file", type=Path)
     p.add_argument("--interleave", type=int, default=0)
     p.add_argument("--dump-phases", default="log_prob")
+    p.add_argument("--interleave-budget", type=float, default=None, help="stop the ABBA rounds after this many seconds")
+    p.add_argument("--interleave-nondeterministic", action="store_true",
+                   help="switch torch's deterministic algorithms off for the interleaved rounds")
+    p.add_argument("--then-dump", default=None, metavar="PHASES",
+                   help="steps mode: afterwards set DUMP_ON=1 in this process and run --mode dump for PHASES")
+    p.add_argument("--deterministic", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=1234)
     return p.parse_args(argv)
@@ -277,21 +284,21 @@ def batch_factory(samples, args):
     return lambda: make_batch(samples, ns)
 
 
-def install_observers(engine, recorder):
-    """Observation-only wrappers and hooks (module docstring)."""
+def install_wrappers(engine, recorder):
+    """Observation-only wrappers on the engine instance (module docstring); repeatable."""
     import torch
 
-    orig_forward_step = engine.forward_step  # bound method of the class (patched tree)
+    if "forward_step" not in vars(engine):
+        engine._observed_forward_step = type(engine).forward_step.__get__(engine)
 
-    def forward_step(batch_iter, model, *a, **k):
-        recorder.rec("forward_step_called")
-        return engine._observed_forward_step(batch_iter, model, *a, **k)
+        def forward_step(batch_iter, model, *a, **k):
+            recorder.rec("forward_step_called")
+            return engine._observed_forward_step(batch_iter, model, *a, **k)
 
-    engine._observed_forward_step = orig_forward_step
-    engine.forward_step = forward_step
+        engine.forward_step = forward_step
 
-    if hasattr(type(engine), "_finish_dump_step"):
-        orig_finish = engine._finish_dump_step
+    if hasattr(type(engine), "_finish_dump_step") and "_finish_dump_step" not in vars(engine):
+        orig_finish = type(engine)._finish_dump_step.__get__(engine)
 
         def finish():
             active = getattr(engine, "_dump_micro_batch", None) is not None
@@ -307,6 +314,10 @@ def install_observers(engine, recorder):
 
         engine._finish_dump_step = finish
 
+
+def install_observers(engine, recorder):
+    """The wrappers, plus hooks on the word embedding (installed once)."""
+    install_wrappers(engine, recorder)
     from megatron.core.utils import unwrap_model
 
     model = unwrap_model(engine.module[0])
@@ -324,8 +335,10 @@ def install_observers(engine, recorder):
     return {"embedding": type(emb).__name__, "model": type(model).__name__}
 
 
-def restore_forward_step(engine):
-    engine.forward_step = engine._observed_forward_step
+def remove_wrappers(engine):
+    for name in ("forward_step", "_finish_dump_step"):
+        if name in vars(engine):
+            delattr(engine, name)
 
 
 def load_pristine_methods(pristine_file):
@@ -374,20 +387,22 @@ class Stepper:
     def train(self):
         e = self.engine
         self.sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with e.train_mode():
             out = e.train_batch(self.new_batch(), loss_function=sft)
             e.lr_scheduler_step()
         self.sync()
+        self.last_cpu_s = time.process_time() - c0  # CPU time of this process (all threads)
         return time.perf_counter() - t0, out
 
     def log_prob(self):
         e = self.engine
         self.sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with e.eval_mode():
             out = e.infer_batch(self.new_batch(), loss_function=None)
         self.sync()
+        self.last_cpu_s = time.process_time() - c0  # CPU time of this process (all threads)
         return time.perf_counter() - t0, out
 
 
@@ -420,6 +435,7 @@ def run_steps(args, result, engine, stepper, recorder):
     result["steps"] = steps
     for i in range(args.steps):
         t_train, out = stepper.train()
+        c_train = stepper.last_cpu_s
         ev_train = recorder.take()
         t_lp, lp = stepper.log_prob()
         ev_lp = recorder.take()
@@ -430,18 +446,19 @@ def run_steps(args, result, engine, stepper, recorder):
                 "log_probs": log_probs_digest(lp),
                 "train_s": round(t_train, 6),
                 "log_prob_s": round(t_lp, 6),
+                "train_cpu_s": round(c_train, 4),
+                "log_prob_cpu_s": round(stepper.last_cpu_s, 4),
                 "forward_steps": [sum(e["event"] == "forward_step_called" for e in ev) for ev in (ev_train, ev_lp)],
                 "finish_events": [sum(e["event"] == "finish_dump_step" for e in ev) for ev in (ev_train, ev_lp)],
             }
         )
-        print(f"step {i}: train {t_train * 1e3:.1f} ms, log_prob {t_lp * 1e3:.1f} ms, metrics {steps[-1]['metrics']}")
+        print(f"step {i}: train {t_train * 1e3:.1f} ms (cpu {c_train:.2f} s), log_prob {t_lp * 1e3:.1f} ms, metrics {steps[-1]['metrics']}")
     timed = steps[args.warmup :]
     result["median_train_s"] = med([s["train_s"] for s in timed])
     result["median_log_prob_s"] = med([s["log_prob_s"] for s in timed])
+    CHECKPOINT()
     if args.pristine_file and args.interleave:
-        restore_forward_step(engine)
-        if "_finish_dump_step" in vars(engine):
-            del engine._finish_dump_step
+        remove_wrappers(engine)
         pristine = load_pristine_methods(args.pristine_file)
         cls = type(engine)
         patched = {m: getattr(cls, m) for m in PATCHED_METHODS}
@@ -449,7 +466,16 @@ def run_steps(args, result, engine, stepper, recorder):
             raise RuntimeError("forward_backward_batch is the same in both trees: is the tree patched?")
         variants = {"pristine": pristine, "patched": patched}
         times = {v: {"train": [], "log_prob": []} for v in variants}
+        import torch
+
+        if args.interleave_nondeterministic:
+            torch.use_deterministic_algorithms(False)
+        started = time.perf_counter()
+        rounds = 0
         for r in range(args.interleave):
+            if args.interleave_budget and r % 2 == 0 and time.perf_counter() - started > args.interleave_budget:
+                break  # whole ABBA blocks only
+            rounds += 1
             for v in ("pristine", "patched") if r % 2 == 0 else ("patched", "pristine"):
                 for m, fn in variants[v].items():
                     setattr(engine, m, fn.__get__(engine))
@@ -459,7 +485,8 @@ def run_steps(args, result, engine, stepper, recorder):
                 times[v]["log_prob"].append(t_lp)
         for m in PATCHED_METHODS:
             delattr(engine, m)
-        inter = {"rounds": args.interleave, "pattern": "ABBA", "raw_s": times}
+        inter = {"rounds": rounds, "pattern": "ABBA", "raw_s": times,
+                 "deterministic": torch.are_deterministic_algorithms_enabled()}
         for kind in ("train", "log_prob"):
             mp, mu = med(times["patched"][kind]), med(times["pristine"][kind])
             inter[f"median_{kind}_s"] = {"patched": mp, "pristine": mu}
@@ -467,7 +494,7 @@ def run_steps(args, result, engine, stepper, recorder):
             inter[f"paired_ratio_median_{kind}"] = med([p / u for p, u in zip(times["patched"][kind], times["pristine"][kind])])
         result["interleaved"] = inter
         print(
-            f"interleaved {args.interleave} rounds: train ratio {inter['ratio_train']:.4f} "
+            f"interleaved {rounds} rounds: train ratio {inter['ratio_train']:.4f} "
             f"(paired {inter['paired_ratio_median_train']:.4f}), log_prob ratio {inter['ratio_log_prob']:.4f} "
             f"(paired {inter['paired_ratio_median_log_prob']:.4f})"
         )
@@ -587,7 +614,7 @@ def run(args, result):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     prepare_environment(use_cuda)
     torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)  # same losses run to run
+    torch.use_deterministic_algorithms(bool(args.deterministic), warn_only=True)  # same losses run to run
     import torch.distributed as dist
     import transformers
 
@@ -645,6 +672,13 @@ def run(args, result):
         stepper = Stepper(engine, batch_factory(samples, args), sync)
         if args.mode == "steps":
             run_steps(args, result, engine, stepper, recorder)
+            CHECKPOINT()
+            if args.then_dump:  # the same engine, now with DUMP_ON=1 (the hook reads it lazily)
+                os.environ["DUMP_ON"] = "1"
+                args.dump_phases = args.then_dump
+                install_wrappers(engine, recorder)
+                recorder.take()
+                run_dump(args, result, engine, stepper, recorder, expected_ids)
         else:
             run_dump(args, result, engine, stepper, recorder, expected_ids)
         if use_cuda:
@@ -656,6 +690,8 @@ def run(args, result):
 def main(argv=None):
     args = parse_args(argv)
     result = {"ok": False, "mode": args.mode, "args": {k: str(v) for k, v in vars(args).items()}}
+    global CHECKPOINT
+    CHECKPOINT = lambda: save(args.out, result)  # noqa: E731
     t0 = time.perf_counter()
     code = 0
     try:
@@ -667,9 +703,17 @@ def main(argv=None):
         traceback.print_exc()
         code = 1
     result["wall_s"] = round(time.perf_counter() - t0, 2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    save(args.out, result)
     return code
+
+
+def save(out, result):
+    """Write the result now (also after each phase: a run killed by its timeout keeps what it did)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    os.replace(tmp, out)
+
 
 
 if __name__ == "__main__":

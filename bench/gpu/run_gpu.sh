@@ -12,8 +12,6 @@ WHL=${WHL:-$REPO/.whl}
 OUT=${OUT:-/tmp/rlprobe-gpu-out}
 WORK=${WORK:-/tmp/rlprobe-gpu}
 QUICK=${QUICK:-0}
-FSDP_ROUNDS=${FSDP_ROUNDS:-40}
-MCORE_ROUNDS=${MCORE_ROUNDS:-30}
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 rm -rf "$WORK"; mkdir -p "$WORK/res" "$OUT"
 RES=$WORK/res SITE=$WORK/site PRISTINE=$WORK/pristine STUBS=$REPO/bench/gpu/stubs
@@ -24,11 +22,13 @@ pack() { (cd "$WORK" && tar czf "$OUT/results.tar.gz" res) ; }  # after each run
 
 if [ "$QUICK" = 1 ]; then
   SIZE="--hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 256 --seq-min 24 --seq-max 40 --prompt-len 8 --micro-batches 2 --micro-batch-size 2"
-  FSTEPS="--steps 3 --warmup 1"; MSTEPS="--steps 3 --warmup 1"; FSDP_ROUNDS=4; MCORE_ROUNDS=4
+  FSTEPS="--steps ${NSTEPS:-3} --warmup 1"; MSTEPS="--steps ${NSTEPS:-3} --warmup 1"; FSDP_BUDGET=${FSDP_BUDGET:-5}; MCORE_BUDGET=${MCORE_BUDGET:-5}
 else
   SIZE="--hidden 1024 --intermediate 2816 --layers 8 --heads 16 --kv-heads 4 --vocab 32768 --seq-min 384 --seq-max 512 --prompt-len 64 --micro-batches 4 --micro-batch-size 4"
-  FSTEPS="--steps 12 --warmup 3"; MSTEPS="--steps 10 --warmup 3"
+  FSTEPS="--steps ${NSTEPS:-12} --warmup 3"; MSTEPS="--steps ${NSTEPS:-10} --warmup 3"
 fi
+FSDP_BUDGET=${FSDP_BUDGET:-60}     # seconds of ABBA rounds (pristine vs patched methods) per engine
+MCORE_BUDGET=${MCORE_BUDGET:-60}
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1 RLPROBE_PATCH_STATE_HOME=$WORK/state
 unset DUMP_ON DUMP_PHASE MSPROBE_ACTOR_CONFIG
 
@@ -90,7 +90,7 @@ MP=$PRISTINE/verl/workers/engine/megatron/transformer_impl.py
 run() {  # run NAME PYTHONPATH CMD...
   local name=$1 pp=$2; shift 2
   stamp "$name"
-  PYTHONPATH=$pp timeout "$STEP_TIMEOUT" "$PY" "$@" --out "$RES/$name.json" 2>&1 | grep -v -E "Warning|warnings.warn|^\s*$|Loading weights|is_fx_tracing" | tail -40
+  PYTHONPATH=$pp timeout "$STEP_TIMEOUT" "$PY" "$@" --out "$RES/$name.json" 2>&1 | grep -v -E "Warning|warnings.warn|^\s*$|Loading weights|is_fx_tracing|^TF config" | tail -40
   echo "$name: exit ${PIPESTATUS[0]}"
   pack
 }
@@ -99,24 +99,24 @@ msprobe_config() {  # msprobe_config NAME -> path of a statistics/mix config dum
   echo "$WORK/msprobe-$1.json"
 }
 
+# Each engine: an unpatched-tree process (reference losses), and a patched-tree process that runs
+# the same steps with DUMP_ON unset (MSPROBE_ACTOR_CONFIG set, as a user's environment would be),
+# then ABBA rounds of pristine vs patched methods in that process, then sets DUMP_ON=1 and dumps.
 F="$REPO/bench/gpu/fsdp_bench.py --model-dir $WORK/qwen2 --attn eager $SIZE"
-run fsdp_steps_unpatched_1 "$UNPATCHED" $F --mode steps $FSTEPS
-run fsdp_steps_patched_1   "$PATCHED"   $F --mode steps $FSTEPS
-run fsdp_steps_unpatched_2 "$UNPATCHED" $F --mode steps $FSTEPS
-run fsdp_steps_patched_2   "$PATCHED"   $F --mode steps $FSTEPS --pristine-file "$FP" --interleave "$FSDP_ROUNDS"
-CFG=$(msprobe_config fsdp)
-DUMP_ON=1 MSPROBE_ACTOR_CONFIG=$CFG run fsdp_dump "$PATCHED" $F --mode dump --dump-phases default,update_actor,all
-
 M="$REPO/bench/gpu/megatron_bench.py --model-dir $WORK/qwen2-mcore $SIZE"
-run megatron_steps_unpatched_1 "$UNPATCHED" $M --mode steps $MSTEPS
-run megatron_steps_patched_1   "$PATCHED"   $M --mode steps $MSTEPS --pristine-file "$MP" --interleave "$MCORE_ROUNDS"
-CFG=$(msprobe_config megatron)
-DUMP_ON=1 MSPROBE_ACTOR_CONFIG=$CFG run megatron_dump "$PATCHED" $M --mode dump --dump-phases default,update_actor,all
-# a second unpatched/patched pair of processes, if the call has time left (REPEAT_DEADLINE s)
-if [ "${MCORE_REPEAT:-1}" = 1 ] && [ $(( $(date +%s) - T0 )) -lt "${REPEAT_DEADLINE:-400}" ]; then
-  run megatron_steps_unpatched_2 "$UNPATCHED" $M --mode steps $MSTEPS
-  run megatron_steps_patched_2   "$PATCHED"   $M --mode steps $MSTEPS
-fi
+RUNS=${RUNS:-"fsdp_unpatched fsdp_patched megatron_unpatched megatron_patched"}
+for r in $RUNS; do
+  case $r in
+    fsdp_unpatched) STEP_TIMEOUT=${T_FU:-$STEP_TIMEOUT} run fsdp_steps_unpatched "$UNPATCHED" $F --mode steps $FSTEPS ;;
+    fsdp_patched) MSPROBE_ACTOR_CONFIG=$(msprobe_config fsdp) STEP_TIMEOUT=${T_FP:-$STEP_TIMEOUT} \
+        run fsdp_steps_patched "$PATCHED" $F --mode steps $FSTEPS --pristine-file "$FP" --interleave 200 \
+        --interleave-budget "$FSDP_BUDGET" --interleave-nondeterministic --then-dump default,update_actor,all ;;
+    megatron_unpatched) STEP_TIMEOUT=${T_MU:-$STEP_TIMEOUT} run megatron_steps_unpatched "$UNPATCHED" $M --mode steps $MSTEPS ;;
+    megatron_patched) MSPROBE_ACTOR_CONFIG=$(msprobe_config megatron) STEP_TIMEOUT=${T_MP:-$STEP_TIMEOUT} \
+        run megatron_steps_patched "$PATCHED" $M --mode steps $MSTEPS --pristine-file "$MP" --interleave 200 \
+        --interleave-budget "$MCORE_BUDGET" --interleave-nondeterministic --then-dump default,update_actor,all ;;
+  esac
+done
 
 stamp "revert, and check the tree is the wheel's again"
 RP revert --json > "$RES/revert.json"; echo "revert: exit $?"

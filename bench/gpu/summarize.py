@@ -32,8 +32,11 @@ def trajectory(result, engine):
     return [(s["metrics"].get("loss"), s["metrics"].get("grad_norm"), s["log_probs"].get("sha256")) for s in steps]
 
 
-def summarize_engine(res_dir: Path, engine: str) -> dict:
-    runs = {p.stem: load(p) for p in sorted(res_dir.glob(f"{engine}_steps_*.json"))}
+def summarize_engine(res_dirs: list[Path], engine: str) -> dict:
+    runs = {}
+    for d in res_dirs:
+        for p in sorted(d.glob(f"{engine}_steps_*.json")):
+            runs[p.stem if len(res_dirs) == 1 else f"{d.parent.name}/{p.stem}"] = load(p)
     out: dict = {"runs": {}}
     ref_name = next((n for n in runs if "unpatched" in n and runs[n].get("ok")), None)
     ref = trajectory(runs[ref_name], engine) if ref_name else None
@@ -46,8 +49,11 @@ def summarize_engine(res_dir: Path, engine: str) -> dict:
             "median_log_prob_s": r.get("median_log_prob_s"),
             "steps": len(r.get("steps", [])),
         }
-        if ref is not None and r.get("ok"):
-            entry["same_as_" + ref_name] = trajectory(r, engine) == ref
+        if ref is not None and r.get("steps"):
+            mine = trajectory(r, engine)
+            n = min(len(mine), len(ref))
+            entry["same_as_" + ref_name] = mine[:n] == ref[:n]
+            entry["steps_compared"] = n
         if "interleaved" in r:
             i = r["interleaved"]
             entry["interleaved"] = {
@@ -63,7 +69,7 @@ def summarize_engine(res_dir: Path, engine: str) -> dict:
                 )
             }
         out["runs"][name] = entry
-    ok = {n: r for n, r in runs.items() if r.get("ok")}
+    ok = {n: r for n, r in runs.items() if r.get("median_train_s")}
     un = [r["median_train_s"] for n, r in ok.items() if "unpatched" in n]
     pa = [r["median_train_s"] for n, r in ok.items() if "unpatched" not in n]
     un_lp = [r["median_log_prob_s"] for n, r in ok.items() if "unpatched" in n]
@@ -71,7 +77,7 @@ def summarize_engine(res_dir: Path, engine: str) -> dict:
     if un and pa:
         out["process_ratio_train"] = statistics.median(pa) / statistics.median(un)
         out["process_ratio_log_prob"] = statistics.median(pa_lp) / statistics.median(un_lp)
-    dump = load(res_dir / f"{engine}_dump.json") if (res_dir / f"{engine}_dump.json").exists() else None
+    dump = next((r for r in runs.values() if "checks" in r or "calls" in r), None)
     if dump is not None:
         out["dump"] = {
             "ok": dump.get("ok"),
@@ -103,13 +109,13 @@ def summarize_engine(res_dir: Path, engine: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("results", type=Path)
+    p.add_argument("results", type=Path, nargs="+", help="res/ folders of run_gpu.sh (several: pooled)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     summary = {e: summarize_engine(args.results, e) for e in ("fsdp", "megatron")}
     for extra in ("env.json", "apply_fsdp2.json", "apply_megatron.json", "verify.json"):
-        if (args.results / extra).exists():
-            summary[extra[:-5]] = load(args.results / extra)
+        if (args.results[-1] / extra).exists():
+            summary[extra[:-5]] = load(args.results[-1] / extra)
     text = json.dumps(summary, indent=1, default=str)
     if args.out:
         args.out.write_text(text + "\n")
@@ -132,7 +138,9 @@ def main(argv=None) -> int:
                     f" log_prob {i['ratio_log_prob']:.4f} (paired {i['paired_ratio_median_log_prob']:.4f})"
                 )
         if "process_ratio_train" in s:
-            print(f"  across processes: train {s['process_ratio_train']:.4f}, log_prob {s['process_ratio_log_prob']:.4f}")
+            print(
+                f"  across processes: train {s['process_ratio_train']:.4f}, log_prob {s['process_ratio_log_prob']:.4f}"
+            )
         if s.get("dump"):
             d = s["dump"]
             print(f"  dump ok={d['ok']} checks_ok={d['checks_ok']} {d.get('error') or ''}")

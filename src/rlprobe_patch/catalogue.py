@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import importlib.util
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,7 @@ class Patch:
         spec = importlib.util.spec_from_file_location(module_name, self.folder / "codemod.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses and `from __future__ import annotations` need it
         spec.loader.exec_module(module)
         return module
 

@@ -1,0 +1,122 @@
+"""SGLang and vLLM-Ascend patches on the real packages from the index.
+
+Each patched release: apply, verify (our syntax-tree checks; for vLLM-Ascend also the skill's
+check-consistency-patch vLLM rules), py_compile, a second apply that writes nothing, and a
+revert that leaves every file byte-identical (the added dispatch_logger.py is removed).
+SGLang 0.5.11 and later dump natively: nothing is written and the verl argument is printed.
+"""
+
+from __future__ import annotations
+
+import py_compile
+
+import pytest
+from conftest import cli, cli_json, snapshot
+
+from rlprobe_patch.errors import ExitCode
+
+pytestmark = pytest.mark.real
+
+SGLANG_PATCHED = ("0.4.6.post5", "0.4.10.post2", "0.5.3", "0.5.8", "0.5.10.post1")
+SGLANG_NATIVE = ("0.5.11", "0.5.23")
+VLLM_ASCEND_PATCHED = ("0.12.0rc1", "0.13.0", "0.18.0", "0.23.0")
+
+
+def cycle(root, option: str, expected_files: list[str]) -> dict:
+    original = snapshot(root)
+    code, out = cli_json("apply", option, root)
+    assert code == ExitCode.OK, out
+    assert out["status"] == "applied" and out["files"] == expected_files
+    for path in expected_files:
+        py_compile.compile(str(root / path), doraise=True, cfile=str(root.parent / "c.pyc"))
+    code, verified = cli_json("verify", option, root)
+    assert code == ExitCode.OK, [c for t in verified["trees"] for c in t["checks"] if not c["ok"]]
+    patched = snapshot(root)
+    code, again = cli_json("apply", option, root)
+    assert code == ExitCode.OK and again["status"] == "already applied"
+    assert snapshot(root) == patched
+    assert cli_json("revert", option, root)[0] == ExitCode.OK
+    assert snapshot(root) == original
+    return verified
+
+
+@pytest.mark.parametrize("version", SGLANG_PATCHED)
+def test_sglang_model_runner(sglang_tree, version: str) -> None:
+    root = sglang_tree(version)
+    cycle(root, "--sglang-root", ["sglang/srt/model_executor/model_runner.py"])
+
+
+@pytest.mark.parametrize("version", SGLANG_NATIVE)
+def test_sglang_native_releases_get_nothing(sglang_tree, version: str) -> None:
+    root = sglang_tree(version)
+    original = snapshot(root)
+    code, out = cli_json("apply", "--sglang-root", root, "--mode", "inference")
+    assert code == ExitCode.OK
+    (patch,) = out["patches"]
+    assert patch["state"] == "native" and out["files"] == []
+    assert "++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config=PATH" in patch["native"]
+    text = cli("apply", "--sglang-root", root).stdout
+    assert "dumps with msprobe itself" in text and "nothing to write" in text
+    assert snapshot(root) == original and not (root / ".rlprobe-patch").exists()
+
+
+@pytest.mark.parametrize("version", VLLM_ASCEND_PATCHED)
+def test_vllm_ascend_dispatch_logger(vllm_ascend_tree, version: str) -> None:
+    root = vllm_ascend_tree(version)
+    verified = cycle(
+        root,
+        "--vllm-ascend-root",
+        ["vllm_ascend/worker/dispatch_logger.py", "vllm_ascend/worker/model_runner_v1.py"],
+    )
+    assert verified["trees"][0]["skill"] == [
+        f"PASS: {root / 'vllm_ascend/worker/dispatch_logger.py'}",
+        f"PASS: {root / 'vllm_ascend/worker/model_runner_v1.py'}",
+    ]
+
+
+def test_vllm_ascend_before_native_dumping_is_refused(vllm_ascend_tree) -> None:
+    root = vllm_ascend_tree("0.11.0")
+    original = snapshot(root)
+    code, out = cli_json("apply", "--vllm-ascend-root", root)
+    assert code == ExitCode.REFUSED
+    assert "has no msprobe dump support (added in 0.12.0rc1" in " ".join(out["details"])
+    assert snapshot(root) == original
+
+
+def test_only_the_named_tree_is_patched(vllm_ascend_tree, monkeypatch) -> None:
+    """`--vllm-ascend-root V --mode consistency` patches V alone: no verl is searched for."""
+    monkeypatch.setenv("PYTHONPATH", "")  # even if this Python could import a verl, it is not looked for
+    root = vllm_ascend_tree("0.13.0")
+    code, out = cli_json("apply", "--vllm-ascend-root", root, "--mode", "consistency")
+    assert code == ExitCode.OK
+    assert [t["tree"]["package"] for t in out["trees"]] == ["vllm_ascend"]
+    code, status = cli_json("status", "--vllm-ascend-root", root)
+    assert [p["state"] for p in status["trees"][0]["patches"]] == ["applied"]
+    assert cli_json("revert", "--vllm-ascend-root", root)[0] == ExitCode.OK
+
+
+def test_three_trees_at_once(real_tree, sglang_tree, vllm_ascend_tree) -> None:
+    verl, sglang, vllm = real_tree("0.9.1"), sglang_tree("0.5.8"), vllm_ascend_tree("0.18.0")
+    originals = [snapshot(r) for r in (verl, sglang, vllm)]
+    code, out = cli_json(
+        "apply",
+        "--verl-root",
+        verl,
+        "--sglang-root",
+        sglang,
+        "--vllm-ascend-root",
+        vllm,
+        "--backend",
+        "megatron",
+        "--mode",
+        "consistency",
+    )
+    assert code == ExitCode.OK, out
+    assert [t["status"] for t in out["trees"]] == ["applied", "applied", "applied"]
+    code, verified = cli_json("verify")  # the registry knows all three
+    assert code == ExitCode.OK
+    assert len(verified["trees"]) == 3
+    skill = next(t for t in verified["trees"] if t["tree"]["package"] == "verl")["skill"]
+    assert f"PASS: {vllm / 'vllm_ascend/worker/dispatch_logger.py'}" in skill  # the skill's vLLM rules ran
+    assert cli_json("revert")[0] == ExitCode.OK
+    assert [snapshot(r) for r in (verl, sglang, vllm)] == originals

@@ -1,0 +1,110 @@
+"""`rlprobe-patch config`: the skill's rules per mode and side, and msprobe's own loading of the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import cli_json
+from runtime import venvs
+
+from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.workflow.config import build_config, check_with_msprobe
+
+
+@pytest.mark.parametrize(
+    ("mode", "side", "dump", "step"),
+    [
+        ("training", "training", None, []),
+        ("inference", "generate", "/d/generate", [0]),
+        ("consistency", "generate", "/d/generate", [0]),
+        ("consistency", "actor", "/d/actor", []),
+    ],
+)
+def test_rules(mode: str, side: str, dump: str | None, step: list[int]) -> None:
+    data = build_config(mode, side, dump)
+    assert data["level"] == "mix" and data["step"] == step and data["task"] == "statistics"
+    assert data.get("dump_path") == dump
+    assert data["statistics"]["data_mode"] == ["all"] and data["statistics"]["summary_mode"] == "statistics"
+
+
+def test_refusals(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    code, res = cli_json("config", "--mode", "training", "--dump-path", "/x", "-o", out, "--no-check")
+    assert code == ExitCode.REFUSED and "forbidden" in res["message"]
+    code, res = cli_json("config", "--mode", "consistency", "--side", "actor", "-o", out, "--no-check")
+    assert code == ExitCode.REFUSED and "--dump-path is required" in res["message"]
+    code, res = cli_json(
+        "config", "--mode", "inference", "--side", "actor", "--dump-path", "/x", "-o", out, "--no-check"
+    )
+    assert code == ExitCode.REFUSED and "does not belong" in res["message"]
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "--step", "a", "-o", out, "--no-check")
+    assert code == ExitCode.USAGE
+    assert not out.exists()
+
+
+def test_without_msprobe_the_check_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "-o", out)  # this python: no msprobe
+    assert code == ExitCode.REFUSED and "msprobe is not installed" in res["message"] and "--python" in res["hint"]
+    assert not out.exists()
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "-o", out, "--no-check")
+    assert code == ExitCode.OK and json.loads(out.read_text())["step"] == [0]
+
+
+@pytest.mark.runtime
+@pytest.mark.real
+@pytest.mark.parametrize(
+    ("mode", "side", "extra"),
+    [
+        ("training", "training", ()),
+        ("inference", "generate", ("--dump-path", "DUMP")),
+        ("consistency", "generate", ("--dump-path", "DUMP")),
+        ("consistency", "actor", ("--dump-path", "DUMP", "--level", "L0", "--task", "tensor", "--rank", "0,1")),
+    ],
+)
+def test_configs_load_in_msprobe(tmp_path: Path, mode: str, side: str, extra: tuple[str, ...]) -> None:
+    python = venvs.ensure_runtime_venv("0.9.1")
+    out = tmp_path / f"config_{side}.json"
+    args = [str(tmp_path / "dump") if a == "DUMP" else a for a in extra]
+    code, res = cli_json("config", "--mode", mode, "--side", side, *args, "-o", out, "--python", python)
+    assert code == ExitCode.OK, res
+    check = res["msprobe_check"]
+    assert check["ok"] and check["msprobe"] == "26.2.0"
+    written = json.loads(out.read_text())
+    assert check["level"] == written["level"] and check["step"] == written["step"] and check["task"] == written["task"]
+    if side == "actor":
+        assert check["rank"] == [0, 1] and check["level"] == "L0"
+    assert (out.stat().st_mode & 0o777) == 0o640
+    # and the same file through PrecisionDebugger(config_path=...) itself
+    import subprocess
+
+    code_text = (
+        "import sys\nfrom msprobe.pytorch import PrecisionDebugger\n"
+        "d = PrecisionDebugger(config_path=sys.argv[1], dump_path=sys.argv[2])\n"
+        "print('LEVEL', d.config.level, 'STEP', d.config.step)\n"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", code_text, str(out), str(tmp_path / "pd")], capture_output=True, text=True, timeout=300
+    )
+    assert f"LEVEL {written['level']} STEP {written['step']}" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.runtime
+@pytest.mark.real
+def test_msprobe_rejections_are_reported(tmp_path: Path) -> None:
+    python = venvs.ensure_runtime_venv("0.9.1")
+    bad = tmp_path / "bad.json"
+    data = build_config("inference", "generate", "/d")
+    data["statistics"]["data_mode"] = ["all", "input"]  # msprobe: 'all' cannot be combined
+    bad.write_text(json.dumps(data))
+    bad.chmod(0o640)
+    result = check_with_msprobe(bad, str(python), training=False)
+    assert result["ok"] is False and "MsprobeException" in result["error"]
+    assert any("'all' cannot be combined" in line for line in result["log"])
+    data = build_config("consistency", "actor", "/d")
+    del data["dump_path"]  # PrecisionDebugger would say "The dump_path not found."
+    bad.write_text(json.dumps(data))
+    result = check_with_msprobe(bad, str(python), training=False)
+    assert result["ok"] is False and "dump_path not found" in result["error"]
