@@ -481,6 +481,7 @@ def status_cmd(
                     "patches": [p.to_json() for p in r.patches],
                     "records": [{"id": rec.id, "patches": rec.patches, "backend": rec.backend} for rec in r.records],
                     "recovered": r.recovered,
+                    "worker_paths": r.worker_paths,
                 }
                 for r in results
             ],
@@ -488,6 +489,8 @@ def status_cmd(
     )
     for r in results:
         _print_tree(out, r.tree)
+        if r.tree.package == "verl":
+            out.line(f"  worker path hooked: {', '.join(r.worker_paths) or 'none'}")
         for message in r.recovered:
             out.line(f"recovered: {message}", fg="yellow")
         recorded = {p["id"] for rec in r.records for p in rec.patches}

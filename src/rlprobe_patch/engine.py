@@ -549,7 +549,7 @@ class VerifyResult:
 
 def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Path | None = None) -> VerifyResult:
     """Our syntax-tree checks, compile checks, recorded post-images, and the skill's rules."""
-    from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch, check_vllm_rules
+    from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch, check_vllm_rules, engine_target
 
     state = StateDir(tree.root)
     checks: list[Check] = []
@@ -603,7 +603,12 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
             checks.append(_compile_check(site.target, data, tree.root))
         checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in patch.warnings_for(tree.version)]
     skill_lines: list[str] = []
-    engines = sorted({b for p in patches for b in p.backends if b in ("fsdp", "megatron")})
+    # The skill's engine check applies to the engine hooks; legacy worker hooks live elsewhere.
+    engines = sorted({b for p in patches if p.worker_impl == "engine" for b in p.backends if b in ("fsdp", "megatron")})
+    legacy = sorted({b for p in patches if p.worker_impl == "legacy" for b in p.backends if b in ("fsdp", "megatron")})
+    paths = hooked_worker_paths(records)
+    if paths:
+        checks.append(Check("worker path hooked", True, ", ".join(paths)))
     for b in engines:
         ok, lines = check_engine_patch(tree.root, b)
         skill_lines += lines
@@ -620,15 +625,19 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
         expected_fail = {str(tree.root / t) for p in by_design for t in p.targets}
         if any(p.id == "verl.request-id" for p in by_design):
             expected_fail.add("request_id injection missing in both llm_server.py and agent_loop.py")
-        for b in engines or ["fsdp"]:
+        for b in engines or legacy or ["fsdp"]:
+            expected = set(expected_fail)
+            if b not in engines:  # the legacy workers are hooked instead of the engine file the skill checks
+                expected.add(str(tree.root / engine_target(b)))
             ok, lines = check_consistency_patch(
                 tree.root, b, vllm_ascend_root=vllm_ascend_root, skip_vllm=vllm_ascend_root is None
             )
             skill_lines += lines
             failed = [line[len("FAIL: ") :] for line in lines if line.startswith("FAIL: ")]
-            unexpected = [f for f in failed if f not in expected_fail]
+            unexpected = [f for f in failed if f not in expected]
             detail = "; ".join(unexpected) or (
-                f"FAIL only where verl {tree.version} cannot take the patch: {', '.join(p.id for p in by_design)}"
+                f"FAIL only where verl {tree.version} cannot take a patch or the legacy workers are hooked: "
+                + ", ".join(failed)
                 if failed
                 else ""
             )
@@ -798,6 +807,7 @@ class StatusResult:
     records: list[Record]
     recovered: list[str]
     pending_journal: bool
+    worker_paths: list[str] = field(default_factory=list)  # verl worker paths whose hooks are applied
 
 
 def status(tree: Tree, backend: str | None = None) -> StatusResult:
@@ -812,4 +822,6 @@ def status(tree: Tree, backend: str | None = None) -> StatusResult:
     ids = tuple(p.id for p in load_catalogue() if p.package == tree.package and (backend is None or p.serves(backend)))
     selection = Selection(backend or "fsdp", only=ids, refuse_off_range=False)
     plan = plan_apply(tree, selection, {}, check=False)
-    return StatusResult(tree, plan.patches, records, recovered, state.read_journal() is not None)
+    return StatusResult(
+        tree, plan.patches, records, recovered, state.read_journal() is not None, hooked_worker_paths(records)
+    )
