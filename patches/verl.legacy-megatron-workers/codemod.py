@@ -14,20 +14,16 @@ release 0.6.0 to 0.7.1:
   - `def loss_func(output, data, meta_info)`, with two `return <loss>, <stats>` statements
     (the early forward-only one returns the constant `torch.tensor(1.0, device=device)`).
 
-The toolkit's `Hook` does not enter nested functions; `NestedHook` (below) does, for one
-function defined inside the method.
+`Hook(..., inner="forward_step")` places a hook in the function of that name defined inside
+the method.
 """
 
-from dataclasses import dataclass, replace
-
-import libcst as cst
 import libcst.matchers as m
 
 from rlprobe_patch.codemod import (
     ANY,
     METHOD,
     AddMethods,
-    AnchorError,
     ConfigPathParam,
     Hook,
     Where,
@@ -36,47 +32,10 @@ from rlprobe_patch.codemod import (
     returns_tuple,
 )
 
-
-@dataclass(frozen=True)
-class NestedHook:
-    """A `Hook` placed in the function `inner` defined (once) inside `hook.cls`.`hook.method`.
-
-    (A plain class body: this module is loaded from a file path, where `from __future__ import
-    annotations` would make `dataclass` look the module up in `sys.modules`.)
-    """
-
-    hook: Hook
-    inner: str
-
-
-class NestedHookCodemod(ConfigPathParam):
-    """`ConfigPathParam` plus `NestedHook` operations (a candidate for the toolkit)."""
-
-    def _apply(self, module, op, params, strip):  # type: ignore[override]
-        if not isinstance(op, NestedHook):
-            return super()._apply(module, op, params, strip)
-        inner_op = replace(op.hook, method=f"{op.hook.method}.<locals>.{op.inner}")
-
-        def edit_outer(outer: cst.FunctionDef) -> cst.FunctionDef:
-            found = m.findall(outer.body, m.FunctionDef(name=m.Name(op.inner)))
-            if len(found) != 1:
-                raise AnchorError(
-                    f"{self.target}: {op.hook.cls}.{op.hook.method}",
-                    f"one nested function `{op.inner}`",
-                    f"{len(found)} such functions",
-                )
-            inner = found[0]
-            assert isinstance(inner, cst.FunctionDef)
-            return outer.deep_replace(inner, self._hook(inner, inner_op, params, strip))  # type: ignore[return-value]
-
-        assert op.hook.cls is not None
-        return self._edit_class(module, op.hook.cls, lambda cls: self._edit_method(cls, op.hook, edit_outer))
-
-
 CLS = "MegatronPPOActor"
 
 
-class Codemod(NestedHookCodemod):
+class Codemod(ConfigPathParam):
     DESCRIPTION = "msprobe dump hooks at the micro-batch boundaries of the legacy Megatron actor (MegatronPPOActor)"
     REQUIRES_MODULE_NAMES = ("os", "logger", "torch")
     OPERATIONS = (
@@ -94,30 +53,26 @@ class Codemod(NestedHookCodemod):
             expected="`losses_reduced = forward_backward_func(...)` statements",
             many=True,
         ),
-        NestedHook(
-            Hook(
-                CLS,
-                "forward_backward_batch",
-                "start_micro_batch",
-                Where.AFTER,
-                METHOD,
-                anchor=assigns_call("batch", m.Call(func=m.Name("next"), args=[m.Arg(m.Name("batch_iter"))])),
-                expected="`batch = next(batch_iter)` in the body of `forward_step`",
-            ),
+        Hook(
+            CLS,
+            "forward_backward_batch",
+            "start_micro_batch",
+            Where.AFTER,
+            METHOD,
+            anchor=assigns_call("batch", m.Call(func=m.Name("next"), args=[m.Arg(m.Name("batch_iter"))])),
+            expected="`batch = next(batch_iter)` in the body of `forward_step`",
             inner="forward_step",
         ),
-        NestedHook(
-            Hook(
-                CLS,
-                "forward_backward_batch",
-                "finish_after_loss",
-                Where.BEFORE,
-                ANY,
-                anchor=returns_tuple(2),
-                expected="`return <loss>, <stats>` statements in `loss_func`",
-                many=True,
-                template=lambda ret: {"loss": first_returned(ret)},
-            ),
+        Hook(
+            CLS,
+            "forward_backward_batch",
+            "finish_after_loss",
+            Where.BEFORE,
+            ANY,
+            anchor=returns_tuple(2),
+            expected="`return <loss>, <stats>` statements in `loss_func`",
+            many=True,
+            template=lambda ret: {"loss": first_returned(ret)},
             inner="loss_func",
         ),
     )

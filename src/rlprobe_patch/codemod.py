@@ -88,6 +88,7 @@ class Hook:
     expected: str = ""  # how the anchor is described to users
     many: bool = False  # the anchor may (and must at least once) match several times
     template: Callable[[Statement], dict[str, cst.BaseExpression]] | None = None
+    inner: str | None = None  # the hook goes into the function of this name defined (once) inside the method
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,9 @@ def _without_docstring(body: Sequence[Statement]) -> Sequence[Statement]:
 
 
 def _scope_name(op: Hook | HoistKeyword) -> str:
-    return f"{op.cls}.{op.method}" if op.cls else op.method
+    name = f"{op.cls}.{op.method}" if op.cls else op.method
+    inner = getattr(op, "inner", None)
+    return f"{name}.<locals>.{inner}" if inner else name
 
 
 def _with_blank_line(fn: cst.CSTNode) -> cst.CSTNode:
@@ -314,9 +317,28 @@ class PatchCodemod:
             if isinstance(op, HoistKeyword)
             else (lambda fn: self._hook(fn, op, params, strip))
         )
+        if isinstance(op, Hook) and op.inner:
+            edit = self._in_nested_function(op, edit)
         if op.cls is None:
             return self._edit_function(module, op.method, edit)
         return self._edit_class(module, op.cls, lambda cls: self._edit_method(cls, op, edit))
+
+    def _in_nested_function(
+        self, op: Hook, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
+    ) -> Callable[[cst.FunctionDef], cst.FunctionDef]:
+        """Apply `edit` to the one function named `op.inner` defined inside the method."""
+
+        def edit_outer(outer: cst.FunctionDef) -> cst.FunctionDef:
+            found = m.findall(outer.body, m.FunctionDef(name=m.Name(op.inner)))
+            if len(found) != 1:
+                raise AnchorError(
+                    f"{self.target}: {_scope_name(op)}", f"one nested function `{op.inner}`", f"{len(found)}"
+                )
+            inner = found[0]
+            assert isinstance(inner, cst.FunctionDef)
+            return outer.deep_replace(inner, edit(inner))  # type: ignore[return-value]
+
+        return edit_outer
 
     def _edit_function(
         self, module: cst.Module, name: str, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
