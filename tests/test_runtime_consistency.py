@@ -63,13 +63,8 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     code, out = cli_json("apply", "--python", python, "--backend", "fsdp2", "--mode", "consistency")
     assert code == ExitCode.OK, out
     applied = {p["id"] for p in out["patches"] if p["state"] == "applicable"}
-    assert applied == {
-        "verl.fsdp-engine",
-        "verl.prompts-only",
-        "verl.debug-metrics",
-        "verl.rollout-correction",
-        "verl.request-id",
-    }
+    hook = "verl.legacy-fsdp-workers" if version.startswith("0.7") else "verl.fsdp-engine"  # the auto worker path
+    assert applied == {hook, "verl.prompts-only", "verl.debug-metrics", "verl.rollout-correction", "verl.request-id"}
     code, out = cli_json("verify", "--python", python)
     assert code == ExitCode.OK, [c for t in out["trees"] for c in t["checks"] if not c["ok"]]
 

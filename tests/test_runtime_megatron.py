@@ -53,7 +53,7 @@ def test_megatron_hooks_dump_the_requested_phase(
     real_tree, megatron_python: Path, tmp_path: Path, version: str
 ) -> None:
     root = real_tree(version)
-    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")
     assert code == ExitCode.OK, out
     patched = root / TARGET
 
@@ -114,7 +114,7 @@ def test_megatron_hooks_dump_the_requested_phase(
 def test_megatron_per_token_loss_return(real_tree, megatron_python: Path, tmp_path: Path) -> None:
     """verl >= 0.9 returns (local_sum, num_tokens, output) in Megatron's per-token regime."""
     root = real_tree("0.9.1")
-    assert cli_json("apply", "--verl-root", root, "--backend", "megatron")[0] == ExitCode.OK
+    assert cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")[0] == ExitCode.OK
     dump = tmp_path / "dump"
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"task": "statistics", "dump_path": str(dump), "level": "mix"}))

@@ -69,8 +69,22 @@ def install() -> list[str]:
 
         return wrapper
 
-    for name in ("tensor", "zeros", "ones", "empty", "full", "arange", "randn", "rand", "randint", "as_tensor",
-                 "zeros_like", "ones_like", "empty_like", "full_like"):
+    for name in (
+        "tensor",
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "arange",
+        "randn",
+        "rand",
+        "randint",
+        "as_tensor",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+    ):
         setattr(torch, name, cpu_device(getattr(torch, name)))
         done.append(f"torch.{name}(device='cuda')")
     orig_to = torch.Tensor.to
@@ -88,7 +102,7 @@ def install() -> list[str]:
     def type_(self, *a, **k):  # megatron's optimizer insists on torch.cuda.*Tensor parameters
         r = orig_type(self, *a, **k)
         if not a and not k and isinstance(r, str) and r.startswith("torch.") and not r.startswith("torch.cuda."):
-            return "torch.cuda." + r[len("torch."):]
+            return "torch.cuda." + r[len("torch.") :]
         return r
 
     torch.Tensor.type = type_

@@ -77,10 +77,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--interleave", type=int, default=0, help="ABBA rounds of pristine vs patched (steps mode)")
     p.add_argument("--dump-phases", default="log_prob")
     p.add_argument("--interleave-budget", type=float, default=None, help="stop the ABBA rounds after this many seconds")
-    p.add_argument("--interleave-nondeterministic", action="store_true",
-                   help="switch torch's deterministic algorithms off for the interleaved rounds")
-    p.add_argument("--then-dump", default=None, metavar="PHASES",
-                   help="steps mode: afterwards set DUMP_ON=1 in this process and run --mode dump for PHASES")
+    p.add_argument(
+        "--interleave-nondeterministic",
+        action="store_true",
+        help="switch torch's deterministic algorithms off for the interleaved rounds",
+    )
+    p.add_argument(
+        "--then-dump",
+        default=None,
+        metavar="PHASES",
+        help="steps mode: afterwards set DUMP_ON=1 in this process and run --mode dump for PHASES",
+    )
     p.add_argument("--deterministic", type=int, default=1)
     p.add_argument("--attn", default=None, help="attn_implementation (default: sdpa on CUDA, eager on CPU)")
     p.add_argument("--seed", type=int, default=1234)
@@ -266,7 +273,7 @@ def load_pristine_fbb(pristine_file: Path):
     sys.modules[name] = module
     # its classes must not register themselves (the registry refuses a second cuda entry)
     descriptor = EngineRegistry.__dict__["register"]
-    EngineRegistry.register = classmethod(lambda cls, *a, **k: (lambda engine_class: engine_class))
+    EngineRegistry.register = classmethod(lambda cls, *a, **k: lambda engine_class: engine_class)
     try:
         spec.loader.exec_module(module)
     finally:
@@ -310,7 +317,10 @@ def run_steps(args, result, engine, stepper, spy, expected_ids):
                 "log_prob_cpu_s": round(stepper.last_cpu_s, 4),
             }
         )
-        print(f"step {i}: train {t_train * 1e3:.1f} ms (cpu {c_train:.2f} s), log_prob {t_lp * 1e3:.1f} ms, loss {steps[-1]['losses']}")
+        print(
+            f"step {i}: train {t_train * 1e3:.1f} ms (cpu {c_train:.2f} s), log_prob {t_lp * 1e3:.1f} ms, "
+            f"loss {steps[-1]['losses']}"
+        )
     timed = steps[args.warmup :]
     result["median_train_s"] = median([s["train_s"] for s in timed])
     result["median_log_prob_s"] = median([s["log_prob_s"] for s in timed])
@@ -342,8 +352,12 @@ def run_steps(args, result, engine, stepper, spy, expected_ids):
                 times[v]["log_prob"].append(t_lp)
                 order.append(v)
         del engine.forward_backward_batch
-        inter = {"rounds": rounds, "pattern": "ABBA", "raw_s": times,
-                 "deterministic": torch.are_deterministic_algorithms_enabled()}
+        inter = {
+            "rounds": rounds,
+            "pattern": "ABBA",
+            "raw_s": times,
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+        }
         for kind in ("train", "log_prob"):
             mp, mu = median(times["patched"][kind]), median(times["pristine"][kind])
             inter[f"median_{kind}_s"] = {"patched": mp, "pristine": mu}
@@ -388,6 +402,37 @@ def run_dump(args, result, engine, stepper, spy, expected_ids):
     n_mb = args.micro_batches
     next_step = 0
     expect_steps = {}
+
+    def check(final):
+        found = read_dump(dump_path)
+        result["dump"] = {"dump_path": str(dump_path), **{k: v for k, v in found.items() if k != "steps"}}
+        result["dump"]["steps"] = {str(k): v for k, v in found["steps"].items()}
+        steps = found["steps"]
+        lines = found["log_lines"]
+        checks = {
+            "step_dirs_match": sorted(steps) == sorted(expect_steps),
+            "dump_json_every_step": all("dump.json" in steps[s]["files"] for s in steps),
+            "train_steps_have_backward": all(
+                steps.get(s, {}).get("backward_keys", 0) > 0 for s, e in expect_steps.items() if e["kind"] == "train"
+            ),
+            "log_prob_steps_have_no_backward": all(
+                steps.get(s, {}).get("backward_keys", 1) == 0
+                for s, e in expect_steps.items()
+                if e["kind"] == "log_prob"
+            ),
+            "modules_recorded": all(steps[s]["module_keys"] > 0 for s in steps),
+            "one_log_line_per_step": [line["step"] for line in lines] == sorted(expect_steps),
+            "log_ids_match": [line["request_ids"] for line in lines]
+            == [expect_steps[s]["request_ids"] for s in sorted(expect_steps)],
+            "micro_batch_ids_match": all(c["ids"] == expected_ids for c in calls),
+        }
+        result["expected_steps"] = {str(k): v for k, v in expect_steps.items()}
+        result["checks"] = checks
+        result["checks_ok"] = all(checks.values())
+        result["dump_complete"] = final  # False: written after a call, more calls were to come
+        if final:
+            print("dump checks:", json.dumps(checks))
+
     for phase in args.dump_phases.split(","):
         if phase == "default":  # DUMP_PHASE unset: the hook's default, log_prob
             os.environ.pop("DUMP_PHASE", None)
@@ -408,34 +453,19 @@ def run_dump(args, result, engine, stepper, spy, expected_ids):
             for s, mb_ids in zip(opened, ids):
                 expect_steps[s] = {"kind": kind, "request_ids": mb_ids, "phase": phase}
             calls.append(
-                {"phase": phase, "kind": kind, "seconds": round(t, 4), "expected_steps": opened, "ids": ids,
-                 "losses": losses}
+                {
+                    "phase": phase,
+                    "kind": kind,
+                    "seconds": round(t, 4),
+                    "expected_steps": opened,
+                    "ids": ids,
+                    "losses": losses,
+                }
             )
             print(f"DUMP_PHASE={phase} {kind}: {t * 1e3:.1f} ms, expected msprobe steps {opened}")
-    found = read_dump(dump_path)
-    result["dump"] = {"dump_path": str(dump_path), **{k: v for k, v in found.items() if k != "steps"}}
-    result["dump"]["steps"] = {str(k): v for k, v in found["steps"].items()}
-    steps = found["steps"]
-    lines = found["log_lines"]
-    checks = {
-        "step_dirs_match": sorted(steps) == sorted(expect_steps),
-        "dump_json_every_step": all("dump.json" in steps[s]["files"] for s in steps),
-        "train_steps_have_backward": all(
-            steps.get(s, {}).get("backward_keys", 0) > 0 for s, e in expect_steps.items() if e["kind"] == "train"
-        ),
-        "log_prob_steps_have_no_backward": all(
-            steps.get(s, {}).get("backward_keys", 1) == 0 for s, e in expect_steps.items() if e["kind"] == "log_prob"
-        ),
-        "modules_recorded": all(steps[s]["module_keys"] > 0 for s in steps),
-        "one_log_line_per_step": [line["step"] for line in lines] == sorted(expect_steps),
-        "log_ids_match": [line["request_ids"] for line in lines]
-        == [expect_steps[s]["request_ids"] for s in sorted(expect_steps)],
-        "micro_batch_ids_match": all(c["ids"] == expected_ids for c in calls),
-    }
-    result["expected_steps"] = {str(k): v for k, v in expect_steps.items()}
-    result["checks"] = checks
-    result["checks_ok"] = all(checks.values())
-    print("dump checks:", json.dumps(checks))
+            check(final=False)  # what is on disk so far, in case this process is stopped
+            CHECKPOINT()
+    check(final=True)
 
 
 def run(args, result):
@@ -448,7 +478,6 @@ def run(args, result):
     torch.use_deterministic_algorithms(bool(args.deterministic), warn_only=True)
     import torch.distributed as dist
     import transformers
-
     import verl
 
     result["versions"] = {
@@ -468,8 +497,11 @@ def run(args, result):
     from verl.workers.engine.fsdp import transformer_impl
 
     src = Path(transformer_impl.__file__).read_text()
-    result["fsdp_impl"] = {"file": transformer_impl.__file__, "patched": "_should_dump" in src,
-                           "sha256": hashlib.sha256(src.encode()).hexdigest()}
+    result["fsdp_impl"] = {
+        "file": transformer_impl.__file__,
+        "patched": "_should_dump" in src,
+        "sha256": hashlib.sha256(src.encode()).hexdigest(),
+    }
     result["model"] = ensure_model(args)
     if use_cuda:
         torch.cuda.set_device(0)
@@ -535,7 +567,6 @@ def save(out, result):
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
     os.replace(tmp, out)
-
 
 
 if __name__ == "__main__":

@@ -79,10 +79,17 @@ def parse_args(argv=None):
     p.add_argument("--interleave", type=int, default=0)
     p.add_argument("--dump-phases", default="log_prob")
     p.add_argument("--interleave-budget", type=float, default=None, help="stop the ABBA rounds after this many seconds")
-    p.add_argument("--interleave-nondeterministic", action="store_true",
-                   help="switch torch's deterministic algorithms off for the interleaved rounds")
-    p.add_argument("--then-dump", default=None, metavar="PHASES",
-                   help="steps mode: afterwards set DUMP_ON=1 in this process and run --mode dump for PHASES")
+    p.add_argument(
+        "--interleave-nondeterministic",
+        action="store_true",
+        help="switch torch's deterministic algorithms off for the interleaved rounds",
+    )
+    p.add_argument(
+        "--then-dump",
+        default=None,
+        metavar="PHASES",
+        help="steps mode: afterwards set DUMP_ON=1 in this process and run --mode dump for PHASES",
+    )
     p.add_argument("--deterministic", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=1234)
@@ -95,7 +102,9 @@ class Recorder:
         self.t0 = time.perf_counter()
 
     def rec(self, event, **detail):
-        self.events.append({"seq": len(self.events), "event": event, "t_ms": round((time.perf_counter() - self.t0) * 1e3, 3), **detail})
+        self.events.append(
+            {"seq": len(self.events), "event": event, "t_ms": round((time.perf_counter() - self.t0) * 1e3, 3), **detail}
+        )
 
     def take(self):
         ev, self.events = self.events, []
@@ -349,7 +358,7 @@ def load_pristine_methods(pristine_file):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     descriptor = EngineRegistry.__dict__["register"]
-    EngineRegistry.register = classmethod(lambda cls, *a, **k: (lambda engine_class: engine_class))
+    EngineRegistry.register = classmethod(lambda cls, *a, **k: lambda engine_class: engine_class)
     try:
         spec.loader.exec_module(module)
     finally:
@@ -452,7 +461,10 @@ def run_steps(args, result, engine, stepper, recorder):
                 "finish_events": [sum(e["event"] == "finish_dump_step" for e in ev) for ev in (ev_train, ev_lp)],
             }
         )
-        print(f"step {i}: train {t_train * 1e3:.1f} ms (cpu {c_train:.2f} s), log_prob {t_lp * 1e3:.1f} ms, metrics {steps[-1]['metrics']}")
+        print(
+            f"step {i}: train {t_train * 1e3:.1f} ms (cpu {c_train:.2f} s), log_prob {t_lp * 1e3:.1f} ms, "
+            f"metrics {steps[-1]['metrics']}"
+        )
     timed = steps[args.warmup :]
     result["median_train_s"] = med([s["train_s"] for s in timed])
     result["median_log_prob_s"] = med([s["log_prob_s"] for s in timed])
@@ -485,13 +497,19 @@ def run_steps(args, result, engine, stepper, recorder):
                 times[v]["log_prob"].append(t_lp)
         for m in PATCHED_METHODS:
             delattr(engine, m)
-        inter = {"rounds": rounds, "pattern": "ABBA", "raw_s": times,
-                 "deterministic": torch.are_deterministic_algorithms_enabled()}
+        inter = {
+            "rounds": rounds,
+            "pattern": "ABBA",
+            "raw_s": times,
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+        }
         for kind in ("train", "log_prob"):
             mp, mu = med(times["patched"][kind]), med(times["pristine"][kind])
             inter[f"median_{kind}_s"] = {"patched": mp, "pristine": mu}
             inter[f"ratio_{kind}"] = mp / mu
-            inter[f"paired_ratio_median_{kind}"] = med([p / u for p, u in zip(times["patched"][kind], times["pristine"][kind])])
+            inter[f"paired_ratio_median_{kind}"] = med(
+                [p / u for p, u in zip(times["patched"][kind], times["pristine"][kind])]
+            )
         result["interleaved"] = inter
         print(
             f"interleaved {rounds} rounds: train ratio {inter['ratio_train']:.4f} "
@@ -554,6 +572,45 @@ def run_dump(args, result, engine, stepper, recorder, expected_ids):
     dump_path = Path(json.loads(Path(os.environ["MSPROBE_ACTOR_CONFIG"]).read_text())["dump_path"])
     n_mb = args.micro_batches
     calls, expect, next_step = [], {}, 0
+
+    def check(final):
+        steps, lines, log_paths = read_dump(dump_path)
+        result["calls"] = calls
+        result["dump"] = {
+            "dump_path": str(dump_path),
+            "steps": {str(k): v for k, v in steps.items()},
+            "log_paths": log_paths,
+            "log_lines": lines,
+        }
+        result["expected_steps"] = {str(k): v for k, v in expect.items()}
+        train_mbs = [m for c in calls if c["kind"] == "train" for m in c["per_micro_batch"]]
+        checks = {
+            "step_dirs_match": sorted(steps) == sorted(expect),
+            "dump_json_every_step": all("dump.json" in steps[s]["files"] for s in steps),
+            "closed_once_per_micro_batch": all(c["active_finishes"] == len(c["expected_steps"]) for c in calls)
+            and all(m["closed_in_own_window"] for c in calls for m in c["per_micro_batch"]),
+            "train_closed_after_backward": bool(train_mbs)
+            and all(m.get("finished_after_embedding_output_grad") for m in train_mbs)
+            and all(m.get("finished_after_embedding_weight_grad") in (True, None) for m in train_mbs),
+            "train_steps_have_backward": all(
+                steps.get(s, {}).get("backward_keys", 0) > 0 for s, e in expect.items() if e["kind"] == "train"
+            ),
+            "log_prob_steps_have_no_backward": all(
+                steps.get(s, {}).get("backward_keys", 1) == 0 for s, e in expect.items() if e["kind"] == "log_prob"
+            ),
+            "modules_recorded": all(steps[s]["module_keys"] > 0 for s in steps),
+            "one_log_line_per_step": [x["step"] for x in lines] == sorted(expect),
+            "log_ids_match": [x["request_ids"] for x in lines] == [expect[s]["request_ids"] for s in sorted(expect)],
+            "closed_ids_match": all(
+                m.get("request_ids") == expected_ids[m["mb"]] for c in calls for m in c["per_micro_batch"]
+            ),
+        }
+        result["checks"] = checks
+        result["checks_ok"] = all(checks.values())
+        result["dump_complete"] = final  # False: written after a call, more calls were to come
+        if final:
+            print("dump checks:", json.dumps(checks))
+
     for phase in args.dump_phases.split(","):
         if phase == "default":  # DUMP_PHASE unset: the hook's default, log_prob
             os.environ.pop("DUMP_PHASE", None)
@@ -570,41 +627,22 @@ def run_dump(args, result, engine, stepper, recorder, expected_ids):
                 expect[s] = {"kind": kind, "request_ids": ids, "phase": phase}
             per_mb = analyse_call(events, kind, expected_ids) if dumps else []
             active_finishes = sum(1 for e in events if e["event"] == "finish_dump_step" and e["active"])
-            calls.append({"phase": phase, "kind": kind, "seconds": round(t, 4), "expected_steps": opened,
-                          "forward_steps": sum(e["event"] == "forward_step_called" for e in events),
-                          "active_finishes": active_finishes, "per_micro_batch": per_mb, "events": events})
+            calls.append(
+                {
+                    "phase": phase,
+                    "kind": kind,
+                    "seconds": round(t, 4),
+                    "expected_steps": opened,
+                    "forward_steps": sum(e["event"] == "forward_step_called" for e in events),
+                    "active_finishes": active_finishes,
+                    "per_micro_batch": per_mb,
+                    "events": events,
+                }
+            )
             print(f"DUMP_PHASE={phase} {kind}: {t * 1e3:.1f} ms, expected steps {opened}, closed {active_finishes}")
-    steps, lines, log_paths = read_dump(dump_path)
-    result["calls"] = calls
-    result["dump"] = {"dump_path": str(dump_path), "steps": {str(k): v for k, v in steps.items()},
-                      "log_paths": log_paths, "log_lines": lines}
-    result["expected_steps"] = {str(k): v for k, v in expect.items()}
-    train_mbs = [m for c in calls if c["kind"] == "train" for m in c["per_micro_batch"]]
-    checks = {
-        "step_dirs_match": sorted(steps) == sorted(expect),
-        "dump_json_every_step": all("dump.json" in steps[s]["files"] for s in steps),
-        "closed_once_per_micro_batch": all(
-            c["active_finishes"] == len(c["expected_steps"]) for c in calls
-        ) and all(m["closed_in_own_window"] for c in calls for m in c["per_micro_batch"]),
-        "train_closed_after_backward": bool(train_mbs)
-        and all(m.get("finished_after_embedding_output_grad") for m in train_mbs)
-        and all(m.get("finished_after_embedding_weight_grad") in (True, None) for m in train_mbs),
-        "train_steps_have_backward": all(
-            steps.get(s, {}).get("backward_keys", 0) > 0 for s, e in expect.items() if e["kind"] == "train"
-        ),
-        "log_prob_steps_have_no_backward": all(
-            steps.get(s, {}).get("backward_keys", 1) == 0 for s, e in expect.items() if e["kind"] == "log_prob"
-        ),
-        "modules_recorded": all(steps[s]["module_keys"] > 0 for s in steps),
-        "one_log_line_per_step": [x["step"] for x in lines] == sorted(expect),
-        "log_ids_match": [x["request_ids"] for x in lines] == [expect[s]["request_ids"] for s in sorted(expect)],
-        "closed_ids_match": all(
-            m.get("request_ids") == expected_ids[m["mb"]] for c in calls for m in c["per_micro_batch"]
-        ),
-    }
-    result["checks"] = checks
-    result["checks_ok"] = all(checks.values())
-    print("dump checks:", json.dumps(checks))
+            check(final=False)  # what is on disk so far, in case this process is stopped
+            CHECKPOINT()
+    check(final=True)
 
 
 def run(args, result):
@@ -617,12 +655,15 @@ def run(args, result):
     torch.use_deterministic_algorithms(bool(args.deterministic), warn_only=True)  # same losses run to run
     import torch.distributed as dist
     import transformers
-
     import verl
 
-    result["versions"] = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                          "transformers": transformers.__version__, "verl": importlib.metadata.version("verl"),
-                          "verl_file": verl.__file__}
+    result["versions"] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "verl": importlib.metadata.version("verl"),
+        "verl_file": verl.__file__,
+    }
     for dist_name in ("megatron-core", "mbridge", "mindstudio-probe", "tensordict"):
         try:
             result["versions"][dist_name] = importlib.metadata.version(dist_name)
@@ -713,7 +754,6 @@ def save(out, result):
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
     os.replace(tmp, out)
-
 
 
 if __name__ == "__main__":

@@ -90,8 +90,10 @@ MP=$PRISTINE/verl/workers/engine/megatron/transformer_impl.py
 run() {  # run NAME PYTHONPATH CMD...
   local name=$1 pp=$2; shift 2
   stamp "$name"
-  PYTHONPATH=$pp timeout "$STEP_TIMEOUT" "$PY" "$@" --out "$RES/$name.json" 2>&1 | grep -v -E "Warning|warnings.warn|^\s*$|Loading weights|is_fx_tracing|^TF config" | tail -40
-  echo "$name: exit ${PIPESTATUS[0]}"
+  PYTHONPATH=$pp timeout "$STEP_TIMEOUT" "$PY" "$@" --out "$RES/$name.json" > "$RES/$name.log" 2>&1
+  local rc=$?
+  grep -v -E "Warning|warnings.warn|^\s*$|Loading weights|is_fx_tracing|^TF config|\[INFO\]" "$RES/$name.log" | tail -40
+  echo "$name: exit $rc"
   pack
 }
 msprobe_config() {  # msprobe_config NAME -> path of a statistics/mix config dumping to $WORK/dump-NAME
@@ -110,13 +112,17 @@ for r in $RUNS; do
     fsdp_unpatched) STEP_TIMEOUT=${T_FU:-$STEP_TIMEOUT} run fsdp_steps_unpatched "$UNPATCHED" $F --mode steps $FSTEPS ;;
     fsdp_patched) MSPROBE_ACTOR_CONFIG=$(msprobe_config fsdp) STEP_TIMEOUT=${T_FP:-$STEP_TIMEOUT} \
         run fsdp_steps_patched "$PATCHED" $F --mode steps $FSTEPS --pristine-file "$FP" --interleave 200 \
-        --interleave-budget "$FSDP_BUDGET" --interleave-nondeterministic --then-dump default,update_actor,all ;;
+        --interleave-budget "$FSDP_BUDGET" --interleave-nondeterministic --then-dump "${FSDP_DUMP_PHASES:-default,update_actor,all}" ;;
     megatron_unpatched) STEP_TIMEOUT=${T_MU:-$STEP_TIMEOUT} run megatron_steps_unpatched "$UNPATCHED" $M --mode steps $MSTEPS ;;
     megatron_patched) MSPROBE_ACTOR_CONFIG=$(msprobe_config megatron) STEP_TIMEOUT=${T_MP:-$STEP_TIMEOUT} \
         run megatron_steps_patched "$PATCHED" $M --mode steps $MSTEPS --pristine-file "$MP" --interleave 200 \
-        --interleave-budget "$MCORE_BUDGET" --interleave-nondeterministic --then-dump default,update_actor,all ;;
+        --interleave-budget "$MCORE_BUDGET" --interleave-nondeterministic --then-dump "${MCORE_DUMP_PHASES:-default,update_actor,all}" ;;
   esac
 done
+
+stamp "off-path cost of the inserted statements (timeit, patched tree)"
+PYTHONPATH=$PATCHED "$PY" "$REPO/bench/gpu/offpath_cost.py" --out "$RES/offpath_cost.json" 2>&1 | grep -v -i warn
+pack
 
 stamp "revert, and check the tree is the wheel's again"
 RP revert --json > "$RES/revert.json"; echo "revert: exit $?"

@@ -36,7 +36,8 @@ def summarize_engine(res_dirs: list[Path], engine: str) -> dict:
     runs = {}
     for d in res_dirs:
         for p in sorted(d.glob(f"{engine}_steps_*.json")):
-            runs[p.stem if len(res_dirs) == 1 else f"{d.parent.name}/{p.stem}"] = load(p)
+            label = d.parent.name if d.name == "res" else d.name
+            runs[p.stem if len(res_dirs) == 1 else f"{label}/{p.stem}"] = load(p)
     out: dict = {"runs": {}}
     ref_name = next((n for n in runs if "unpatched" in n and runs[n].get("ok")), None)
     ref = trajectory(runs[ref_name], engine) if ref_name else None
@@ -134,7 +135,8 @@ def main(argv=None) -> int:
             if "interleaved" in r:
                 i = r["interleaved"]
                 print(
-                    f"    interleaved x{i['rounds']}: train {i['ratio_train']:.4f} (paired {i['paired_ratio_median_train']:.4f}),"
+                    f"    interleaved x{i['rounds']}: train {i['ratio_train']:.4f}"
+                    f" (paired {i['paired_ratio_median_train']:.4f}),"
                     f" log_prob {i['ratio_log_prob']:.4f} (paired {i['paired_ratio_median_log_prob']:.4f})"
                 )
         if "process_ratio_train" in s:
