@@ -1,12 +1,15 @@
 """Benchmark: rlprobe-patch on the real verl 0.9.1 tree, as ratios measured in one run.
 
-    python bench/bench.py [--runs 5] [--verl-version 0.9.1]
+    python bench/bench.py [--runs 5] [--verl-version 0.9.1] [--set consistency|engines] [--packages 1000]
 
-Prints medians of: a bare LibCST parse + code generation of the patched files (the floor for
-any LibCST tool), apply (both engine patches), verify, revert, `rlprobe-patch --version`,
-and `python -c pass`; then the ratios apply/floor, verify/apply, revert/apply and CLI
-start-up/python start-up. Each timed apply starts from a fresh copy of the tree (the copy
-is not timed).
+Prints medians of: a bare LibCST parse + code generation of the files the set patches (the
+floor for any LibCST tool), apply (`--set consistency`, the default: `apply --mode
+consistency --backend fsdp`, six files; `--set engines`: the FSDP and Megatron engine hooks),
+verify, revert, `rlprobe-patch --version`, `python -c pass`, and the discovery of the trees
+(`apply --python P --mode consistency`: verl, SGLang, vLLM-Ascend asked with find_spec) in an
+interpreter whose path is a site-packages folder with many packages (this interpreter's own,
+plus `--packages` small ones) against one whose path holds only the verl tree; then the
+ratios. Each timed apply starts from a fresh copy of the tree (the copy is not timed).
 """
 
 from __future__ import annotations
@@ -25,11 +28,41 @@ from pathlib import Path
 
 import libcst as cst
 
+from rlprobe_patch.cli import Roots
 from rlprobe_patch.demo import fetch_verl_wheel
-from rlprobe_patch.engine import apply, revert, verify
+from rlprobe_patch.engine import Selection, apply, plan_apply, revert, verify
 from rlprobe_patch.trees import find_verl_tree
 
-TARGETS = ("verl/workers/engine/fsdp/transformer_impl.py", "verl/workers/engine/megatron/transformer_impl.py")
+SETS = {
+    "consistency": [Selection("fsdp", "consistency", worker_impl="engine")],
+    "engines": [Selection("fsdp"), Selection("megatron")],
+}
+
+
+def interpreter(work: Path, name: str, path: Path) -> str:
+    """A `--python` whose import path is `path` only (no site-packages of its own)."""
+    script = work / f"python-{name}"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH={path} exec {sys.executable} -S "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def many_packages(work: Path, pristine: Path, extra: int) -> Path:
+    """A site-packages folder: links to every entry of this interpreter's, `extra` small packages, verl."""
+    import site
+
+    folder = work / "site-packages"
+    folder.mkdir()
+    for real in site.getsitepackages():
+        for entry in Path(real).iterdir():
+            if not (folder / entry.name).exists() and entry.name not in ("verl", "sglang", "vllm_ascend"):
+                (folder / entry.name).symlink_to(entry)
+    for i in range(extra):
+        (folder / f"pkg_{i:04d}").mkdir()
+        (folder / f"pkg_{i:04d}" / "__init__.py").write_text("")
+        (folder / f"pkg_{i:04d}-1.0.dist-info").mkdir()
+    (folder / "verl").symlink_to(pristine / "verl")
+    return folder
 
 
 def median_time(fn: Callable[[], object], runs: int, setup: Callable[[], None] = lambda: None) -> float:
@@ -46,7 +79,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--verl-version", default="0.9.1")
+    parser.add_argument("--set", choices=sorted(SETS), default="consistency")
+    parser.add_argument("--packages", type=int, default=1000, help="small packages added to the site-packages")
     args = parser.parse_args()
+    selections = SETS[args.set]
 
     work = Path(tempfile.mkdtemp(prefix="rlprobe-bench-"))
     os.environ["RLPROBE_PATCH_STATE_HOME"] = str(work / "state")
@@ -59,16 +95,18 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
         shutil.copytree(pristine, root)
 
+    fresh()
+    targets = sorted({rel for sel in selections for rel in plan_apply(find_verl_tree(root), sel, {}).changes})
+
     def floor() -> None:
-        for rel in TARGETS:
+        for rel in targets:
             cst.parse_module((root / rel).read_bytes()).code  # noqa: B018 - the codegen is the work
 
     def do_apply() -> None:
         tree = find_verl_tree(root)
-        apply(tree, "fsdp")
-        apply(tree, "megatron")
+        for selection in selections:
+            apply(tree, selection)
 
-    fresh()
     t_floor = median_time(floor, args.runs)
     t_apply = median_time(do_apply, args.runs, setup=fresh)
     fresh()
@@ -83,23 +121,31 @@ def main() -> None:
     cli = [sys.executable, "-m", "rlprobe_patch", "--version"]
     t_cli = median_time(lambda: subprocess.run(cli, check=True, capture_output=True), args.runs)
     t_py = median_time(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), args.runs)
+    crowded = interpreter(work, "many", many_packages(work, pristine, args.packages))
+    bare = interpreter(work, "bare", pristine)
+    entries = len(list((work / "site-packages").iterdir()))
+    t_many = median_time(lambda: Roots(None, None, None, crowded).for_apply("consistency", True), args.runs)
+    t_bare = median_time(lambda: Roots(None, None, None, bare).for_apply("consistency", True), args.runs)
 
-    print(f"verl {args.verl_version}, {args.runs} runs each, medians (s):")
+    print(f"verl {args.verl_version}, set {args.set} ({len(targets)} files), {args.runs} runs each, medians (s):")
     rows = [
-        ("LibCST parse + codegen of the 2 files", t_floor),
-        ("apply (fsdp + megatron)", t_apply),
+        (f"LibCST parse + codegen of the {len(targets)} files", t_floor),
+        (f"apply ({args.set})", t_apply),
         ("verify", t_verify),
         ("revert", t_revert),
         ("rlprobe-patch --version", t_cli),
         ("python -c pass", t_py),
+        (f"discovery, site-packages of {entries} entries", t_many),
+        ("discovery, bare verl tree", t_bare),
     ]
     for name, value in rows:
-        print(f"  {name:<40} {value:8.3f}")
+        print(f"  {name:<46} {value:8.3f}")
     print("ratios:")
     print(f"  apply / LibCST floor      {t_apply / t_floor:6.1f}x")
     print(f"  verify / apply            {t_verify / t_apply:6.2f}x")
     print(f"  revert / apply            {t_revert / t_apply:6.2f}x")
     print(f"  CLI start-up / python     {t_cli / t_py:6.1f}x")
+    print(f"  discovery many / bare     {t_many / t_bare:6.2f}x")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -6,12 +6,8 @@ Real releases are downloaded once from the package index (`pip download --no-dep
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -20,6 +16,7 @@ from click.testing import CliRunner, Result
 
 from rlprobe_patch.cli import main
 from rlprobe_patch.fsio import sha256
+from rlprobe_patch.matrix import fetch_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
@@ -27,38 +24,9 @@ VERL_RELEASES = ("0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")
 REFUSED_RELEASES = ("0.4.1", "0.5.0")
 
 
-def cache_dir() -> Path:
-    path = Path(os.environ.get("RLPROBE_TEST_CACHE", Path.home() / ".cache" / "rlprobe-patch-tests"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def verl_wheel(version: str) -> Path:
     """The real verl wheel, downloaded once into the cache (safe across xdist workers)."""
-    wheels = cache_dir() / "wheels"
-    wheels.mkdir(exist_ok=True)
-    with open(wheels / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = sorted(wheels.glob(f"verl-{version}-*.whl"))
-        if not found:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--only-binary=:all:",
-                    "-q",
-                    "--disable-pip-version-check",
-                    "-d",
-                    str(wheels),
-                    f"verl=={version}",
-                ],
-                check=True,
-            )
-            found = sorted(wheels.glob(f"verl-{version}-*.whl"))
-    return found[0]
+    return fetch_wheel("verl", version)
 
 
 SGLANG_MEMBERS = ("sglang/", "sglang-")  # only the Python package and its dist-info are unpacked
@@ -67,31 +35,7 @@ VLLM_ASCEND_MEMBERS = ("vllm_ascend/", "vllm_ascend-")
 
 def package_wheel(name: str, version: str) -> Path:
     """A package's wheel from the index (`pip download --no-deps`), cached like verl's."""
-    wheels = cache_dir() / "wheels"
-    wheels.mkdir(exist_ok=True)
-    stem = name.replace("-", "_")
-    with open(wheels / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
-        if not found:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--only-binary=:all:",
-                    "-q",
-                    "--disable-pip-version-check",
-                    "-d",
-                    str(wheels),
-                    f"{name}=={version}",
-                ],
-                check=True,
-            )
-            found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
-    return found[0]
+    return fetch_wheel(name, version)
 
 
 def unpack(wheel: Path, dest: Path, prefixes: tuple[str, ...]) -> Path:

@@ -88,6 +88,10 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     after = drive(python, tmp_path, "request-id")
     assert [f["request_id"] for f in after["extra_fields"]] == after["server_saw"]
     assert len(set(after["server_saw"])) == 2
+    if version != "0.7.1":  # the fully-async client (0.8.0+) keeps the first of its resumed requests
+        fully_async = after["fully_async"]
+        assert len(fully_async["server_saw"]) == 2
+        assert fully_async["extra_fields"]["request_id"] == fully_async["server_saw"][0]
 
     # Trimming, on real DataProto batches with 2-D and 3-D position_ids.
     untouched = drive(python, tmp_path, "trim")

@@ -12,3 +12,13 @@ The skill's checker looks for `extra_fields["request_id"]` and `vllm_request_id`
 def keep_request_id(output, vllm_request_id):
     """Right after `output = await server.generate.remote(request_id=vllm_request_id, ...)`."""
     output.extra_fields["request_id"] = vllm_request_id  # rlprobe-patch
+
+
+def keep_first_request_id(final_output, output):
+    """`FullyAsyncLLMServerClient.generate`, right after `output = await super().generate(...)`.
+
+    A partial rollout resumes with new engine requests; keep the first one's id, the request
+    that prefilled the prompt (as the client keeps the first prefill's cache hits).
+    """
+    if "request_id" in output.extra_fields:  # rlprobe-patch
+        final_output.extra_fields.setdefault("request_id", output.extra_fields["request_id"])

@@ -429,6 +429,7 @@ def revert_cmd(
                     "recovered": r.recovered,
                     "dry_run": r.dry_run,
                     "diff": r.diff if r.dry_run else None,
+                    "moved_from": r.moved_from or None,
                 }
                 for r in results
             ],
@@ -436,6 +437,8 @@ def revert_cmd(
     )
     for r in results:
         out.line(f"{r.root}", bold=True)
+        if r.moved_from:
+            out.line(f"notice: the record names {r.moved_from}; the tree moved here after apply", fg="yellow")
         for message in r.recovered:
             out.line(f"recovered: {message}", fg="yellow")
         if not r.reverted:
@@ -564,6 +567,9 @@ def demo_cmd(out: Out, verl_version: str, offline: bool, workdir: Path | None) -
 from rlprobe_patch.workflow.cli import register  # noqa: E402 - registers on `main`, defined above
 
 register(main)
+from rlprobe_patch.matrix_cli import register as register_matrix  # noqa: E402
+
+register_matrix(main)
 
 if __name__ == "__main__":
     main()

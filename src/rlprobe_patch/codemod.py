@@ -279,7 +279,10 @@ class PatchCodemod:
             return StateReport(State.APPLICABLE, (), params, expected)
         return StateReport(
             State.DRIFTED,
-            ("the inserted code is only partly there or was edited after apply",),
+            (
+                "hooks of this patch are in the file but not as rlprobe-patch inserts them: only partly there, "
+                "edited after apply, or added by hand (e.g. from the skill's instructions); not patching twice",
+            ),
             params,
             expected,
         )

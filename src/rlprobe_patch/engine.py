@@ -15,12 +15,13 @@ the journal, finishes the job (`recover`) and says so.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from rlprobe_patch import __version__
 from rlprobe_patch.catalogue import Patch, get_patch, load_catalogue, select
 from rlprobe_patch.codemod import CreateFile, PatchCodemod, State, StateReport
 from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
-from rlprobe_patch.errors import RefusedError, RevertBlockedError
+from rlprobe_patch.errors import RefusedError, RevertBlockedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, checkpoint, fsync_dir, remove_stale_temp_files, sha256
 from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir
 from rlprobe_patch.state_registry import register_tree
@@ -380,7 +381,8 @@ def apply(
         if not plan.changes:
             return ApplyResult(plan, None, [], False, "")
     with state.lock(lock_timeout):
-        recovered = recover(state)
+        with write_phase(state, f"finishing an interrupted write in {tree.root}"):
+            recovered = recover(state)
         if plan is None or not plan.inputs_unchanged():
             progress(f"planning {tree.package} {tree.version} at {tree.root} again (it changed meanwhile)")
             plan = plan_apply(tree, selection, params, force)
@@ -388,7 +390,8 @@ def apply(
         if not plan.changes:
             return ApplyResult(plan, None, recovered, False, "")
         progress(f"writing {len(plan.changes)} file(s)")
-        record, diff = _write_apply(state, plan)
+        with write_phase(state, f"apply on {tree.root}"):
+            record, diff = _write_apply(state, plan)
     return ApplyResult(plan, record, recovered, False, diff)
 
 
@@ -404,6 +407,7 @@ def raise_if_refused(plan: Plan) -> None:
 def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
     tree = plan.tree
     ledger = state.read_ledger()
+    ledger.root = str(tree.root)  # a tree moved after an earlier apply: the record follows it
     applied = [p for p in plan.patches if p.state is State.APPLICABLE]
     record_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
     files = []
@@ -515,6 +519,25 @@ def _carry_out(state: StateDir, journal: dict[str, Any]) -> list[str]:
     return problems
 
 
+@contextlib.contextmanager
+def write_phase(state: StateDir, what: str) -> Iterator[None]:
+    """A write the disk refuses (full, I/O error) ends the command cleanly, saying what the tree holds."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if state.read_journal() is not None:
+            raise WriteFailedError(
+                f"{what} stopped: {reason}; each file is original or patched, and {state.journal_path} "
+                "records the rest",
+                hint="free space, then run `rlprobe-patch status` (or any command on the tree) to finish it",
+            ) from None
+        raise WriteFailedError(
+            f"{what} stopped: {reason}; nothing in the tree was changed",
+            hint="free space and run the command again",
+        ) from None
+
+
 def recover(state: StateDir) -> list[str]:
     """Finish a write that a killed or interrupted run left half done; say what was done."""
     journal = state.read_journal()
@@ -565,8 +588,12 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
     patches = [get_patch(i) for i in dict.fromkeys(patch_ids)]
     if not patches:
         checks.append(Check("recorded", False, f"nothing recorded for {tree.root}; apply first or name --backend"))
+    if records and ledger.root != str(tree.root):
+        checks.append(_moved_check(ledger.root, tree.root))
     for record in records:
         checks.append(_check_diff(state, record))
+        hashes = _hash_problems(state, record)
+        checks.append(Check(f"ledger matches history.git: {record.id}", not hashes, "; ".join(hashes)))
         for f in record.files:
             path = tree.root / f.path
             if not path.is_file():
@@ -645,6 +672,16 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
     return VerifyResult(tree, checks, skill_lines)
 
 
+def _moved_check(recorded: str, root: Path) -> Check:
+    return Check(
+        "recorded root",
+        True,
+        f"the record names {recorded}, the tree is now at {root} (moved or copied after apply); "
+        "its paths are relative to the tree and still apply",
+        warning=True,
+    )
+
+
 def _compile_check(target: str, data: bytes, root: Path) -> Check:
     try:
         compile(data, str(root / target), "exec", dont_inherit=True)
@@ -653,18 +690,42 @@ def _compile_check(target: str, data: bytes, root: Path) -> Check:
         return Check(f"compiles: {target}", False, str(exc))
 
 
+def _diff_problem(state: StateDir, record: Record) -> str:
+    """Why the record's diff cannot be trusted ("" when it can): missing, outside the tree, other files."""
+    path = state.path / record.diff
+    if not path.is_file():
+        return f"{record.diff}: the diff file is missing"
+    try:
+        paths = diff_paths(path.read_text(encoding="utf-8", errors="surrogateescape"))
+    except RefusedError as exc:
+        return f"{record.diff}: {exc.message}"
+    if sorted(paths) != sorted(f.path for f in record.files):
+        return f"{record.diff}: the diff and the ledger name different files"
+    return ""
+
+
+def _hash_problems(state: StateDir, record: Record) -> list[str]:
+    """Files whose hashes in ledger.json do not match the blobs history.git holds for them."""
+    problems = []
+    for f in record.files:
+        for side, blob, want in (("before", f.before_blob, f.before), ("after", f.after_blob, f.after)):
+            if not want and not blob:
+                continue  # a file the patch added has no "before"
+            try:
+                ok = sha256(state.read_blob(blob)) == want
+            except Exception:  # not a blob id, or absent from history.git
+                ok = False
+            if not ok:
+                problems.append(f"{f.path}: the {side} hash in ledger.json does not match history.git")
+    return problems
+
+
 def _check_diff(state: StateDir, record: Record) -> Check:
     name = f"recorded diff reverse-applies: {record.diff}"
     path = state.path / record.diff
-    if not path.is_file():
-        return Check(name, False, "the diff file is missing")
-    text = path.read_text(encoding="utf-8", errors="surrogateescape")
-    try:
-        paths = diff_paths(text)
-    except RefusedError as exc:
-        return Check(name, False, exc.message)
-    if sorted(paths) != sorted(f.path for f in record.files):
-        return Check(name, False, "the diff and the ledger name different files")
+    problem = _diff_problem(state, record)
+    if problem:
+        return Check(name, False, problem)
     proc = subprocess.run(
         ["git", "apply", "--check", "-R", str(path)],
         cwd=state.root,
@@ -686,6 +747,7 @@ class RevertResult:
     recovered: list[str]
     dry_run: bool
     diff: str
+    moved_from: str = ""  # the root the record names, when the tree was moved after apply
 
 
 def revert(
@@ -700,17 +762,26 @@ def revert(
     state = StateDir(root)
     if not state.exists():
         raise RefusedError(f"nothing recorded for {root}: no patch of rlprobe-patch to revert")
-    with state.lock(lock_timeout):
+    with state.lock(lock_timeout), write_phase(state, f"revert of {root}"):
         recovered = [] if dry_run else recover(state)
         ledger = state.read_ledger()
+        moved_from = ledger.root if ledger.records and ledger.root != str(root) else ""
         if not ledger.records:
             return RevertResult(tree, root, [], [], [], recovered, dry_run, "")
+        damaged = [p for r in ledger.records for p in [_diff_problem(state, r), *_hash_problems(state, r)] if p]
+        if damaged:
+            raise RefusedError(
+                f"the record in {state.path} does not match its history; nothing was written",
+                details=damaged,
+                hint="ledger.json or diffs/ were edited by hand or damaged: restore them, or reinstall the "
+                "package and delete the folder",
+            )
         progress(f"planning the revert of {len(ledger.records)} record(s)")
         targets, merged = _plan_revert(state, ledger, merge)
         diff = unified_diff({rel: (cur, new) for rel, (cur, new, _, _) in targets.items()})
         reverted = list(reversed(ledger.records))
         if dry_run:
-            return RevertResult(tree, root, reverted, sorted(targets), merged, recovered, True, diff)
+            return RevertResult(tree, root, reverted, sorted(targets), merged, recovered, True, diff, moved_from)
         packages = {r.package for r in ledger.records}
         files = []
         for rel, (cur, new, mode, blob) in sorted(targets.items()):
@@ -730,11 +801,11 @@ def revert(
                 "op": "revert",
                 "record": ",".join(r.id for r in reverted),
                 "files": files,
-                "ledger": Ledger(root=ledger.root).to_json(),
+                "ledger": Ledger(root=str(root)).to_json(),
                 "branches": branches,
             },
         )
-    return RevertResult(tree, root, reverted, sorted(targets), merged, recovered, False, diff)
+    return RevertResult(tree, root, reverted, sorted(targets), merged, recovered, False, diff, moved_from)
 
 
 def _plan_revert(
@@ -815,7 +886,7 @@ def status(tree: Tree, backend: str | None = None) -> StatusResult:
     state = StateDir(tree.root)
     recovered: list[str] = []
     if state.read_journal() is not None and os.access(state.path, os.W_OK):
-        with state.lock(10.0):
+        with state.lock(10.0), write_phase(state, f"finishing an interrupted write in {tree.root}"):
             recovered = recover(state)
     ledger = state.read_ledger()
     records = [r for r in ledger.records if r.package == tree.package]

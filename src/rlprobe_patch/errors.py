@@ -13,6 +13,7 @@ class ExitCode(enum.IntEnum):
     VERIFY_FAILED = 4  # verify found a hook missing, a file not compiling or a file changed since apply
     REVERT_BLOCKED = 5  # a patched file was edited after apply; nothing written
     LOCKED = 6  # another rlprobe-patch run holds the tree's lock
+    WRITE_FAILED = 7  # the disk refused a write (full, I/O error): each file original or patched, journal kept
 
 
 class PatchError(Exception):
@@ -54,3 +55,7 @@ class RevertBlockedError(PatchError):
 
 class LockedError(PatchError):
     exit_code = ExitCode.LOCKED
+
+
+class WriteFailedError(PatchError):
+    exit_code = ExitCode.WRITE_FAILED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -90,6 +91,7 @@ def _read_holder(lock_path: Path) -> str:
 # -- fault injection, for the crash tests ----------------------------------------------------
 # RLPROBE_PATCH_FAULT="kill-at=N"   SIGKILL this process at the N-th write checkpoint (1-based)
 # RLPROBE_PATCH_FAULT="delay=SECS"  sleep at every write checkpoint (to kill at random points)
+# RLPROBE_PATCH_FAULT="enospc-at=N" fail the N-th write checkpoint with OSError(ENOSPC): a full disk
 _checkpoints_passed = 0
 
 
@@ -102,6 +104,8 @@ def checkpoint(name: str) -> None:
     kind, _, value = fault.partition("=")
     if kind == "kill-at" and _checkpoints_passed == int(value):
         os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "enospc-at" and _checkpoints_passed == int(value):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
     elif kind == "delay":
         time.sleep(float(value))
     elif kind == "list":

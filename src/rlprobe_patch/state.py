@@ -24,7 +24,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import git
@@ -139,12 +139,24 @@ class StateDir:
         if not self.ledger_path.is_file():
             return Ledger(root=str(self.root))
         try:
-            return Ledger.from_json(json.loads(self.ledger_path.read_text(encoding="utf-8")))
+            ledger = Ledger.from_json(json.loads(self.ledger_path.read_text(encoding="utf-8")))
         except (ValueError, KeyError, TypeError) as exc:
             raise RefusedError(
                 f"{self.ledger_path} is unreadable ({exc})",
                 hint="it was edited by hand or damaged; restore it, or reinstall the package and delete the folder",
             ) from None
+        outside = [
+            name
+            for r in ledger.records
+            for name in (*(f.path for f in r.files), r.diff)
+            if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts
+        ]
+        if outside:
+            raise RefusedError(
+                f"{self.ledger_path} names a path outside its tree: {', '.join(outside)}; nothing was written",
+                hint="it was edited by hand or damaged; restore it, or reinstall the package and delete the folder",
+            )
+        return ledger
 
     def write_ledger(self, ledger: Ledger) -> None:
         atomic_write(self.ledger_path, _dump(ledger.to_json()))

@@ -78,44 +78,85 @@ def run_guards() -> dict:
 
 
 class StandInServer:
-    """Answers `generate.remote(...)` like a rollout server, recording the request id it saw."""
+    """Answers `generate.remote(...)` like a rollout server, recording the request id it saw.
 
-    def __init__(self) -> None:
+    `stop_reasons` are answered in turn (a partial rollout: "aborted", then "completed")."""
+
+    def __init__(self, stop_reasons: tuple[str, ...] = ("completed",)) -> None:
         self.seen: list[str] = []
+        self.stop_reasons = list(stop_reasons)
         self.generate = self  # server.generate.remote(...)
 
     async def remote(self, request_id: str, prompt_ids, sampling_params, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
         self.seen.append(request_id)
-        return TokenOutput(token_ids=[7, 8, 9], log_probs=[-0.1, -0.2, -0.3], extra_fields={"global_steps": 1})
+        reason = self.stop_reasons.pop(0) if len(self.stop_reasons) > 1 else self.stop_reasons[0]
+        return TokenOutput(
+            token_ids=[7, 8, 9], log_probs=[-0.1, -0.2, -0.3], stop_reason=reason, extra_fields={"global_steps": 1}
+        )
 
 
-def run_request_id() -> dict:
-    import verl
+def _fully_async_client():
+    """verl's FullyAsyncLLMServerClient (llm_server.py from 0.9.0, the fully-async rollouter in 0.8.0)."""
+    try:
+        from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+        return FullyAsyncLLMServerClient
+    except ImportError:
+        pass
+    try:
+        from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncLLMServerClient
+
+        return FullyAsyncLLMServerClient
+    except ImportError:
+        return None
+
+
+def _client(cls, server: StandInServer, config: dict):
     from omegaconf import OmegaConf
 
-    if (Path(verl.__file__).parent / "workers" / "rollout" / "llm_server.py").is_file():  # 0.8.0+
-        from verl.workers.rollout.llm_server import LLMServerClient as Client
-    else:  # 0.7.1
-        from verl.experimental.agent_loop.agent_loop import AsyncLLMServerManager as Client
-
-    server = StandInServer()
-    client = Client.__new__(Client)  # no Ray actors: only the generate method is exercised
-    client.config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "full_determinism": False}}})
+    client = cls.__new__(cls)  # no Ray actors: only the generate method is exercised
+    client.config = OmegaConf.create(config)
 
     async def acquire(request_id, **_):
         return "server-0", server
 
     client._acquire_server = acquire
     client._release_server = lambda *args, **kwargs: None
+    return client
+
+
+def run_request_id() -> dict:
+    import verl
+
+    if (Path(verl.__file__).parent / "workers" / "rollout" / "llm_server.py").is_file():  # 0.8.0+
+        from verl.workers.rollout.llm_server import LLMServerClient as Client
+    else:  # 0.7.1
+        from verl.experimental.agent_loop.agent_loop import AsyncLLMServerManager as Client
+
+    rollout = {"name": "vllm", "full_determinism": False, "response_length": 16}
+    server = StandInServer()
+    client = _client(Client, server, {"actor_rollout_ref": {"rollout": rollout}})
     outputs = []
     for turn in range(2):
         output = asyncio.run(
             client.generate(f"caller-{turn}", prompt_ids=[1, 2, 3], sampling_params={"temperature": 1.0})
         )
         outputs.append(dict(output.extra_fields))
-    return {"client": f"{Client.__module__}.{Client.__qualname__}", "server_saw": server.seen, "extra_fields": outputs}
+    result = {
+        "client": f"{Client.__module__}.{Client.__qualname__}",
+        "server_saw": server.seen,
+        "extra_fields": outputs,
+    }
+    fully_async = _fully_async_client()
+    if fully_async is not None:  # a partial rollout: aborted once, then resumed to completion
+        server = StandInServer(("aborted", "completed"))
+        config = {"actor_rollout_ref": {"rollout": rollout}, "async_training": {"partial_rollout": True}}
+        client = _client(fully_async, server, config)
+        output = asyncio.run(client.generate("caller-a", prompt_ids=[1, 2], sampling_params={"max_tokens": 16}))
+        result["fully_async"] = {"server_saw": server.seen, "extra_fields": dict(output.extra_fields)}
+    return result
 
 
 def _trainer_source() -> tuple[str, Path]:

@@ -97,6 +97,7 @@ RECIPES: tuple[RuntimeRecipe, ...] = (
             "fastapi==0.165.0",
             "uvicorn==0.54.0",
             "pydantic==2.14.4",
+            "torchdata==0.11.0",  # 0.8.0's fully-async rollouter imports ray_trainer, which imports it
             MSPROBE_PIN,
         ),
         # numpy<2 as a constraint too, so that msprobe's own deps cannot pull numpy 2

@@ -1,0 +1,247 @@
+"""The compatibility matrix, generated: every patch x release cell the catalogue claims, run for real.
+
+A release is a cell of each patch of its package. The releases are every `tested` entry of
+the catalogue plus the boundary releases below (outside every range: refused or native by
+design). Each cell runs in a scratch copy of the real wheel from the package index
+(`pip download --no-deps`, cached): apply, verify, re-apply (must write nothing), revert
+(must leave every file byte-identical with its mode). The expected outcome comes from the
+catalogue (`native`, `versions`); a cell whose run disagrees is `failing`, with the reason.
+
+Backend hooks run alone (`--only`); verl's backend-independent patches run as their
+`--mode consistency` set (the skill's consistency rules check them together).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+from rlprobe_patch.catalogue import Patch, load_catalogue
+from rlprobe_patch.errors import PatchError, RefusedError
+from rlprobe_patch.fsio import atomic_write, sha256
+from rlprobe_patch.state import STATE_DIR_NAME
+from rlprobe_patch.trees import find_tree
+
+# Releases outside every patch's range, run to prove the refusal (or the native path) too.
+BOUNDARY_RELEASES = {"verl": ("0.4.1", "0.5.0"), "sglang": ("0.5.11", "0.5.23"), "vllm_ascend": ("0.11.0",)}
+DIST_NAMES = {"verl": "verl", "sglang": "sglang", "vllm_ascend": "vllm-ascend"}
+APPLIED, REFUSED, NATIVE, FAILING = "applied", "refused-by-design", "native", "failing"
+MARKERS = ("<!-- matrix -->", "<!-- /matrix -->")
+
+
+def cache_dir() -> Path:
+    """The download cache, shared with the test suite (`$RLPROBE_TEST_CACHE`)."""
+    path = Path(os.environ.get("RLPROBE_TEST_CACHE", Path.home() / ".cache" / "rlprobe-patch-tests"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fetch_wheel(package: str, version: str, cache: Path | None = None) -> Path:
+    """The release's wheel, downloaded once into `<cache>/wheels` (safe across processes)."""
+    wheels = (cache or cache_dir()) / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    dist = DIST_NAMES.get(package, package)
+    stem = dist.replace("-", "_")
+    with open(wheels / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
+        if not found:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q"]
+                + ["--disable-pip-version-check", "-d", str(wheels), f"{dist}=={version}"],
+                check=True,
+            )
+            found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
+    return found[0]
+
+
+def unpack(wheel: Path, dest: Path, package: str) -> Path:
+    """The Python files and dist-info of a wheel (no compiled libraries are needed to patch)."""
+    prefixes = (f"{package}/", f"{package}-")
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            if member.startswith(prefixes) and not member.endswith((".so", ".a")):
+                zf.extract(member, dest)
+    return dest
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """Content hash and mode of every file outside our state folder."""
+    return {
+        p.relative_to(root).as_posix(): (sha256(p.read_bytes()), p.stat().st_mode & 0o7777)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and STATE_DIR_NAME not in p.relative_to(root).parts
+    }
+
+
+@dataclass
+class Cell:
+    patch: str
+    package: str
+    release: str
+    outcome: str  # APPLIED / REFUSED / NATIVE / FAILING
+    detail: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "patch": self.patch,
+            "package": self.package,
+            "release": self.release,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        }
+
+
+def expected(patch: Patch, release: str) -> str:
+    version = Version(release)
+    if patch.is_native(version):
+        return NATIVE
+    return APPLIED if patch.supports(version) else REFUSED
+
+
+def releases_of(package: str) -> list[str]:
+    claimed = {r for p in load_catalogue() if p.package == package for r in p.tested}
+    return sorted(claimed | set(BOUNDARY_RELEASES.get(package, ())), key=Version)
+
+
+def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[str, str]]:
+    """One apply/verify/re-apply/revert cycle; {patch id: (outcome, detail)} for `patches`."""
+    from rlprobe_patch.engine import Selection, apply, revert, verify
+
+    tree = find_tree(patches[0].package, root)
+    if group == "consistency":
+        selection = Selection("fsdp", "consistency", worker_impl="engine")
+    else:
+        (patch,) = patches
+        selection = Selection(patch.backends[0], None, (patch.id,), worker_impl=patch.worker_impl)
+    original = snapshot(root)
+    try:
+        result = apply(tree, selection)
+    except PatchError as exc:
+        detail = "; ".join([exc.message, *exc.details])
+        outcome = REFUSED if snapshot(root) == original and not (root / STATE_DIR_NAME).exists() else FAILING
+        return {p.id: (outcome, detail) for p in patches}
+    states = {p.patch.id: p for p in result.plan.patches}
+    failure = ""
+    if result.record is not None:
+        checked = verify(tree)
+        bad = [f"{c.name}: {c.detail}" for c in checked.checks if not c.ok]
+        if bad:
+            failure = "verify: " + "; ".join(bad)
+        patched = snapshot(root)
+        again = apply(tree, selection)
+        if again.record is not None or snapshot(root) != patched:
+            failure = failure or "a second apply wrote again"
+        revert(root, tree)
+        if snapshot(root) != original:
+            failure = failure or "revert did not restore every file byte for byte"
+    elif snapshot(root) != original:
+        failure = "wrote without a record"
+    cells = {}
+    for patch in patches:
+        plan = states.get(patch.id)
+        if plan is None:
+            cells[patch.id] = (FAILING, "not planned")
+        elif plan.native:
+            cells[patch.id] = (NATIVE, "")
+        elif plan.skipped:
+            cells[patch.id] = (REFUSED, "")
+        elif failure:
+            cells[patch.id] = (FAILING, failure)
+        elif plan.state_name == "applicable" and result.record is not None:
+            cells[patch.id] = (APPLIED, "")
+        else:
+            cells[patch.id] = (FAILING, f"state {plan.state_name}: {'; '.join(plan.reasons)}")
+    return cells
+
+
+@contextlib.contextmanager
+def _scratch_registry() -> Iterator[None]:
+    """The scratch trees must not land in the user's registry of patched trees."""
+    saved = os.environ.get("RLPROBE_PATCH_STATE_HOME")
+    with tempfile.TemporaryDirectory(prefix="rlprobe-matrix-state-") as home:
+        os.environ["RLPROBE_PATCH_STATE_HOME"] = home
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop("RLPROBE_PATCH_STATE_HOME", None)
+            else:
+                os.environ["RLPROBE_PATCH_STATE_HOME"] = saved
+
+
+def run_matrix(
+    patch_ids: tuple[str, ...] = (),
+    releases: tuple[str, ...] = (),
+    cache: Path | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[Cell]:
+    """Run the cells (all, or those of the patches / releases named) and compare with the catalogue."""
+    chosen = [p for p in load_catalogue() if not patch_ids or p.id in patch_ids]
+    cells: list[Cell] = []
+    with _scratch_registry(), tempfile.TemporaryDirectory(prefix="rlprobe-matrix-") as tmp:
+        for package in dict.fromkeys(p.package for p in chosen):
+            patches = [p for p in chosen if p.package == package]
+            for release in releases_of(package):
+                if releases and release not in releases:
+                    continue
+                wheel = fetch_wheel(package, release, cache)
+                groups: dict[str, list[Patch]] = {}
+                for p in patches:
+                    set_patch = package == "verl" and "any" in p.backends
+                    groups.setdefault("consistency" if set_patch else p.id, []).append(p)
+                for group, members in groups.items():
+                    progress(f"{package} {release}: {group}")
+                    root = unpack(wheel, Path(tmp) / f"{package}-{release}-{group}", package)
+                    try:
+                        results = _run_group(root, members, group)
+                    except Exception as exc:  # a bug in a cell must not hide the other cells
+                        results = {p.id: (FAILING, f"internal error: {exc!r}") for p in members}
+                    shutil.rmtree(root, ignore_errors=True)
+                    for p in members:
+                        outcome, detail = results[p.id]
+                        if outcome != FAILING and outcome != expected(p, release):
+                            outcome, detail = FAILING, f"expected {expected(p, release)}, got {outcome}: {detail}"
+                        cells.append(Cell(p.id, package, release, outcome, detail))
+    return cells
+
+
+def markdown(cells: list[Cell]) -> str:
+    """One table per package: a row per release, a column per patch."""
+    out = []
+    for package in dict.fromkeys(c.package for c in cells):
+        mine = [c for c in cells if c.package == package]
+        patches = list(dict.fromkeys(c.patch for c in mine))
+        by = {(c.patch, c.release): c for c in mine}
+        out.append(f"| {package} | " + " | ".join(f"`{p}`" for p in patches) + " |")
+        out.append("|---|" + "---|" * len(patches))
+        for release in sorted({c.release for c in mine}, key=Version):
+            row = [by[(p, release)].outcome if (p, release) in by else "" for p in patches]
+            out.append(f"| {release} | " + " | ".join(row) + " |")
+        out.append("")
+    failing = [c for c in cells if c.outcome == FAILING]
+    for c in failing:
+        out.append(f"- failing: {c.patch} on {c.package} {c.release}: {c.detail}")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_readme(readme: Path, table: str) -> None:
+    """Replace the text between the matrix markers of `readme`."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = MARKERS
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise RefusedError(f"{readme}: needs exactly one {start} ... {end} pair", hint="add the markers first")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    atomic_write(readme, f"{head}{start}\n{table}{end}{tail}".encode())
