@@ -266,6 +266,8 @@ def test_list_and_version() -> None:
     assert [s["target"] for s in request_id["sites"]] == [
         "verl/experimental/agent_loop/agent_loop.py",
         "verl/workers/rollout/llm_server.py",
+        "verl/workers/rollout/llm_server.py",
+        "verl/experimental/fully_async_policy/fully_async_rollouter.py",
     ]
     version = subprocess.run([sys.executable, "-m", "rlprobe_patch", "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and version.stdout.startswith("rlprobe-patch, version ")
