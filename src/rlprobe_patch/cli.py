@@ -15,7 +15,7 @@ import click
 from rlprobe_patch import __version__
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 from rlprobe_patch.state_registry import registered_trees
-from rlprobe_patch.trees import BACKENDS, MODES, PACKAGES, Tree, find_tree, importable
+from rlprobe_patch.trees import BACKENDS, MODES, PACKAGES, WORKER_IMPLS, Tree, find_tree, importable
 
 # The engine (LibCST, GitPython) is imported inside the commands that use it, so that
 # `--version`, `--help` and usage errors start fast.
@@ -139,10 +139,6 @@ class Roots:
         return found
 
 
-def tree_json(tree: Tree) -> dict[str, str]:
-    return tree.to_json()
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rlprobe-patch")
 def main() -> None:
@@ -168,7 +164,7 @@ def main() -> None:
 )
 @click.option(
     "--worker-impl",
-    type=click.Choice(["auto", "engine", "legacy"]),
+    type=click.Choice(WORKER_IMPLS),
     default="auto",
     show_default=True,
     help="verl's worker path to hook: the engine workers or the legacy fsdp/megatron workers. auto: the one the "
@@ -237,7 +233,7 @@ def apply_cmd(
         documents.append(
             {
                 "status": "dry-run" if dry_run else ("already applied" if result.already_applied else "applied"),
-                "tree": tree_json(tree),
+                "tree": tree.to_json(),
                 "backend": backend,
                 "mode": mode,
                 "patches": [p.to_json() for p in plan.patches],
@@ -335,7 +331,7 @@ def verify_cmd(
             "ok": ok,
             "trees": [
                 {
-                    "tree": tree_json(r.tree),
+                    "tree": r.tree.to_json(),
                     "ok": r.ok,
                     "checks": [c.to_json() for c in r.checks],
                     "skill": r.skill_output,
@@ -480,11 +476,12 @@ def status_cmd(
             "ok": True,
             "trees": [
                 {
-                    "tree": tree_json(r.tree),
+                    "tree": r.tree.to_json(),
                     "patches": [p.to_json() for p in r.patches],
                     "records": [{"id": rec.id, "patches": rec.patches, "backend": rec.backend} for rec in r.records],
                     "recovered": r.recovered,
                     "worker_paths": r.worker_paths,
+                    "pending_journal": r.pending_journal,
                 }
                 for r in results
             ],

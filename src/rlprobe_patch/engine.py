@@ -174,7 +174,6 @@ class Selection:
         return bool(self.only) or self.mode is None
 
 
-WORKER_IMPLS = ("auto", "engine", "legacy")
 _LEGACY_SETTING = re.compile(r"""(?:^|[\s'"])\+{0,2}trainer\.use_legacy_worker_impl\s*=\s*['"]?(\w+)""", re.M)
 
 

@@ -45,10 +45,6 @@ class NotATreeError(RefusedError):
     pass
 
 
-class VerifyFailedError(PatchError):
-    exit_code = ExitCode.VERIFY_FAILED
-
-
 class RevertBlockedError(PatchError):
     exit_code = ExitCode.REVERT_BLOCKED
 

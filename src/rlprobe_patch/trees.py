@@ -16,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 from rlprobe_patch.errors import NotATreeError
 
 BACKENDS = ("fsdp", "fsdp2", "megatron")
+WORKER_IMPLS = ("auto", "engine", "legacy")  # which verl worker path apply hooks (engine.resolve_worker_impl)
 MODES = ("inference", "consistency")  # collection modes that need source patches
 
 
@@ -27,10 +28,6 @@ class Tree:
     root: Path
     version: Version
     version_source: str  # "version file", "dist-info", "fingerprint"
-
-    @property
-    def package_dir(self) -> Path:
-        return self.root / self.package
 
     def to_json(self) -> dict[str, str]:
         return {

@@ -117,10 +117,6 @@ class DumpReport:
         }
 
 
-def _clean(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if not k.startswith("_")}
-
-
 def check_dumps(actor: Path, generate: Path | None = None) -> DumpReport:
     for label, root in (("--actor", actor), ("--generate", generate)):
         if root is not None and not Path(root).is_dir():

@@ -13,6 +13,7 @@ import click
 
 from rlprobe_patch.cli import Out, command
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
+from rlprobe_patch.workflow.config import LEVELS, TASKS
 from rlprobe_patch.workflow.detect import MODES, STAGES
 
 python_option = click.option(
@@ -151,8 +152,8 @@ def _int_list(text: str | None) -> list[int] | None:
 @click.option("--mode", type=click.Choice(MODES), required=True)
 @click.option("--side", type=click.Choice(["actor", "generate", "training"]), help="Default: the mode's first side.")
 @click.option("--dump-path", metavar="DIR", help="Required for inference/consistency; forbidden for training.")
-@click.option("--level", type=click.Choice(["mix", "L0", "L1", "L2", "debug"]), default="mix", show_default=True)
-@click.option("--task", type=click.Choice(["statistics", "tensor"]), default="statistics", show_default=True)
+@click.option("--level", type=click.Choice(LEVELS), default="mix", show_default=True)
+@click.option("--task", type=click.Choice(TASKS), default="statistics", show_default=True)
 @click.option("--step", "steps", metavar="N[,N]", help="msprobe steps (default: [0] generate, [] otherwise).")
 @click.option("--rank", "ranks", metavar="N[,N]", help="msprobe ranks (default: all).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The config.json to write.")
