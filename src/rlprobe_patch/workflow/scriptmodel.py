@@ -106,6 +106,9 @@ class Script:
         """The script without its comments (for the skill's text signals on code)."""
         return "\n".join(" ".join(w.text for w in c.words) for c in self.commands)
 
+    def overrides_of(self, key: str) -> list[Override]:
+        return [o for o in self.overrides if o.key == key]
+
 
 def parse_value(text: str) -> Any:
     """A Hydra override value as Python: null, booleans, numbers, lists, dicts, strings."""
