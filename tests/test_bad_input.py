@@ -177,3 +177,52 @@ def test_revert_with_nothing_to_revert(applied) -> None:
     assert code == ExitCode.OK and out["trees"][0]["reverted"] == [] and out["trees"][0]["files"] == []
     assert "nothing applied: nothing to revert" in cli("revert", "--verl-root", root).stdout
     assert everything(root) == reverted and snapshot(root) == original
+
+
+def test_damaged_ledger_on_an_applied_tree_is_refused_by_apply(applied) -> None:
+    """Apply reads the record before answering, also when the tree needs nothing ("already applied")."""
+    root, _, _ = applied
+    (root / ".rlprobe-patch/ledger.json").write_text('{"root": oops')
+    before = everything(root)
+    for dry in ((), ("--dry-run",)):
+        code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", *dry)
+        assert code == ExitCode.REFUSED, out
+        assert "ledger.json is unreadable" in out["message"] and "edited by hand" in out["hint"]
+    assert everything(root) == before
+
+
+@pytest.mark.parametrize("bad", ["../outside.py", "/tmp/outside.py", None])
+def test_journal_naming_a_path_outside_the_tree_or_damaged(applied, tmp_path: Path, bad: str | None) -> None:
+    """A pending journal is carried out by the next command: one that names a path outside the
+    tree (or cannot be read) is refused by every command, and nothing is written anywhere."""
+    root, _, ledger = applied
+    outside = tmp_path / "outside.py"
+    outside.write_text("# not ours\n")
+    journal = root / ".rlprobe-patch/journal.json"
+    if bad is None:
+        journal.write_text('{"op": "apply", "files": [')
+    else:
+        target = bad if bad.startswith("..") else str(outside)
+        record = ledger["records"][0]["files"][0]
+        journal.write_text(
+            json.dumps(
+                {
+                    "op": "apply",
+                    "record": "x",
+                    "package": "verl",
+                    "files": [
+                        {"path": target, "mode": 0o644, "from": "", "to": record["after"], "blob": record["after_blob"]}
+                    ],
+                    "ledger": ledger,
+                    "branches": {},
+                }
+            )
+        )
+    before = everything(root)
+    for args in (("status",), ("verify",), ("revert",), ("apply", "--backend", "megatron")):
+        code, out = cli_json(*args, "--verl-root", root)
+        assert code == ExitCode.REFUSED, (args, out)
+        expected = "journal.json is unreadable" if bad is None else "journal.json names a path outside its tree"
+        assert expected in out["message"], (args, out)
+    assert everything(root) == before and outside.read_text() == "# not ours\n"
+    assert not (tmp_path / "outside.py.rlprobe-tmp").exists()

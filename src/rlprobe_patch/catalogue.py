@@ -7,8 +7,10 @@ before/after examples that the test suite runs.
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import functools
+import hashlib
 import importlib.util
 import sys
 import tomllib
@@ -16,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import libcst as cst
-import libcst.matchers as m
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from rlprobe_patch import __version__
+from rlprobe_patch import codemod as toolkit
 from rlprobe_patch.codemod import PatchCodemod, Payload
 
 
@@ -82,6 +84,16 @@ class Patch:
         sys.modules[module_name] = module  # dataclasses and `from __future__ import annotations` need it
         spec.loader.exec_module(module)
         return module
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Identifies the code that decides this patch's state: the tool's version, the codemod
+        toolkit and the files of the patch's folder. A state remembered for a file's bytes
+        (`StateDir.checked`) holds only under the same fingerprint."""
+        digest = hashlib.sha256(__version__.encode())
+        for path in [Path(toolkit.__file__), *sorted(p for p in self.folder.iterdir() if p.is_file())]:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        return digest.hexdigest()[:32]
 
     @functools.cached_property
     def payload(self) -> Payload:
@@ -147,12 +159,15 @@ def find_overriding_classes(root: Path, pattern: str, method: str, exclude: list
         if f"def {method}" not in text:
             continue
         try:
-            module = cst.parse_module(text)
-        except cst.ParserSyntaxError:
+            module = ast.parse(text)
+        except SyntaxError:
             continue
         for cls in module.body:
-            if m.matches(cls, m.ClassDef()) and m.findall(cls.body, m.FunctionDef(name=m.Name(method))):  # type: ignore[attr-defined]
-                found.append((cls.name.value, rel))  # type: ignore[attr-defined]
+            if isinstance(cls, ast.ClassDef) and any(
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == method
+                for node in ast.walk(cls)
+            ):
+                found.append((cls.name, rel))
     return found
 
 

@@ -14,7 +14,6 @@ import click
 
 from rlprobe_patch import __version__
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
-from rlprobe_patch.state_registry import registered_trees
 from rlprobe_patch.trees import BACKENDS, MODES, PACKAGES, WORKER_IMPLS, Tree, find_tree, importable
 
 # The engine (LibCST, GitPython) is imported inside the commands that use it, so that
@@ -121,6 +120,8 @@ class Roots:
             return [find_tree(package, root) for package, root in self.given.items()]
         if self.python is not None:
             return [find_tree(p, None, self.python) for p in PACKAGES if p == "verl" or importable(p, self.python)]
+        from rlprobe_patch.state_registry import registered_trees
+
         entries = registered_trees()
         if not entries:
             raise RefusedError(
@@ -198,7 +199,7 @@ def apply_cmd(
 ) -> int:
     """Patch verl (engine of BACKEND, or a mode's set), SGLang and vLLM-Ascend; each change a revertible diff."""
     from rlprobe_patch.diffs import diffstat
-    from rlprobe_patch.engine import Selection, apply, plan_apply, raise_if_refused, resolve_worker_impl
+    from rlprobe_patch.engine import Plan, Selection, apply, plan_apply, raise_if_refused, resolve_worker_impl
 
     roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
     only_ids, skip_ids = _ids(only), _ids(skip)
@@ -220,11 +221,26 @@ def apply_cmd(
         selections.append((tree, Selection(backend or "any", mode, ids, skip_ids, worker_impl=impl)))
     if not selections:
         raise RefusedError("no patch selected for the trees given", hint="`rlprobe-patch list` shows the patches")
+    plans: dict[Path, Plan] = {}
     if len(selections) > 1 and not dry_run:
         for tree, selection in selections:  # refuse everything before writing anything
-            raise_if_refused(plan_apply(tree, selection, params, force, check=False))
+            out.progress(f"planning {tree.package} {tree.version} at {tree.root}")
+            plans[tree.root] = plan_apply(tree, selection, params, force)
+            raise_if_refused(plans[tree.root])
     results = [
-        (tree, apply(tree, sel, params, force=force, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress))
+        (
+            tree,
+            apply(
+                tree,
+                sel,
+                params,
+                force=force,
+                dry_run=dry_run,
+                lock_timeout=lock_timeout,
+                progress=out.progress,
+                plan=plans.get(tree.root),
+            ),
+        )
         for tree, sel in selections
     ]
     documents = []
@@ -305,6 +321,11 @@ def _print_notices(out: Out, plans: list[PatchPlan]) -> None:
     "--backend", type=click.Choice(BACKENDS), help="Also check this backend's hook (default: what was applied)."
 )
 @click.option("--mode", type=click.Choice(MODES), help="Also check this mode's patch set.")
+@click.option(
+    "--recheck",
+    is_flag=True,
+    help="Parse every hooked file again, also those whose bytes were already found patched by this version.",
+)
 @command
 def verify_cmd(
     out: Out,
@@ -314,6 +335,7 @@ def verify_cmd(
     vllm_ascend_root: Path | None,
     backend: str | None,
     mode: str | None,
+    recheck: bool,
 ) -> int:
     """Check the hooks (syntax tree, compile, recorded post-image, the skill's rules)."""
     from rlprobe_patch.engine import Selection, verify
@@ -322,7 +344,12 @@ def verify_cmd(
     trees = Roots(verl_root, sglang_root, vllm_ascend_root, python).for_records()
     vllm = next((t.root for t in trees if t.package == "vllm_ascend"), None)
     results = [
-        verify(tree, selection if tree.package == "verl" else None, vllm if tree.package == "verl" else None)
+        verify(
+            tree,
+            selection if tree.package == "verl" else None,
+            vllm if tree.package == "verl" else None,
+            recheck=recheck,
+        )
         for tree in trees
     ]
     ok = all(r.ok for r in results)
@@ -467,6 +494,8 @@ def status_cmd(
     from rlprobe_patch.engine import status
 
     roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
+    from rlprobe_patch.state_registry import registered_trees
+
     if not roots.given and python is None and not registered_trees():
         roots.python = sys.executable  # nothing named or registered: what this Python imports
     trees = roots.for_records()

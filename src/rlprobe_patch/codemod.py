@@ -23,7 +23,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import libcst as cst
 import libcst.helpers
@@ -116,6 +116,8 @@ class HoistKeyword:
 
 
 Operation = Hook | AddMethods | HoistKeyword
+_Owner = TypeVar("_Owner", cst.Module, cst.ClassDef)
+_Node = TypeVar("_Node", cst.ClassDef, cst.FunctionDef)
 
 
 def statement_key(node: cst.CSTNode) -> str:
@@ -129,7 +131,75 @@ def syntax_key(code: str) -> str:
 
 
 def same_syntax(a: cst.Module, b: cst.Module) -> bool:
-    return syntax_key(a.code) == syntax_key(b.code)
+    """Whether two modules have the same Python syntax tree (formatting and comments aside).
+
+    A transform leaves the nodes it does not edit as the very same objects, so only the
+    statements that differ in identity are generated and parsed: a few methods, not the file.
+    """
+    return _same_body(a.body, b.body)
+
+
+def _ast_width(stmt: Statement) -> int:
+    """How many statements of Python's AST the node stands for (`a; b` on one line is two)."""
+    return len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
+
+
+def _same_body(xs: Sequence[Statement], ys: Sequence[Statement]) -> bool:
+    i = 0
+    # While the two lists stand for the same number of AST statements, item by item, comparing
+    # items is exact: the first pair that differs decides.
+    while i < len(xs) and i < len(ys) and _ast_width(xs[i]) == _ast_width(ys[i]):
+        if not _same_statement(xs[i], ys[i]):
+            return False
+        i += 1
+    if i == len(xs) or i == len(ys):
+        return i == len(xs) == len(ys)  # the longer list holds statements the other lacks
+    # `a; b` against two lines (never produced by a patch): compare the rest as a whole.
+    return syntax_key(cst.Module(body=xs[i:]).code) == syntax_key(cst.Module(body=ys[i:]).code)
+
+
+_PASS_BODY = cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
+_CLAUSES = (cst.If, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase)
+
+
+class _OneLineBlock(Exception):
+    pass
+
+
+def _shell(node: cst.CSTNode, blocks: list[Sequence[Statement]]) -> cst.CSTNode:
+    """`node` with each block of its own (its clauses' too) replaced by `pass`; the blocks'
+    statements are appended to `blocks`, in order."""
+    changes: dict[str, object] = {}
+    for name in ("body", "orelse", "handlers", "finalbody", "cases"):
+        value = getattr(node, name, None)
+        if isinstance(value, cst.IndentedBlock):
+            blocks.append(value.body)
+            changes[name] = _PASS_BODY
+        elif isinstance(value, cst.BaseSuite):
+            raise _OneLineBlock  # `if x: y`: compared as a whole
+        elif isinstance(value, _CLAUSES):
+            changes[name] = _shell(value, blocks)
+        elif name in ("handlers", "cases") and isinstance(value, Sequence):
+            changes[name] = [_shell(clause, blocks) for clause in value]
+    return node.with_changes(**changes)
+
+
+def _same_statement(a: Statement, b: Statement) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, cst.BaseCompoundStatement) and type(a) is type(b):
+        # The header (decorators, signature, conditions, clauses) and then each block, statement
+        # by statement: only what differs in identity is generated and parsed.
+        blocks_a: list[Sequence[Statement]] = []
+        blocks_b: list[Sequence[Statement]] = []
+        try:
+            shell_a, shell_b = _shell(a, blocks_a), _shell(b, blocks_b)
+        except _OneLineBlock:
+            return statement_key(a) == statement_key(b)
+        return statement_key(shell_a) == statement_key(shell_b) and all(
+            _same_body(x, y) for x, y in zip(blocks_a, blocks_b, strict=True)
+        )
+    return statement_key(a) == statement_key(b)
 
 
 class Payload:
@@ -182,6 +252,19 @@ class _Substitute(cst.CSTTransformer):
         return self.names.get(updated_node.value, updated_node)
 
 
+# Nodes that can hold statement blocks; the editor never descends into anything else
+# (expressions, simple statements), and keeps every node it did not edit as the same object.
+_HOLDS_BLOCKS = (
+    cst.BaseCompoundStatement,
+    cst.IndentedBlock,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
+
+
 class _BlockEditor(cst.CSTTransformer):
     """Calls `edit(owner, statements)` on the blocks of one method that `block` selects."""
 
@@ -195,21 +278,30 @@ class _BlockEditor(cst.CSTTransformer):
         self.block = block
         self.edit = edit
         self.stack: list[cst.CSTNode] = []
+        self.changed: list[bool] = []  # per node on the stack: was anything below it edited
         self.blocks_matched = 0
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.stack.append(node)
-        nested_scope = isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and node is not self.root
-        return not nested_scope
+        self.changed.append(False)
+        if node is self.root:
+            return True
+        return isinstance(node, _HOLDS_BLOCKS) and not isinstance(node, (cst.FunctionDef, cst.ClassDef))
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
         self.stack.pop()
+        changed = self.changed.pop()
+        result = updated_node if changed else original_node
         # One-line blocks (`if x: y`) hold no anchors of ours and are left alone.
-        if isinstance(updated_node, cst.IndentedBlock) and self._selected(original_node):
+        if isinstance(result, cst.IndentedBlock) and self._selected(original_node):
             self.blocks_matched += 1
-            is_method_body = original_node is self.root.body
-            return updated_node.with_changes(body=self.edit(list(updated_node.body), is_method_body))
-        return updated_node
+            old = list(result.body)
+            new = self.edit(old, original_node is self.root.body)
+            if len(new) != len(old) or any(a is not b for a, b in zip(new, old)):
+                result, changed = result.with_changes(body=new), True
+        if changed and self.changed:
+            self.changed[-1] = True
+        return result
 
     def _selected(self, block: cst.CSTNode) -> bool:
         if block is self.root.body:
@@ -220,6 +312,18 @@ class _BlockEditor(cst.CSTTransformer):
             return True
         owner = self.stack[-1] if self.stack else None
         return isinstance(owner, cst.BaseStatement) and self.block(owner)  # type: ignore[operator]
+
+
+def _replaced(owner: _Owner, body: Sequence[Statement], index: int, edit: Callable[[_Node], _Node]) -> _Owner:
+    """`owner` with statement `index` of its body edited; `owner` itself when the edit changed nothing."""
+    old = body[index]
+    new = edit(old)  # type: ignore[arg-type]
+    if new is old:
+        return owner
+    items = [*body[:index], new, *body[index + 1 :]]
+    if isinstance(owner, cst.Module):
+        return owner.with_changes(body=items)  # type: ignore[return-value]
+    return owner.with_changes(body=owner.body.with_changes(body=items))  # type: ignore[return-value]
 
 
 class PatchCodemod:
@@ -349,9 +453,7 @@ class PatchCodemod:
         found = [i for i, s in enumerate(module.body) if m.matches(s, m.FunctionDef(name=m.Name(name)))]
         if len(found) != 1:
             raise AnchorError(f"{self.target}", f"one module-level function `{name}`", f"{len(found)} such functions")
-        body = list(module.body)
-        body[found[0]] = edit(body[found[0]])  # type: ignore[arg-type]
-        return module.with_changes(body=body)
+        return _replaced(module, module.body, found[0], edit)
 
     def _hoist(self, fn: cst.FunctionDef, op: HoistKeyword, strip: bool) -> cst.FunctionDef:
         scope = f"{self.target}: {_scope_name(op)}"
@@ -396,9 +498,7 @@ class PatchCodemod:
         found = [i for i, s in enumerate(module.body) if m.matches(s, m.ClassDef(name=m.Name(name)))]
         if len(found) != 1:
             raise AnchorError(f"{self.target}", f"one module-level class `{name}`", f"{len(found)} such classes")
-        body = list(module.body)
-        body[found[0]] = edit(body[found[0]])  # type: ignore[arg-type]
-        return module.with_changes(body=body)
+        return _replaced(module, module.body, found[0], edit)
 
     def _edit_method(
         self, cls: cst.ClassDef, op: Hook, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
@@ -409,15 +509,15 @@ class PatchCodemod:
             raise AnchorError(
                 f"{self.target}: class {op.cls}", f"one method `{op.method}`", f"{len(found)} such methods"
             )
-        body = list(cls.body.body)
-        body[found[0]] = edit(body[found[0]])  # type: ignore[arg-type]
-        return cls.with_changes(body=cls.body.with_changes(body=body))
+        return _replaced(cls, cls.body.body, found[0], edit)
 
     def _add_methods(self, cls: cst.ClassDef, op: AddMethods, params: dict[str, str], strip: bool) -> cst.ClassDef:
         assert isinstance(cls.body, cst.IndentedBlock)
         ours = [self.bake(fn, params) for fn in self.payload.methods(op.payload_cls or op.cls)]
         names = {fn.name.value for fn in ours}  # type: ignore[attr-defined]
         body = [s for s in cls.body.body if not (isinstance(s, cst.FunctionDef) and s.name.value in names)]
+        if strip and len(body) == len(cls.body.body):
+            return cls
         if not strip:
             if len(body) != len(cls.body.body):
                 clash = sorted(names & {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)})

@@ -35,7 +35,7 @@ from rlprobe_patch.codemod import CreateFile, PatchCodemod, State, StateReport
 from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
 from rlprobe_patch.errors import RefusedError, RevertBlockedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, checkpoint, fsync_dir, remove_stale_temp_files, sha256
-from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir
+from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir, checked_key
 from rlprobe_patch.state_registry import register_tree
 from rlprobe_patch.trees import BACKENDS, Tree
 
@@ -123,6 +123,7 @@ class Plan:
     patches: list[PatchPlan]
     changes: dict[str, tuple[bytes | None, bytes, int]]  # path -> (before or None if new, after, mode)
     inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256 of what was read
+    checked: set[str] = field(default_factory=set)  # `checked_key`s of the final files found APPLIED
 
     @property
     def refused(self) -> list[PatchPlan]:
@@ -218,6 +219,8 @@ def plan_apply(
 ) -> Plan:
     plans: list[PatchPlan] = []
     current: dict[str, tuple[bytes, cst.Module, int]] = {}
+    hooked: list[tuple[Patch, PatchCodemod]] = []  # the LibCST sites applied or to apply
+    edited: set[str] = set()  # files whose module in `current` is transformed
     for patch in selection.patches(tree.package):
         plan = PatchPlan(patch, State.APPLICABLE, tested=patch.is_tested(tree.version))
         plans.append(plan)
@@ -280,12 +283,13 @@ def plan_apply(
                         f"{site.target}: already applied with {_show_params(report.params)}, not "
                         f"{_show_params(wanted)}; revert first to change it"
                     )
+                hooked.append((patch, codemod))
             else:
                 new = report.expected if report.params == wanted else codemod.insert(module, wanted)
                 assert new is not None
-                if check:
-                    _check_in_memory(tree, patch, codemod, site.target, new)
-                current[site.target] = (new.bytes, new, mode)
+                current[site.target] = (data, new, mode)
+                edited.add(site.target)  # its code is generated once, when every patch is in
+                hooked.append((patch, codemod))
         if State.DRIFTED in states:
             plan.state = State.DRIFTED
             plan.reasons.append(_drift_hint(patch))
@@ -293,13 +297,31 @@ def plan_apply(
             plan.state = State.APPLIED
         elif not plan.reasons:
             plan.state = State.APPLICABLE
+    for rel in edited:  # generate the code of each transformed file once
+        _, module, mode = current[rel]
+        code = module.code
+        if check:
+            _compile_in_memory(tree, rel, code)
+        current[rel] = (code.encode(module.encoding), module, mode)
+    checked: set[str] = set()
+    for patch, codemod in hooked if check and not any(p.reasons for p in plans) else ():
+        data, module, _ = current[codemod.target]
+        if codemod.target in edited:
+            # Each patch again on the final file, once all the plan's patches are in: each must be
+            # recognised as APPLIED (a second patch on a file must not upset the first).
+            again = codemod.state(module)
+            if again.state is not State.APPLIED:
+                raise RuntimeError(
+                    f"{patch.id}: {codemod.target} is not recognised as applied after the transform: {again.reasons}"
+                )
+        checked.add(checked_key(patch.id, codemod.target, patch.fingerprint, data))
     changes, inputs = {}, {}
     for rel, (data, _, mode) in current.items():
         original = read_or_none(tree.root / rel)
         inputs[rel] = digest(original)
         if data != original:
             changes[rel] = (original, data, mode)
-    return Plan(tree, selection.backend, selection.mode, params, plans, changes, inputs)
+    return Plan(tree, selection.backend, selection.mode, params, plans, changes, inputs, checked)
 
 
 def read_or_none(path: Path) -> bytes | None:
@@ -323,15 +345,12 @@ def _show_params(params: dict[str, str]) -> str:
     return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in params.items()) or "default parameters"
 
 
-def _check_in_memory(tree: Tree, patch: Patch, codemod: PatchCodemod, target: str, new: cst.Module) -> None:
-    """The transformed file must compile and be recognised as APPLIED before anything is written."""
+def _compile_in_memory(tree: Tree, target: str, code: str) -> None:
+    """The transformed file must compile before anything is written."""
     try:
-        compile(new.code, str(tree.root / target), "exec", dont_inherit=True)
+        compile(code, str(tree.root / target), "exec", dont_inherit=True)
     except SyntaxError as exc:  # a bug in a codemod, never the user's fault
-        raise RuntimeError(f"{patch.id} produced code that does not compile: {exc}") from exc
-    again = codemod.state(new)
-    if again.state is not State.APPLIED:
-        raise RuntimeError(f"{patch.id}: {target} is not recognised as applied after the transform: {again.reasons}")
+        raise RuntimeError(f"{target}: the patched code does not compile: {exc}") from exc
 
 
 # -- applying ---------------------------------------------------------------------------------
@@ -361,21 +380,27 @@ def apply(
     dry_run: bool = False,
     lock_timeout: float = 10.0,
     progress: Progress = _quiet,
+    plan: Plan | None = None,
 ) -> ApplyResult:
+    """Apply `selection` to `tree`. `plan`: one made already (by `plan_apply` with the same
+    arguments); it is used if the tree has no pending journal and its inputs did not change."""
     params = params or {}
     if isinstance(selection, str):
         selection = Selection(selection)
+    state = StateDir(tree.root)
+    state.read_ledger()  # a damaged record is refused before any answer, "already applied" included
     if dry_run:
         progress(f"planning {tree.package} {tree.version} at {tree.root}")
-        plan = plan_apply(tree, selection, params, force)
+        plan = plan or plan_apply(tree, selection, params, force)
         raise_if_refused(plan)
         return ApplyResult(plan, None, [], True, plan.diff())
-    state = StateDir(tree.root)
     # Plan before taking the lock, so that a refusal or a no-op leaves no trace in the tree.
-    plan = None
-    if state.read_journal() is None:
-        progress(f"planning {tree.package} {tree.version} at {tree.root}")
-        plan = plan_apply(tree, selection, params, force)
+    if state.read_journal() is not None:
+        plan = None  # planned again once the interrupted write is finished
+    else:
+        if plan is None:
+            progress(f"planning {tree.package} {tree.version} at {tree.root}")
+            plan = plan_apply(tree, selection, params, force)
         raise_if_refused(plan)
         if not plan.changes:
             return ApplyResult(plan, None, [], False, "")
@@ -391,6 +416,7 @@ def apply(
         progress(f"writing {len(plan.changes)} file(s)")
         with write_phase(state, f"apply on {tree.root}"):
             record, diff = _write_apply(state, plan)
+        state.remember_checked(plan.checked)
     return ApplyResult(plan, record, recovered, False, diff)
 
 
@@ -569,8 +595,13 @@ class VerifyResult:
         return all(c.ok for c in self.checks)
 
 
-def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Path | None = None) -> VerifyResult:
-    """Our syntax-tree checks, compile checks, recorded post-images, and the skill's rules."""
+def verify(
+    tree: Tree, selection: Selection | None = None, vllm_ascend_root: Path | None = None, recheck: bool = False
+) -> VerifyResult:
+    """Our syntax-tree checks, compile checks, recorded post-images, and the skill's rules.
+
+    A file whose bytes this patch's code already found APPLIED (before apply wrote it, or in an
+    earlier verify) is not parsed again unless `recheck`; see `StateDir.checked`."""
     from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch, check_vllm_rules, engine_target
 
     state = StateDir(tree.root)
@@ -601,6 +632,10 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
             changed = sha256(path.read_bytes()) != f.after
             detail = "edited after apply (drift); `rlprobe-patch revert` will show the edit" if changed else ""
             checks.append(Check(f"unchanged since apply: {f.path}", not changed, detail))
+    parsed: dict[str, tuple[bytes, cst.Module]] = {}  # a file several patches hook is read once
+    compiled: set[str] = set()
+    known = state.checked() if recheck is False else set()
+    found: set[str] = set()
     for patch in patches:
         for site in patch.sites_for(tree.version):
             if not site.required and not (tree.root / site.target).is_file():
@@ -618,16 +653,31 @@ def verify(tree: Tree, selection: Selection | None = None, vllm_ascend_root: Pat
                 if data is not None:
                     checks.append(_compile_check(site.target, data, tree.root))
                 continue
+            path = tree.root / site.target
+            data = path.read_bytes() if path.is_file() and not path.is_symlink() else None
+            key = checked_key(patch.id, site.target, patch.fingerprint, data) if data is not None else ""
+            if key in known:  # these very bytes were found APPLIED by this code before
+                checks.append(Check(name, True, "file unchanged since its syntax-tree check"))
+                if site.target not in compiled:
+                    compiled.add(site.target)
+                    checks.append(_compile_check(site.target, data, tree.root))  # type: ignore[arg-type]
+                continue
             try:
-                data, module = read_target(tree, site.target)
+                if site.target not in parsed:
+                    parsed[site.target] = read_target(tree, site.target)
             except RefusedError as exc:
                 checks.append(Check(name, False, exc.message))
                 continue
-            report = codemod.state(module)
+            if site.target not in compiled:
+                compiled.add(site.target)
+                checks.append(_compile_check(site.target, parsed[site.target][0], tree.root))
+            report = codemod.state(parsed[site.target][1])
             applied = report.state is State.APPLIED
+            if applied and parsed[site.target][0] == data:
+                found.add(key)
             checks.append(Check(name, applied, "" if applied else f"{report.state.value}: {'; '.join(report.reasons)}"))
-            checks.append(_compile_check(site.target, data, tree.root))
         checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in patch.warnings_for(tree.version)]
+    state.remember_checked(found)
     skill_lines: list[str] = []
     # The skill's engine check applies to the engine hooks; legacy worker hooks live elsewhere.
     engines = sorted({b for p in patches if p.worker_impl == "engine" for b in p.backends if b in ("fsdp", "megatron")})

@@ -33,7 +33,7 @@ from git.index.typ import BaseIndexEntry
 from gitdb import IStream
 
 from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import atomic_write, locked, remove_stale_temp_files
+from rlprobe_patch.fsio import atomic_write, locked, remove_stale_temp_files, sha256
 from rlprobe_patch.state_registry import dump_json as _dump
 
 STATE_DIR_NAME = ".rlprobe-patch"
@@ -95,6 +95,18 @@ class Ledger:
         return [p["id"] for r in self.records if r.package == package for p in r.patches]
 
 
+CHECKED_LIMIT = 4096
+
+
+def checked_key(patch_id: str, target: str, fingerprint: str, data: bytes) -> str:
+    return f"{patch_id}|{target}|{fingerprint}|{sha256(data)}"
+
+
+def _outside(name: str) -> bool:
+    path = PurePosixPath(name)
+    return path.is_absolute() or ".." in path.parts
+
+
 class StateDir:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -145,12 +157,7 @@ class StateDir:
                 f"{self.ledger_path} is unreadable ({exc})",
                 hint="it was edited by hand or damaged; restore it, or reinstall the package and delete the folder",
             ) from None
-        outside = [
-            name
-            for r in ledger.records
-            for name in (*(f.path for f in r.files), r.diff)
-            if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts
-        ]
+        outside = [name for r in ledger.records for name in (*(f.path for f in r.files), r.diff) if _outside(name)]
         if outside:
             raise RefusedError(
                 f"{self.ledger_path} names a path outside its tree: {', '.join(outside)}; nothing was written",
@@ -165,13 +172,59 @@ class StateDir:
     def read_journal(self) -> dict[str, Any] | None:
         if not self.journal_path.is_file():
             return None
-        return json.loads(self.journal_path.read_text(encoding="utf-8"))
+        try:
+            journal = json.loads(self.journal_path.read_text(encoding="utf-8"))
+            paths = [f["path"] for f in journal["files"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RefusedError(
+                f"{self.journal_path} is unreadable ({exc}); the interrupted write it records cannot be finished",
+                hint="it was edited by hand or damaged; `rlprobe-patch revert` cannot help: restore the tree's files "
+                "from history.git or reinstall the package, then delete the journal",
+            ) from None
+        outside = [p for p in paths if not isinstance(p, str) or _outside(p)]
+        if outside:
+            raise RefusedError(
+                f"{self.journal_path} names a path outside its tree: {', '.join(map(str, outside))}; "
+                "nothing was written",
+                hint="it was edited by hand or damaged; delete it after checking the tree's files",
+            )
+        return journal
 
     def write_journal(self, journal: dict[str, Any]) -> None:
         atomic_write(self.journal_path, _dump(journal))
 
     def clear_journal(self) -> None:
         self.journal_path.unlink(missing_ok=True)
+
+    # -- states remembered per file content ---------------------------------------------------
+    # `checked.json` holds keys "patch id | target | patch fingerprint | sha256 of the file" for
+    # files whose syntax-tree check found the patch APPLIED (in memory before apply wrote them,
+    # or by verify). verify skips the LibCST pass for a file whose key is there: same bytes,
+    # same deciding code, same answer. A cache: losing or damaging it only costs time.
+    @property
+    def checked_path(self) -> Path:
+        return self.path / "checked.json"
+
+    def checked(self) -> set[str]:
+        try:
+            return set(json.loads(self.checked_path.read_text(encoding="utf-8"))["applied"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+
+    def remember_checked(self, keys: set[str]) -> None:
+        if not keys or not self.path.is_dir():
+            return
+        known = self.checked()
+        if keys <= known:
+            return
+        applied = sorted(known | keys)[-CHECKED_LIMIT:]
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".checked.", dir=self.path)
+            with os.fdopen(fd, "wb") as f:
+                f.write(_dump({"applied": applied}))
+            os.replace(tmp, self.checked_path)
+        except OSError:
+            pass  # a read-only or full state folder: verify just checks again next time
 
     # -- history.git ------------------------------------------------------------------------
     @functools.cached_property

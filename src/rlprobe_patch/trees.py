@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -130,6 +129,8 @@ def _imported_root(package: str, python: str | None) -> Path:
 
 
 def _dist_info_version(root: Path, name: str) -> Version | None:
+    from email.parser import HeaderParser
+
     for meta in sorted(root.glob("*.dist-info/METADATA")):
         headers = HeaderParser().parsestr(meta.read_text(encoding="utf-8", errors="replace"))
         if headers.get("Name", "").lower().replace("-", "_") == name and headers.get("Version"):

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.workflow.shell import Command, Comment, Word, tokenize
 
@@ -119,6 +117,8 @@ def parse_value(text: str) -> Any:
         candidate = re.sub(r"([{,]\s*[A-Za-z_][\w.\-]*):(?=\S)", r"\1: ", candidate)
     if "${" in candidate:  # an interpolation stays a string
         return text
+    import yaml  # only scripts with Hydra values pay for it
+
     try:
         value = yaml.safe_load(candidate)
     except yaml.YAMLError:
@@ -233,6 +233,8 @@ def _load_yaml(script: Script) -> None:
         return None
 
     def load(path: Path, reason: str, follow_defaults: bool) -> None:
+        import yaml
+
         if path in seen:
             return
         seen.add(path)
