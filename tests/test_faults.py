@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,70 @@ def test_second_apply_that_will_not_wait_is_refused(fixture_tree, env: dict) -> 
     assert f"{root} is locked by another rlprobe-patch run (pid {first.pid})" in err
     assert [f["path"] for r in records(root) for f in r["files"]] == [MEGATRON]  # only the first run's file
     assert "_ensure_debugger" not in (root / FSDP).read_text()
+
+
+# -- a real full disk -------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs (mounting needs root; without it the injected ENOSPC tests above stand in)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()}); ENOSPC is injected above")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)  # lazy: a finished child may hold it briefly
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Take all the free space of `disk` but `leave` bytes."""
+    stat = os.statvfs(disk)
+    size = stat.f_bavail * stat.f_frsize - leave
+    if size > 0:
+        with open(disk / "filler", "wb") as f:
+            f.truncate(0)
+            f.write(b"\0" * size)
+
+
+def test_a_real_full_disk_during_apply_and_revert(small_disk: Path, tmp_path: Path) -> None:
+    """The tree on a tmpfs filled up to `free` bytes, for `free` from 0 up to enough, 4 KiB apart:
+    apply and revert succeed or stop with exit 7, every file whole, and once space is freed the
+    next command leaves a consistent tree."""
+    reference = fresh(tmp_path / "reference")
+    assert cli_json("apply", "--verl-root", reference, "--backend", "megatron")[0] == ExitCode.OK
+    whole = {sha256((FIXTURES / "verl-0.9" / MEGATRON).read_bytes()), sha256((reference / MEGATRON).read_bytes())}
+    outcomes = []
+    for free in range(0, 200 * 1024, 4096):
+        root = small_disk / "tree"
+        shutil.rmtree(root, ignore_errors=True)
+        (small_disk / "filler").unlink(missing_ok=True)
+        shutil.copytree(FIXTURES / "verl-0.9", root)
+        original = snapshot(root)
+        fill(small_disk, free)
+        result = cli("apply", "--verl-root", root, "--backend", "megatron")
+        (small_disk / "filler").unlink()
+        assert result.exit_code in (ExitCode.OK, ExitCode.WRITE_FAILED), (free, result.output)
+        assert "Traceback" not in result.stderr and "internal error" not in result.stderr, (free, result.stderr)
+        assert sha256((root / MEGATRON).read_bytes()) in whole, free
+        journal = (root / ".rlprobe-patch/journal.json").exists()
+        outcomes.append("applied" if result.exit_code == 0 else "pending" if journal else "nothing written")
+        code, out = cli_json("status", "--verl-root", root)  # the next command, with space again
+        assert code == ExitCode.OK, (free, out)
+        state = {p["id"]: p["state"] for p in out["trees"][0]["patches"]}["verl.megatron-engine"]
+        if state == "applicable":
+            assert outcomes[-1] == "nothing written" and records(root) == [] and snapshot(root) == original
+            continue
+        assert state == "applied" and len(records(root)) == 1, (free, out)
+        assert cli_json("verify", "--verl-root", root)[0] == ExitCode.OK
+        patched = snapshot(root)
+        fill(small_disk, free)  # revert on the full disk as well
+        code, out = cli_json("revert", "--verl-root", root)
+        (small_disk / "filler").unlink()
+        assert code in (ExitCode.OK, ExitCode.WRITE_FAILED), (free, out)
+        assert snapshot(root) in (original, patched) or (root / ".rlprobe-patch/journal.json").exists()
+        code, out = cli_json("revert", "--verl-root", root)
+        assert code in (ExitCode.OK, ExitCode.REFUSED), (free, out)  # REFUSED: the first revert finished it
+        assert snapshot(root) == original and records(root) == [], free
+    assert {"nothing written", "pending", "applied"} <= set(outcomes), outcomes

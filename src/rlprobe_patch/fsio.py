@@ -73,8 +73,9 @@ def locked(lock_path: Path, timeout: float, what: str) -> Iterator[None]:
                         hint="wait for it to finish, or pass --lock-timeout SECONDS to wait longer",
                     ) from None
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        with contextlib.suppress(OSError):  # the holder's pid only serves messages; a full disk may refuse it
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         os.close(fd)  # closing drops the flock

@@ -17,10 +17,12 @@ folder lists the patched trees so that `verify` and `revert` work with no argume
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import io
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -32,7 +34,7 @@ from git.index import IndexFile
 from git.index.typ import BaseIndexEntry
 from gitdb import IStream
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.errors import RefusedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, locked, remove_stale_temp_files, sha256
 from rlprobe_patch.state_registry import dump_json as _dump
 
@@ -134,13 +136,22 @@ class StateDir:
     def ensure(self) -> None:
         if self.path.is_dir():
             return
+        created = False
         try:
             if not os.access(self.root, os.W_OK):
                 raise PermissionError(f"{self.root} is read-only")
             self.path.mkdir()
+            created = True
             (self.path / ".gitignore").write_text("*\n")
             (self.path / "README.txt").write_text(_README)
         except OSError as exc:
+            if created:
+                shutil.rmtree(self.path, ignore_errors=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise WriteFailedError(
+                    f"cannot write {self.root}: {exc.strerror}; nothing was written",
+                    hint="free space and run the command again",
+                ) from None
             raise RefusedError(
                 f"cannot write {self.root} ({exc.strerror or exc}); nothing was written",
                 hint="run as a user who can write the tree, or patch a writable copy",
@@ -233,10 +244,16 @@ class StateDir:
         path = self.path / "history.git"
         if path.is_dir():
             return git.Repo(path)
-        return git.Repo.init(path, bare=True)
+        try:
+            # No template: no sample hooks to copy (nothing runs in this repository).
+            return git.Repo.init(path, bare=True, template="", allow_unsafe_options=True)
+        except git.GitCommandError as exc:
+            shutil.rmtree(path, ignore_errors=True)  # a half-made repository would fail every later command
+            raise _os_error(exc) from None
 
     def store_blob(self, data: bytes) -> str:
-        return self.repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data))).hexsha.decode()
+        with _git_errors():
+            return self.repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data))).hexsha.decode()
 
     def read_blob(self, hexsha: str) -> bytes:
         return self.repo.odb.stream(bytes.fromhex(hexsha)).read()
@@ -244,7 +261,7 @@ class StateDir:
     def commit_files(self, files: dict[str, tuple[str, int]], message: str, parent: str | None) -> str:
         """Commit {path: (blob, mode)} to history.git; returns the commit id."""
         repo = self.repo
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, _git_errors():
             index = IndexFile(repo, file_path=os.path.join(tmp, "index"))
             entries = [
                 BaseIndexEntry((0o100755 if mode & 0o111 else 0o100644, bytes.fromhex(blob), 0, path))
@@ -252,11 +269,29 @@ class StateDir:
             ]
             index.add(entries, write=False)
             tree = index.write_tree()
-        parents = [repo.commit(parent)] if parent else []
-        commit = git.Commit.create_from_tree(
-            repo, tree, message, parent_commits=parents, head=False, author=_IDENTITY, committer=_IDENTITY
-        )
+            parents = [repo.commit(parent)] if parent else []
+            commit = git.Commit.create_from_tree(
+                repo, tree, message, parent_commits=parents, head=False, author=_IDENTITY, committer=_IDENTITY
+            )
         return commit.hexsha
 
     def set_branch(self, package: str, commit: str) -> None:
-        self.repo.git.update_ref(f"refs/heads/{package}", commit)
+        with _git_errors():
+            self.repo.git.update_ref(f"refs/heads/{package}", commit)
+
+
+@contextlib.contextmanager
+def _git_errors() -> Iterator[None]:
+    try:
+        yield
+    except git.GitCommandError as exc:
+        raise _os_error(exc) from None
+
+
+def _os_error(exc: git.GitCommandError) -> OSError:
+    """A failed git command as the OSError it stands for, so that callers treat it as a failed write."""
+    stderr = str(exc.stderr).strip().strip("'").strip()
+    full = "No space left on device" in stderr
+    code = errno.ENOSPC if full else errno.EIO
+    said = stderr.splitlines()[-1] if stderr else str(exc)
+    return OSError(code, os.strerror(code) if full else f"git {exc.command[1]} failed ({said})")
