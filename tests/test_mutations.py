@@ -1,8 +1,11 @@
-"""Mutation robustness: real verl engine files, mutated; the tool refuses with the reason or places
-the hooks exactly right. Never a wrong placement.
+"""Mutation robustness: real verl files, mutated; the tool refuses with the reason or places the
+hooks exactly right. Never a wrong placement.
 
-Each mutation edits the real file of verl 0.8.0 / 0.9.1 (found through `ast`, so it follows the
-release's layout). Outcomes:
+Each mutation edits the real file of a release (found through `ast`, so it follows the release's
+layout): the engine hooks on verl 0.8.0 / 0.9.1 (10 mutations each), the consistency set's
+prompts-only and request-id patches on 0.9.1 (7) and the legacy FSDP / Megatron workers on 0.7.1
+(7): renamed, duplicated or dropped anchors, a relabelled timer, a keyword taken out of the
+server call, reordered imports and methods. Outcomes:
 
 - refused: exit 3, nothing written, and the reason names the file and what is missing or ambiguous;
 - placed correctly: applied, our state check says APPLIED, and the hooks sit exactly where they
@@ -29,14 +32,14 @@ FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 MEGATRON = "verl/workers/engine/megatron/transformer_impl.py"
 
 
-def method(text: str, cls: str, name: str) -> ast.FunctionDef:
+def method(text: str, cls: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
     tree = ast.parse(text)
     (found,) = [
         f
         for c in tree.body
         if isinstance(c, ast.ClassDef) and c.name == cls
         for f in c.body
-        if isinstance(f, ast.FunctionDef) and f.name == name
+        if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name == name
     ]
     return found
 
@@ -182,3 +185,137 @@ def test_mutated_engines(real_tree, version: str) -> None:
         outcomes[result] += 1
     assert outcomes == {"refused": 7, "placed correctly": 3}, seen  # zero wrong placements
     assert seen == {name: "placed correctly" if neutral else "refused" for name, _, _, neutral in MUTATIONS}
+
+
+# -- the consistency set and the legacy workers ------------------------------------------------
+RAY_TRAINER = "verl/trainer/ppo/ray_trainer.py"
+LLM_SERVER = "verl/workers/rollout/llm_server.py"
+DP_ACTOR = "verl/workers/actor/dp_actor.py"
+MEGATRON_ACTOR = "verl/workers/actor/megatron_actor.py"
+
+
+Scope = tuple[str, str] | None  # (class, method) to search in, or the whole file
+
+
+def statement(text: str, test: Callable[[ast.stmt], bool], scope: Scope) -> ast.stmt:
+    """The one statement (at any depth of the file, or of the method `scope`) that `test` picks."""
+    top = method(text, *scope) if scope else ast.parse(text)
+    (found,) = [node for node in ast.walk(top) if isinstance(node, ast.stmt) and test(node)]
+    return found
+
+
+def duplicate(test: Callable[[ast.stmt], bool], scope: Scope = None) -> Callable[[str], str]:
+    def mutate(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        start, end = lines_of(text, statement(text, test, scope))
+        return "".join(lines[:end] + lines[start:end] + lines[end:])
+
+    return mutate
+
+
+def drop(test: Callable[[ast.stmt], bool], scope: Scope = None) -> Callable[[str], str]:
+    def mutate(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        start, end = lines_of(text, statement(text, test, scope))
+        return "".join(lines[:start] + lines[end:])
+
+    return mutate
+
+
+def replace_once(old: str, new: str) -> Callable[[str], str]:
+    def mutate(text: str) -> str:
+        assert text.count(old) == 1, old
+        return text.replace(old, new)
+
+    return mutate
+
+
+def old_log_prob_timer(node: ast.stmt) -> bool:
+    return isinstance(node, ast.With) and "'old_log_prob'" in ast.unparse(node.items[0])
+
+
+def server_call(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Assign | ast.AnnAssign) and "generate.remote(" in ast.unparse(node)
+
+
+def log_prob_loop(node: ast.stmt) -> bool:
+    return isinstance(node, ast.For) and ast.unparse(node.target) == "micro_batch"
+
+
+def next_batch_stmt(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Assign) and ast.unparse(node) == "batch = next(batch_iter)"
+
+
+PROMPTS = ("verl.prompts-only", RAY_TRAINER)
+REQUEST_ID = ("verl.request-id", LLM_SERVER)
+LEGACY_FSDP = ("verl.legacy-fsdp-workers", DP_ACTOR)
+LEGACY_MEGATRON = ("verl.legacy-megatron-workers", MEGATRON_ACTOR)
+# (release, name, (patch, file), mutation, neutral)
+MORE_MUTATIONS = [
+    ("0.9.1", "duplicate the old_log_prob timer block", PROMPTS, duplicate(old_log_prob_timer), False),
+    (
+        "0.9.1",
+        "relabel the old_log_prob timer",
+        PROMPTS,
+        replace_once('marked_timer("old_log_prob"', 'marked_timer("olp"'),
+        False,
+    ),
+    ("0.9.1", "swap the first imports (ray_trainer)", PROMPTS, swap_imports, True),
+    ("0.9.1", "duplicate the server call", REQUEST_ID, duplicate(server_call), False),
+    (
+        "0.9.1",
+        "drop request_id= from the server call",
+        REQUEST_ID,
+        replace_once("request_id=self._vllm_request_id(request_id),", ""),
+        False,
+    ),
+    ("0.9.1", "rename LLMServerClient.generate", REQUEST_ID, rename_method("LLMServerClient", "generate"), False),
+    ("0.9.1", "swap the first imports (llm_server)", REQUEST_ID, swap_imports, True),
+    (
+        "0.7.1",
+        "duplicate the log-prob micro-batch loop",
+        LEGACY_FSDP,
+        duplicate(log_prob_loop, ("DataParallelPPOActor", "compute_log_prob")),
+        False,
+    ),
+    (
+        "0.7.1",
+        "rename compute_log_prob (dp_actor)",
+        LEGACY_FSDP,
+        rename_method("DataParallelPPOActor", "compute_log_prob"),
+        False,
+    ),
+    ("0.7.1", "swap the first imports (dp_actor)", LEGACY_FSDP, swap_imports, True),
+    ("0.7.1", "drop next(batch_iter) in forward_step", LEGACY_MEGATRON, drop(next_batch_stmt), False),
+    ("0.7.1", "duplicate next(batch_iter) in forward_step", LEGACY_MEGATRON, duplicate(next_batch_stmt), False),
+    (
+        "0.7.1",
+        "rename the nested forward_step",
+        LEGACY_MEGATRON,
+        replace_once("def forward_step(", "def fwd_step("),
+        False,
+    ),
+    ("0.7.1", "swap the first imports (megatron_actor)", LEGACY_MEGATRON, swap_imports, True),
+]
+
+
+@pytest.mark.parametrize("version", ["0.7.1", "0.9.1"])
+def test_mutated_consistency_and_legacy_patches(real_tree, version: str) -> None:
+    cases = [c for c in MORE_MUTATIONS if c[0] == version]
+    unpacked = real_tree(version)
+    reference = unpacked.rename(unpacked.parent / "reference")
+    patched = {}
+    for patch, target in {c[2] for c in cases}:
+        code, out = cli_json("apply", "--verl-root", reference, "--backend", backend_of(patch), "--only", patch)
+        assert code == ExitCode.OK, out
+        patched[target] = (reference / target).read_text()
+    seen = {}
+    for i, (_, name, (patch, target), mutate, _) in enumerate(cases):
+        root = real_tree(version).rename(reference.parent / f"m{i}")
+        seen[name] = outcome(root, patch, backend_of(patch), target, mutate, patched[target])
+    assert "WRONG PLACEMENT" not in seen.values(), seen
+    assert seen == {name: "placed correctly" if neutral else "refused" for _, name, _, _, neutral in cases}
+
+
+def backend_of(patch: str) -> str:
+    return "megatron" if "megatron" in patch else "fsdp"
