@@ -120,6 +120,7 @@ _Owner = TypeVar("_Owner", cst.Module, cst.ClassDef)
 _Node = TypeVar("_Node", cst.ClassDef, cst.FunctionDef)
 
 
+@functools.lru_cache(maxsize=16384)  # LibCST nodes are immutable and hash by identity
 def statement_key(node: cst.CSTNode) -> str:
     """A formatting-independent identity of a statement: its Python AST."""
     return syntax_key(cst.Module(body=[node]).code)  # type: ignore[list-item]
@@ -238,6 +239,7 @@ def _scope_name(op: Hook | HoistKeyword) -> str:
     return f"{name}.<locals>.{inner}" if inner else name
 
 
+@functools.lru_cache(maxsize=1024)  # the same payload method gives the same node: compared by identity
 def _with_blank_line(fn: cst.CSTNode) -> cst.CSTNode:
     if isinstance(fn, cst.FunctionDef) and not any(not line.comment for line in fn.leading_lines[:1]):
         return fn.with_changes(leading_lines=[cst.EmptyLine(indent=False), *fn.leading_lines])
@@ -252,21 +254,11 @@ class _Substitute(cst.CSTTransformer):
         return self.names.get(updated_node.value, updated_node)
 
 
-# Nodes that can hold statement blocks; the editor never descends into anything else
-# (expressions, simple statements), and keeps every node it did not edit as the same object.
-_HOLDS_BLOCKS = (
-    cst.BaseCompoundStatement,
-    cst.IndentedBlock,
-    cst.Else,
-    cst.ExceptHandler,
-    cst.ExceptStarHandler,
-    cst.Finally,
-    cst.MatchCase,
-)
+class _BlockEditor:
+    """Calls `edit(statements, is_method_body)` on the blocks of one method that `block` selects.
 
-
-class _BlockEditor(cst.CSTTransformer):
-    """Calls `edit(owner, statements)` on the blocks of one method that `block` selects."""
+    It walks statements only (never expressions, never nested functions or classes), innermost
+    blocks first, and keeps every node it did not edit as the same object."""
 
     def __init__(
         self,
@@ -277,41 +269,53 @@ class _BlockEditor(cst.CSTTransformer):
         self.root = root
         self.block = block
         self.edit = edit
-        self.stack: list[cst.CSTNode] = []
-        self.changed: list[bool] = []  # per node on the stack: was anything below it edited
         self.blocks_matched = 0
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        self.stack.append(node)
-        self.changed.append(False)
-        if node is self.root:
-            return True
-        return isinstance(node, _HOLDS_BLOCKS) and not isinstance(node, (cst.FunctionDef, cst.ClassDef))
+    def run(self) -> cst.FunctionDef:
+        return self._node(self.root)  # type: ignore[return-value]
 
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
-        self.stack.pop()
-        changed = self.changed.pop()
-        result = updated_node if changed else original_node
-        # One-line blocks (`if x: y`) hold no anchors of ours and are left alone.
-        if isinstance(result, cst.IndentedBlock) and self._selected(original_node):
+    def _node(self, node: cst.CSTNode) -> cst.CSTNode:
+        """A compound statement or clause with its blocks edited."""
+        changes: dict[str, object] = {}
+        for name in ("body", "orelse", "handlers", "finalbody", "cases"):
+            value = getattr(node, name, None)
+            if isinstance(value, cst.IndentedBlock):
+                new: object = self._block(value, node)
+            elif isinstance(value, _CLAUSES):
+                new = self._node(value)
+            elif name in ("handlers", "cases") and isinstance(value, Sequence):
+                items = [self._node(clause) for clause in value]
+                new = value if all(a is b for a, b in zip(items, value)) else items
+            else:
+                continue  # a one-line block (`if x: y`) holds no anchors of ours
+            if new is not value:
+                changes[name] = new
+        return node.with_changes(**changes) if changes else node
+
+    def _block(self, block: cst.IndentedBlock, owner: cst.CSTNode) -> cst.IndentedBlock:
+        stmts = [
+            self._node(s) if isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, _SCOPES) else s
+            for s in block.body
+        ]
+        changed = any(a is not b for a, b in zip(stmts, block.body))
+        if self._selected(block, owner):
             self.blocks_matched += 1
-            old = list(result.body)
-            new = self.edit(old, original_node is self.root.body)
-            if len(new) != len(old) or any(a is not b for a, b in zip(new, old)):
-                result, changed = result.with_changes(body=new), True
-        if changed and self.changed:
-            self.changed[-1] = True
-        return result
+            new = self.edit(list(stmts), block is self.root.body)
+            if len(new) != len(stmts) or any(a is not b for a, b in zip(new, stmts)):
+                stmts, changed = new, True
+        return block.with_changes(body=stmts) if changed else block
 
-    def _selected(self, block: cst.CSTNode) -> bool:
+    def _selected(self, block: cst.IndentedBlock, owner: cst.CSTNode) -> bool:
         if block is self.root.body:
             return self.block in (METHOD, ANY)
         if self.block == METHOD:
             return False
         if self.block == ANY:
             return True
-        owner = self.stack[-1] if self.stack else None
         return isinstance(owner, cst.BaseStatement) and self.block(owner)  # type: ignore[operator]
+
+
+_SCOPES = (cst.FunctionDef, cst.ClassDef)  # nested scopes: their blocks are not the method's
 
 
 def _replaced(owner: _Owner, body: Sequence[Statement], index: int, edit: Callable[[_Node], _Node]) -> _Owner:
@@ -488,7 +492,7 @@ class PatchCodemod:
                 out += [hoisted, stmt.deep_replace(arg, arg.with_changes(value=cst.Name(op.name)))]  # type: ignore[list-item]
             return out
 
-        new_fn = fn.visit(_BlockEditor(fn, ANY, edit))
+        new_fn = _BlockEditor(fn, ANY, edit).run()
         if not strip and found != 1:
             raise AnchorError(scope, f"exactly one {op.expected}", "none" if not found else f"{found} (ambiguous)")
         assert isinstance(new_fn, cst.FunctionDef)
@@ -589,7 +593,7 @@ class PatchCodemod:
             return out
 
         editor = _BlockEditor(fn, op.block, edit)
-        new_fn = fn.visit(editor)
+        new_fn = editor.run()
         if op.where in (Where.START, Where.END):
             if editor.blocks_matched != 1 and not strip:
                 raise AnchorError(scope, op.expected or "one block", f"{editor.blocks_matched}")
