@@ -492,10 +492,9 @@ def status_cmd(
 ) -> int:
     """Per tree: path, version, every patch and its state (applied / applicable / drifted / native)."""
     from rlprobe_patch.engine import status
-
-    roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
     from rlprobe_patch.state_registry import registered_trees
 
+    roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
     if not roots.given and python is None and not registered_trees():
         roots.python = sys.executable  # nothing named or registered: what this Python imports
     trees = roots.for_records()

@@ -634,7 +634,7 @@ def verify(
             checks.append(Check(f"unchanged since apply: {f.path}", not changed, detail))
     parsed: dict[str, tuple[bytes, cst.Module]] = {}  # a file several patches hook is read once
     compiled: set[str] = set()
-    known = state.checked() if recheck is False else set()
+    known = set() if recheck else state.checked()
     found: set[str] = set()
     for patch in patches:
         for site in patch.sites_for(tree.version):
