@@ -167,22 +167,37 @@ class _OneLineBlock(Exception):
     pass
 
 
-def _shell(node: cst.CSTNode, blocks: list[Sequence[Statement]]) -> cst.CSTNode:
-    """`node` with each block of its own (its clauses' too) replaced by `pass`; the blocks'
-    statements are appended to `blocks`, in order."""
+def _map_blocks(node: cst.CSTNode, fn: Callable[[cst.BaseSuite, cst.CSTNode], cst.BaseSuite]) -> cst.CSTNode:
+    """`node` (a compound statement or clause) with each block of its own, its clauses' blocks
+    included, replaced by `fn(block, owner)`; `node` itself when `fn` changed nothing."""
     changes: dict[str, object] = {}
     for name in ("body", "orelse", "handlers", "finalbody", "cases"):
         value = getattr(node, name, None)
-        if isinstance(value, cst.IndentedBlock):
-            blocks.append(value.body)
-            changes[name] = _PASS_BODY
-        elif isinstance(value, cst.BaseSuite):
-            raise _OneLineBlock  # `if x: y`: compared as a whole
+        if isinstance(value, cst.BaseSuite):
+            new: object = fn(value, node)
         elif isinstance(value, _CLAUSES):
-            changes[name] = _shell(value, blocks)
+            new = _map_blocks(value, fn)
         elif name in ("handlers", "cases") and isinstance(value, Sequence):
-            changes[name] = [_shell(clause, blocks) for clause in value]
-    return node.with_changes(**changes)
+            items = [_map_blocks(clause, fn) for clause in value]
+            new = value if all(a is b for a, b in zip(items, value)) else items
+        else:
+            continue
+        if new is not value:
+            changes[name] = new
+    return node.with_changes(**changes) if changes else node
+
+
+def _shell(node: cst.CSTNode, blocks: list[Sequence[Statement]]) -> cst.CSTNode:
+    """`node` with each block of its own (its clauses' too) replaced by `pass`; the blocks'
+    statements are appended to `blocks`, in order."""
+
+    def collect(block: cst.BaseSuite, _: cst.CSTNode) -> cst.BaseSuite:
+        if not isinstance(block, cst.IndentedBlock):
+            raise _OneLineBlock  # `if x: y`: compared as a whole
+        blocks.append(block.body)
+        return _PASS_BODY
+
+    return _map_blocks(node, collect)
 
 
 def _same_statement(a: Statement, b: Statement) -> bool:
@@ -272,31 +287,12 @@ class _BlockEditor:
         self.blocks_matched = 0
 
     def run(self) -> cst.FunctionDef:
-        return self._node(self.root)  # type: ignore[return-value]
+        return _map_blocks(self.root, self._block)  # type: ignore[return-value]
 
-    def _node(self, node: cst.CSTNode) -> cst.CSTNode:
-        """A compound statement or clause with its blocks edited."""
-        changes: dict[str, object] = {}
-        for name in ("body", "orelse", "handlers", "finalbody", "cases"):
-            value = getattr(node, name, None)
-            if isinstance(value, cst.IndentedBlock):
-                new: object = self._block(value, node)
-            elif isinstance(value, _CLAUSES):
-                new = self._node(value)
-            elif name in ("handlers", "cases") and isinstance(value, Sequence):
-                items = [self._node(clause) for clause in value]
-                new = value if all(a is b for a, b in zip(items, value)) else items
-            else:
-                continue  # a one-line block (`if x: y`) holds no anchors of ours
-            if new is not value:
-                changes[name] = new
-        return node.with_changes(**changes) if changes else node
-
-    def _block(self, block: cst.IndentedBlock, owner: cst.CSTNode) -> cst.IndentedBlock:
-        stmts = [
-            self._node(s) if isinstance(s, cst.BaseCompoundStatement) and not isinstance(s, _SCOPES) else s
-            for s in block.body
-        ]
+    def _block(self, block: cst.BaseSuite, owner: cst.CSTNode) -> cst.BaseSuite:
+        if not isinstance(block, cst.IndentedBlock):
+            return block  # a one-line block (`if x: y`) holds no anchors of ours
+        stmts = [_map_blocks(s, self._block) if _holds_method_blocks(s) else s for s in block.body]
         changed = any(a is not b for a, b in zip(stmts, block.body))
         if self._selected(block, owner):
             self.blocks_matched += 1
@@ -305,7 +301,7 @@ class _BlockEditor:
                 stmts, changed = new, True
         return block.with_changes(body=stmts) if changed else block
 
-    def _selected(self, block: cst.IndentedBlock, owner: cst.CSTNode) -> bool:
+    def _selected(self, block: cst.BaseSuite, owner: cst.CSTNode) -> bool:
         if block is self.root.body:
             return self.block in (METHOD, ANY)
         if self.block == METHOD:
@@ -315,7 +311,9 @@ class _BlockEditor:
         return isinstance(owner, cst.BaseStatement) and self.block(owner)  # type: ignore[operator]
 
 
-_SCOPES = (cst.FunctionDef, cst.ClassDef)  # nested scopes: their blocks are not the method's
+def _holds_method_blocks(stmt: Statement) -> bool:
+    """A compound statement, but not a nested scope (its blocks are not the method's)."""
+    return isinstance(stmt, cst.BaseCompoundStatement) and not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
 
 
 def _replaced(owner: _Owner, body: Sequence[Statement], index: int, edit: Callable[[_Node], _Node]) -> _Owner:
