@@ -51,7 +51,7 @@ def test_consistency_signals_have_the_skill_points() -> None:
     assert out["scores"] == {"training": 0, "inference": 8, "consistency": 18}
     dump = next(s for s in out["signals"] if s["value"] == "inference" and s["points"] == 6)
     assert "/home/dump/config_generate.json" in dump["evidence"]  # ${GEN_CONFIG} expanded
-    assert dump["where"] == "line 15"
+    assert dump["where"] == "consistency_fsdp_vllm.sh:15"
 
 
 def test_yaml_only_settings_are_read_with_defaults(tmp_path: Path) -> None:
@@ -122,16 +122,16 @@ def test_yaml_multiline_rollout_name_and_yaml_path_reference(tmp_path: Path) -> 
     assert d.signals_for("rollout_backend")[0].where.endswith("rollout.yaml")
 
 
-def test_conflicting_backends_are_reported(tmp_path: Path) -> None:
+def test_the_last_word_on_the_backend_is_hydras(tmp_path: Path) -> None:
     (tmp_path / "run.sh").write_text(
         "python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer actor_rollout_ref.actor.strategy=fsdp\n"
     )
     d = detect_script(tmp_path / "run.sh")
-    assert d.train_backend == "fsdp"  # the actor's own strategy weighs most
-    assert d.conflicts and "megatron" in d.conflicts[0]
+    assert d.train_backend == "fsdp"  # the override sets the actor's strategy after the config chose megatron
+    assert d.signals_for("train_backend")[0].where == "run.sh:1"
 
 
-def test_override_parsing() -> None:
+def test_override_parsing(tmp_path: Path) -> None:
     text = textwrap.dedent(
         """\
         #!/bin/bash
@@ -149,7 +149,8 @@ def test_override_parsing() -> None:
             trainer.flag=True   # a comment with key=value
         """
     )
-    s = read_script(Path("/nonexistent/run.sh"), text)
+    (tmp_path / "run.sh").write_text(text)
+    s = read_script(tmp_path / "run.sh")
     keys = [(o.prefix, o.key) for o in s.overrides]
     assert keys == [
         ("", "data.train_batch_size"),

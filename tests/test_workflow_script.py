@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import shutil
 import subprocess
@@ -44,6 +45,12 @@ CONSISTENCY_FSDP = {
 }
 
 
+def only_insertions(before: str, after: str) -> bool:
+    """`after` is `before` with text inserted, nothing removed or replaced."""
+    ops = difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes()
+    return all(tag in ("equal", "insert") for tag, *_ in ops)
+
+
 def run_json(*args: str) -> tuple[int, dict]:
     result = cli(*args, "--json")
     return result.exit_code, json.loads(result.stdout)
@@ -79,12 +86,14 @@ def test_consistency_script_has_exactly_the_overrides(workdir: Path) -> None:
         "DUMP_PHASE": "log_prob",
         "MSPROBE_ACTOR_CONFIG": "/d/config_actor.json",
     }
-    # replaced in place (same line), not duplicated
-    assert len(new.overrides_of("data.train_batch_size")) == 1
+    # the user's override stays where it was; ours comes after it on the same launch, so Hydra takes ours
+    first, ours = new.overrides_of("data.train_batch_size")
+    assert (first.value, ours.value) == (old.value("data.train_batch_size"), 1)
+    assert new.settings["data.train_batch_size"].source == ours.source
     assert any("forced to 1" in n for n in out["notices"])
     actions = {c["key"]: c["action"] for c in out["changes"]}
-    assert actions["data.train_batch_size"] == "replaced" and actions["trainer.total_training_steps"] == "added"
-    assert new.text.rstrip().endswith("$@")  # the pass-through arguments stay last
+    assert actions["data.train_batch_size"] == "set" and actions["trainer.total_training_steps"] == "added"
+    assert only_insertions(original.read_text(), out_path.read_text())  # nothing of the user's edited
 
     code, out = run_json("check-script", str(out_path), "--mode", "consistency")
     assert code == ExitCode.OK, [c for c in out["checks"] if not c["ok"]]
@@ -197,21 +206,19 @@ def test_training_mode_script_and_refusal_on_old_verl(workdir: Path, tmp_path: P
     code, out = run_json("check-script", str(out_path), "--mode", "training")
     assert code == ExitCode.VERIFY_FAILED
     assert any("dump_path is set" in c["detail"] for c in out["checks"] if not c["ok"])
-    # verl 0.7.1 has no precision_debugger profiler
-    shutil.copytree(FIXTURES / "verl-0.6", tmp_path / "old")
-    code, out = run_json(*args, "--verl-root", str(tmp_path / "old"), "-o", str(workdir / "x.sh"))
+
+
+@pytest.mark.real
+def test_training_mode_is_refused_before_verl_0_8(workdir: Path, real_tree) -> None:
+    args = ("script", str(workdir / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", "/t.json")
+    code, out = run_json(*args, "--verl-root", str(real_tree("0.7.1")), "-o", str(workdir / "x.sh"))
     assert code == ExitCode.REFUSED and "no precision_debugger profiler" in out["details"][0]
 
 
-def test_keys_missing_from_the_release_config_are_skipped(workdir: Path, tmp_path: Path) -> None:
-    root = tmp_path / "tree"
-    shutil.copytree(FIXTURES / "verl-0.9", root)
-    config_dir = root / "verl" / "trainer" / "config"
-    config_dir.mkdir(parents=True, exist_ok=True)
-    (config_dir / "_generated_ppo_trainer.yaml").write_text(
-        "data: {train_batch_size: 1024}\ntrainer: {balance_batch: true, total_training_steps: null}\n"
-        "actor_rollout_ref:\n  rollout: {enforce_eager: false, n: 1, tensor_model_parallel_size: 2}\n"
-    )
+@pytest.mark.real
+def test_keys_missing_from_the_release_config_are_skipped(workdir: Path, real_tree) -> None:
+    """verl 0.6.0 has no rollout correction: those keys are skipped; the dump config is created (`++`)."""
+    root = real_tree("0.6.0")
     code, out = run_json(
         "script",
         str(workdir / "grpo_fsdp_vllm.sh"),
@@ -225,9 +232,15 @@ def test_keys_missing_from_the_release_config_are_skipped(workdir: Path, tmp_pat
     )
     assert code == ExitCode.OK, out
     actions = {c["key"]: c["action"] for c in out["changes"]}
-    assert actions["trainer.val_before_train"] == "skipped"  # not in that release's config
-    assert actions["trainer.balance_batch"] == "added"
-    assert "val_before_train" not in (workdir / "out.sh").read_text()
+    assert actions["algorithm.rollout_correction.rollout_is"] == "skipped"  # not in that release's config
+    assert actions["trainer.balance_batch"] == "set"
+    dump_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
+    assert actions[dump_key] == "added"
+    text = (workdir / "out.sh").read_text()
+    assert "rollout_correction" not in text and f"++{dump_key}=/d/config_generate.json" in text
+    derived = read_script(workdir / "out.sh", verl_root=root, release="0.6.0")
+    assert derived.composed is not None and not derived.composed.errors  # Hydra composes what we wrote
+    assert derived.value(dump_key) == "/d/config_generate.json"
 
 
 def test_usage_errors(workdir: Path) -> None:

@@ -15,6 +15,7 @@ import click
 from rlprobe_patch import __version__
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 from rlprobe_patch.trees import BACKENDS, MODES, PACKAGES, WORKER_IMPLS, Tree, find_tree, importable
+from rlprobe_patch.workflow.options import read_options, reader_options
 
 # The engine (LibCST, GitPython) is imported inside the commands that use it, so that
 # `--version`, `--help` and usage errors start fast.
@@ -175,6 +176,7 @@ def main() -> None:
 @click.option(
     "--script", type=click.Path(path_type=Path), help="The training script, to read which worker path it uses."
 )
+@reader_options
 @click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the verl hooks.")
 @click.option("--sglang-config", metavar="PATH", help="Default msprobe config.json baked into the SGLang hook.")
 @click.option("--lock-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for another run.")
@@ -196,6 +198,7 @@ def apply_cmd(
     msprobe_config: str | None,
     sglang_config: str | None,
     lock_timeout: float,
+    **reader: Any,
 ) -> int:
     """Patch verl (engine of BACKEND, or a mode's set), SGLang and vLLM-Ascend; each change a revertible diff."""
     from rlprobe_patch.diffs import diffstat
@@ -216,7 +219,7 @@ def apply_cmd(
         if tree.package == "verl":
             if backend is None:
                 raise click.UsageError("--backend is required to patch verl (fsdp, fsdp2 or megatron)")
-            impl, why = resolve_worker_impl(tree, worker_impl, script)
+            impl, why = resolve_worker_impl(tree, worker_impl, script, **read_options(reader))
             worker_paths[tree.root] = {"impl": impl, "why": why}
         selections.append((tree, Selection(backend or "any", mode, ids, skip_ids, worker_impl=impl)))
     if not selections:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import re
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -175,19 +174,32 @@ class Selection:
         return bool(self.only) or self.mode is None
 
 
-_LEGACY_SETTING = re.compile(r"""(?:^|[\s'"])\+{0,2}trainer\.use_legacy_worker_impl\s*=\s*['"]?(\w+)""", re.M)
+def read_legacy_setting(
+    script: Path, tree: Tree, args: list[str] | None = None, env: dict[str, str] | None = None
+) -> tuple[str | None, str]:
+    """(value, source) of `trainer.use_legacy_worker_impl` for the run `script` launches.
+
+    The script is read as bash and Hydra read it (arrays, sourced files, `--env`, `--arg`), composed
+    with this tree's own config: the value is the one verl will run with, default included."""
+    from rlprobe_patch.workflow.scriptmodel import read_script
+
+    found = read_script(script, args=args, env=env, verl_root=tree.root, release=str(tree.version))
+    composed = found.composed
+    if composed is not None and composed.errors:
+        raise RefusedError(f"--script {script}: verl would refuse its overrides", details=composed.errors)
+    fact = found.facts.get("use_legacy_worker_impl")
+    if fact is None:
+        return None, ""
+    return str(fact.value).lower(), fact.source
 
 
-def read_legacy_setting(script: Path) -> str | None:
-    """The value a training script gives `trainer.use_legacy_worker_impl` (a Hydra override), if any."""
-    try:
-        found = _LEGACY_SETTING.findall(script.read_text(encoding="utf-8", errors="replace"))
-    except OSError as exc:
-        raise RefusedError(f"--script {script}: cannot read it ({exc.strerror})") from None
-    return found[-1].lower() if found else None  # the last override wins, as in Hydra
-
-
-def resolve_worker_impl(tree: Tree, requested: str, script: Path | None = None) -> tuple[str, str]:
+def resolve_worker_impl(
+    tree: Tree,
+    requested: str,
+    script: Path | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[str, str]:
     """Which verl worker path the user's PPO actor takes, and why: ("engine" | "legacy", reason)."""
     if requested != "auto":
         return requested, f"--worker-impl {requested}"
@@ -196,14 +208,16 @@ def resolve_worker_impl(tree: Tree, requested: str, script: Path | None = None) 
         return "legacy", f"verl {version} always runs the PPO actor through the legacy workers"
     if version >= Version("0.8.0"):
         return "engine", f"verl {version} runs the PPO actor through the engine workers (the legacy ones are gone)"
-    setting = read_legacy_setting(script) if script else None
+    if script is None:
+        return "legacy", (
+            f"verl {version} defaults to trainer.use_legacy_worker_impl=auto, so the legacy workers run the PPO "
+            "actor; if your run sets it to disable, pass --script YOUR_SCRIPT or --worker-impl engine"
+        )
+    setting, source = read_legacy_setting(script, tree, args, env)
     if setting == "disable":
-        return "engine", f"{script} sets trainer.use_legacy_worker_impl=disable: the engine workers run the PPO actor"
-    if setting is not None:
-        return "legacy", f"{script} sets trainer.use_legacy_worker_impl={setting}: the legacy workers run the PPO actor"
+        return "engine", f"{script} runs with trainer.use_legacy_worker_impl=disable ({source}): the engine workers"
     return "legacy", (
-        f"verl {version} defaults to trainer.use_legacy_worker_impl=auto, so the legacy workers run the PPO actor"
-        + ("" if script else "; if your run sets it to disable, pass --script YOUR_SCRIPT or --worker-impl engine")
+        f"{script} runs with trainer.use_legacy_worker_impl={setting} ({source}): the legacy workers run the PPO actor"
     )
 
 

@@ -15,6 +15,7 @@ from rlprobe_patch.cli import Out, command
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 from rlprobe_patch.workflow.config import LEVELS, TASKS
 from rlprobe_patch.workflow.detect import MODES, STAGES
+from rlprobe_patch.workflow.options import read_options, reader_options
 
 python_option = click.option(
     "--python", "python", metavar="PATH", help="The training environment's interpreter (default: this one)."
@@ -32,19 +33,59 @@ def register(main: click.Group) -> None:
         main.add_command(cmd)
 
 
+# -- how the script is read (detect, script, check-script) ---------------------------------------
+def verl_tree_of(verl_root: Path | None, python: str | None) -> tuple[Path | None, str | None]:
+    """(root, version) of the verl tree the values are composed with, when one is named."""
+    if verl_root is None and python is None:
+        return None, None
+    from rlprobe_patch.trees import find_verl_tree
+
+    tree = find_verl_tree(verl_root, python)
+    return tree.root, str(tree.version)
+
+
+def reading_json(s: Any) -> dict[str, Any]:
+    launch = s.launch
+    composed = s.composed
+    return {
+        "launch": None
+        if launch is None
+        else {
+            "entry": launch.entry,
+            "launcher": list(launch.launcher),
+            "source": launch.source,
+            "conditions": list(launch.run.conditions),
+            "argv": [{"text": f.text, "source": f.source, "exact": f.exact} for f in launch.args],
+        },
+        "facts": {k: {"value": v.value, "source": v.source} for k, v in s.facts.items()},
+        "assumed": bool(composed and composed.assumed),
+        "compose_errors": list(composed.errors) if composed else [],
+        "compose_notes": list(composed.notes) if composed else [],
+        "unresolved": s.unresolved,
+    }
+
+
 # -- detect ---------------------------------------------------------------------------------------
 @click.command("detect")
 @click.argument("script", type=click.Path(path_type=Path))
 @click.option("--hint", default="", help="What the user asked for (e.g. 'consistency', '推理采集').")
 @python_option
+@click.option(
+    "--verl-root", type=click.Path(path_type=Path), help="Compose with this verl tree's config (default: --python's)."
+)
 @click.option("--no-trees", is_flag=True, help="Do not look for verl / SGLang / vLLM-Ascend in the interpreter.")
+@reader_options
 @command
-def detect_cmd(out: Out, script: Path, hint: str, python: str | None, no_trees: bool) -> int:
-    """Collection mode, training and rollout backends of SCRIPT, with the signals behind each."""
+def detect_cmd(
+    out: Out, script: Path, hint: str, python: str | None, verl_root: Path | None, no_trees: bool, **opts: Any
+) -> int:
+    """Collection mode, training and rollout backends of SCRIPT, with the source of each value."""
     from rlprobe_patch.workflow.detect import detect_script, found_trees
 
-    d = detect_script(script, hint)
-    trees = None if no_trees else found_trees(python)
+    reader = read_options(opts)
+    root, release = verl_tree_of(verl_root, python)
+    d = detect_script(script, hint, verl_root=root, release=release, **reader)
+    trees = None if no_trees or verl_root is not None else found_trees(python)
     s = d.script
     out.emit(
         {
@@ -54,18 +95,25 @@ def detect_cmd(out: Out, script: Path, hint: str, python: str | None, no_trees: 
             "scores": d.scores,
             "train_backend": d.train_backend,
             "rollout_backend": d.rollout_backend,
+            "verl": {"root": str(root), "version": release} if root is not None else None,
+            **reading_json(s),
             "signals": [x.to_json() for x in d.signals],
-            "conflicts": d.conflicts,
+            "notices": d.notices,
             "overrides": [o.to_json() for o in s.overrides],
             "env": {k: v.to_json() for k, v in s.env.items()},
             "yaml_files": [
                 {"path": str(y.path), "reason": y.reason, "loaded": y.loaded, "error": y.error} for y in s.yaml_files
             ],
-            "unresolved_variables": {k: v for k, v in s.unresolved.items() if k not in ("@", "*")},
             "trees": trees,
         }
     )
     out.line(f"{script}", bold=True)
+    if s.launch is not None:
+        out.line(f"launch: {' '.join(s.launch.launcher)} {s.launch.entry}  ({s.launch.source})")
+    if root is not None:
+        out.line(f"values composed by Hydra with verl {release} at {root}")
+    elif s.composed is not None and s.composed.assumed:
+        out.line("no verl tree: defaults assumed from the catalogue (pass --verl-root or --python)", fg="yellow")
     for decision, value in (
         ("mode", d.mode),
         ("train_backend", d.train_backend),
@@ -76,10 +124,18 @@ def detect_cmd(out: Out, script: Path, hint: str, python: str | None, no_trees: 
             points = f"+{sig.points:<2} " if decision == "mode" else ""
             out.line(f"    {points}{sig.value:<12} {sig.evidence}  ({sig.where})")
     out.line("scores: " + ", ".join(f"{m} {n}" for m, n in d.scores.items()))
+    for name in ("use_legacy_worker_impl", "use_v1", "actor_tp", "actor_pp", "rollout_tp", "n_gpus_per_node", "nnodes"):
+        fact = s.facts.get(name)
+        if fact is not None:
+            out.line(f"  {name:<24} {fact.value}  ({fact.source})")
     if d.mode == "unknown":
         out.line("mode unknown: say which with --hint training|inference|consistency", fg="yellow")
-    for conflict in d.conflicts:
-        out.line(f"conflict: {conflict}", fg="yellow")
+    for notice in d.notices:
+        out.line(f"notice: {notice}", fg="yellow")
+    for error in s.composed.errors if s.composed else []:
+        out.line(f"Hydra: {error}", fg="red")
+    for item in s.unresolved:
+        out.line(f"unresolved: {item}", fg="yellow")
     for y in s.yaml_files:
         out.line(f"yaml: {y.path} ({y.reason})" + ("" if y.loaded else f": not loaded, {y.error}"))
     if trees:
@@ -210,6 +266,7 @@ def _script_options(fn: Any) -> Any:
         click.option("--verl-root", type=click.Path(path_type=Path), help="The verl tree (default: --python's)."),
         python_option,
         click.option("--hint", default="", help="As for detect."),
+        reader_options,
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -217,23 +274,28 @@ def _script_options(fn: Any) -> Any:
 
 
 def _requirements(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
+    from rlprobe_patch.errors import PatchError
     from rlprobe_patch.workflow.envprobe import packages
     from rlprobe_patch.workflow.script import load_detection, requirements
 
-    detection = load_detection(script, opts["hint"])
+    versions: dict[str, str | None] = {}
+    verl_root, versions["verl"] = verl_tree_of(opts["verl_root"], opts["python"])
+    reader = read_options(opts)
+    detection = load_detection(
+        script, opts["hint"], verl_root=verl_root, release=versions["verl"], extra=list(opts.get("sets", ())), **reader
+    )
+    composed = detection.script.composed
+    if composed is not None and composed.errors:
+        raise RefusedError(
+            f"{script}: verl would refuse this launch (Hydra cannot compose its overrides)",
+            details=composed.errors,
+            hint="fix the override named; verl stops on it at start-up",
+        )
     mode = opts["mode"] or detection.mode
     if mode == "unknown":
         raise RefusedError(
             f"{script}: the collection mode is unknown", hint="pass --mode training|inference|consistency"
         )
-    versions: dict[str, str | None] = {}
-    verl_root: Path | None = None
-    from rlprobe_patch.errors import PatchError
-    from rlprobe_patch.trees import find_verl_tree
-
-    if opts["verl_root"] is not None or opts["python"] is not None:
-        tree = find_verl_tree(opts["verl_root"], opts["python"])
-        versions["verl"], verl_root = str(tree.version), tree.root
     if opts["python"] is not None:
         try:
             found, _ = packages(opts["python"])
@@ -280,10 +342,21 @@ _NEEDED_CONFIGS = {"training": ("training",), "inference": ("generate",), "consi
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: run_<mode>_dump_<date>.sh beside it.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--dry-run", is_flag=True, help="Print the new script; write nothing.")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An override to add to the derived script (checked with the others); repeatable.",
+)
 @command
 def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_run: bool, **opts: Any) -> int:
     """Write a collection script derived from ORIGINAL (never edited) with the skill's overrides."""
-    from rlprobe_patch.workflow.script import default_output, render_script, verl_config_keys, write_script
+    from rlprobe_patch.workflow.script import default_output, render_script, write_script
+
+    for item in opts.get("sets", ()):
+        if "=" not in item or item.startswith("-"):
+            raise WorkflowUsageError(f"--set {item!r}: expected a Hydra override KEY=VALUE")
 
     detection, req, verl_root = _requirements(original, opts)
     missing = [side for side in _NEEDED_CONFIGS[req.mode] if side not in req.configs]
@@ -291,13 +364,13 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         flags = " ".join(f"--{side}-config PATH" for side in missing)
         raise WorkflowUsageError(f"--mode {req.mode} needs {flags}", hint="write them with rlprobe-patch config")
     if req.refusals:
-        raise RefusedError(
-            f"{original}: cannot derive a {req.mode} collection script",
-            details=req.refusals,
-            hint="nothing was written",
-        )
-    known = verl_config_keys(verl_root, req.train_backend) if verl_root is not None else None
-    text, changes = render_script(detection.script, req, original.name, known)
+        fixes = " ".join(dict.fromkeys(f for f in req.fixes if f.startswith("--set")))
+        others = [f for f in req.fixes if not f.startswith("--set")]
+        hint = "nothing was written"
+        if fixes:
+            hint += f"; to collect with these values, add: {fixes}" + (f" (or {' / '.join(others)})" if others else "")
+        raise RefusedError(f"{original}: cannot derive a {req.mode} collection script", details=req.refusals, hint=hint)
+    text, changes = render_script(detection.script, req, original.name, composed=verl_root is not None)
     output = output or default_output(original, req.mode)
     if not dry_run:
         write_script(original, output, text, force)
@@ -310,13 +383,14 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             "train_backend": req.train_backend,
             "rollout_backend": req.rollout_backend,
             "changes": [c.to_json() for c in changes],
+            "set": list(opts.get("sets", ())),
             "env": req.env,
             "notices": req.notices,
             "text": text if dry_run else None,
         }
     )
     for c in changes:
-        where = f" (line {c.line}, was {c.old})" if c.action == "replaced" else ""
+        where = f" (was {c.old} at {c.source})" if c.action == "set" else ""
         colour = {"skipped": "yellow", "kept": None}.get(c.action, "green")
         out.line(f"  {c.action:<9} {c.key}={c.value}{where}", fg=colour)
     for name, value in req.env.items():
@@ -336,7 +410,8 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
 @_script_options
 @command
 def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
-    """Check an existing collection script against the rules of its mode (exit 4 when a rule fails)."""
+    """Check a collection script against the rules of its mode (exit 4 when a rule fails, 3 when verl would
+    refuse its overrides)."""
     from rlprobe_patch.workflow.script import check_script
 
     detection, req, _ = _requirements(script, opts)

@@ -1,16 +1,17 @@
 """`detect`: the collection mode, training backend and rollout backend of a training script.
 
-The skill's three detectors (`detect-dump-mode.sh`, `detect-train-backend.sh`,
-`detect-rollout-backend.sh`) grep the script. Here the same signals (same points, same tie
-order: training, inference, consistency) are read from the parsed script: Hydra overrides
-and the YAML files it references, exported switches, so `rollout: {name: sglang}` in a YAML
-file counts and a commented-out `# DUMP_ON=1` does not. Every decision lists its signals.
+The skill's mode detector (`detect-dump-mode.sh`) greps the script. Here the same signals
+(same points, same tie order: training, inference, consistency) are read from what the script
+really launches (`scriptmodel`): Hydra overrides and the YAML files, exported switches, so
+`rollout: {name: sglang}` in a YAML file counts and a commented-out `# DUMP_ON=1` does not.
+The backends are not guessed from signals: they are the values verl will run with, composed by
+Hydra from the tree's config (or the release defaults in the catalogue, marked as assumed).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,14 @@ class Detection:
     train_backend: str
     rollout_backend: str
     signals: list[Signal] = field(default_factory=list)
-    conflicts: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
 
     def signals_for(self, decision: str) -> list[Signal]:
         return [s for s in self.signals if s.decision == decision]
 
 
 def _where(source: str) -> str:
-    return source.replace("script:", "line ").replace("yaml:", "")
+    return source.replace("yaml:", "")
 
 
 def _hint_signals(hint: str) -> list[Signal]:
@@ -154,80 +155,57 @@ def _mentions_stage(value: Any) -> bool:
     return isinstance(value, str) and any(stage in value for stage in STAGES)
 
 
+HOOKED_ENGINES = ("fsdp", "fsdp2", "megatron")
+
+
+def _fact_signal(script: Script, decision: str, fact: str) -> Signal | None:
+    found = script.facts.get(fact)
+    if found is None or found.value in (None, "", "???"):
+        return None
+    return Signal(decision, str(found.value).lower(), 10, f"{fact} = {found.value}", found.source)
+
+
 def _train_backend(script: Script) -> tuple[str, list[Signal], list[str]]:
-    signals: list[Signal] = []
-    for s in script.settings.values():
-        leaf = s.key.rsplit(".", 1)[-1]
-        if leaf in ("strategy", "backend") and not s.key.startswith("global_profiler") and ".rollout." not in s.key:
-            value = str(s.value).lower()
-            if value in ("megatron", "fsdp", "fsdp2"):
-                weight = 3 if s.key.startswith("actor_rollout_ref.actor") else 1
-                signals.append(Signal("train_backend", value, weight, f"{s.key}={s.value}", _where(s.source)))
-    if script.config_name:
-        name = script.config_name.lower()
-        value = "megatron" if "megatron" in name else "fsdp" if "ppo_trainer" in name or "fsdp" in name else ""
-        if value:
-            signals.append(Signal("train_backend", value, 2, f"--config-name {script.config_name}", "script"))
-    megatron_keys = [k for k in script.settings if ".megatron." in f".{k}." and k.startswith("actor_rollout_ref")]
-    if megatron_keys and not any(s.value == "megatron" for s in signals):
-        s = script.settings[megatron_keys[0]]
-        signals.append(Signal("train_backend", "megatron", 1, f"megatron settings ({s.key})", _where(s.source)))
-    if not signals:
-        return "unknown", signals, []
-    totals: dict[str, int] = {}
-    for s in signals:
-        family = "megatron" if s.value == "megatron" else "fsdp"
-        totals[family] = totals.get(family, 0) + s.points
-    conflicts = []
-    if len(totals) > 1:
-        conflicts.append(
-            "training backend: both megatron and fsdp signals ("
-            + ", ".join(f"{s.evidence} at {s.where}" for s in signals)
-            + ")"
+    """The engine verl will run: Hydra's composed value (with a tree) or the overrides on the release defaults."""
+    signal = _fact_signal(script, "train_backend", "train_backend")
+    if signal is None:
+        return "unknown", [], []
+    notices = []
+    if signal.value not in HOOKED_ENGINES:
+        notices.append(
+            f"training engine {signal.value}: it runs its own training loop, the engine hooks (fsdp, megatron) "
+            "do not fire there"
         )
-    family = max(totals, key=lambda f: (totals[f], f == "megatron"))
-    if family == "fsdp":
-        strategies = [s for s in signals if s.value == "fsdp2"]
-        return ("fsdp2" if strategies else "fsdp"), signals, conflicts
-    return "megatron", signals, conflicts
+    return signal.value, [signal], notices
 
 
 def _rollout_backend(script: Script) -> tuple[str, list[Signal]]:
-    signals: list[Signal] = []
-    name = script.get("rollout.name")
-    if name is not None and str(name.value).lower() in ROLLOUT_BACKENDS:
-        signals.append(
-            Signal("rollout_backend", str(name.value).lower(), 10, f"{name.key}={name.value}", _where(name.source))
-        )
-    elif name is not None:
-        signals.append(
-            Signal(
-                "rollout_backend", "unknown", 0, f"{name.key}={name.value} (not a known backend)", _where(name.source)
-            )
-        )
-    for backend in ("sglang", "vllm"):
-        keys = [s for s in script.settings.values() if f"engine_kwargs.{backend}." in s.key + "."]
-        if keys:
-            s = keys[0]
-            signals.append(Signal("rollout_backend", backend, 2, f"{s.key} set", _where(s.source)))
-    if not signals:
-        return "unknown", signals
-    best = max(signals, key=lambda s: s.points)
-    return (best.value if best.points else "unknown"), signals
+    signal = _fact_signal(script, "rollout_backend", "rollout_backend")
+    if signal is None:
+        return "unknown", []
+    if signal.value not in ROLLOUT_BACKENDS:
+        return "unknown", [replace(signal, points=0, evidence=f"{signal.evidence} (not a known backend)")]
+    return signal.value, [signal]
 
 
-def detect_script(path: Path, hint: str = "") -> Detection:
-    script = read_script(path)
-    signals = _hint_signals(hint) + _mode_signals(script)
+def detect_script(
+    path: Path,
+    hint: str = "",
+    *,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    verl_root: Path | None = None,
+    release: str | None = None,
+    extra: list[str] | None = None,
+) -> Detection:
+    script = read_script(path, args=args, env=env, verl_root=verl_root, release=release, extra=extra)
+    own = {k: v for k, v in script.settings.items() if not v.source.startswith("verl default")}
+    signals = _hint_signals(hint) + _mode_signals(replace(script, settings=own))  # what the script sets
     scores = {mode: sum(s.points for s in signals if s.decision == "mode" and s.value == mode) for mode in MODES}
     best = max(scores.values())
     mode = next(m for m in MODES if scores[m] == best) if best > 0 else "unknown"
-    train_backend, train_signals, conflicts = _train_backend(script)
+    train_backend, train_signals, notices = _train_backend(script)
     rollout_backend, rollout_signals = _rollout_backend(script)
-    if len({s.value for s in rollout_signals if s.points}) > 1:
-        conflicts.append(
-            "rollout backend: " + ", ".join(f"{s.evidence} at {s.where}" for s in rollout_signals if s.points)
-        )
     return Detection(
         script=script,
         mode=mode,
@@ -235,7 +213,7 @@ def detect_script(path: Path, hint: str = "") -> Detection:
         train_backend=train_backend,
         rollout_backend=rollout_backend,
         signals=signals + train_signals + rollout_signals,
-        conflicts=conflicts,
+        notices=notices,
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,8 @@ from packaging.version import InvalidVersion, Version
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.workflow.config import read_config, rule_problems
 from rlprobe_patch.workflow.detect import STAGES, Detection, detect_script
-from rlprobe_patch.workflow.scriptmodel import Script, Setting, flatten, is_true
+from rlprobe_patch.workflow.hydra_config import FACT_KEYS
+from rlprobe_patch.workflow.scriptmodel import Script, Setting, is_true
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
@@ -43,6 +45,7 @@ class Requirement:
     value: Any
     why: str
     only_if_present: bool = False  # e.g. skip switches: turned off where the script turns them on
+    create: bool = False  # `++key=`: needed even where the release's config has no such key
 
     @property
     def text(self) -> str:
@@ -59,6 +62,7 @@ class Requirements:
     refusals: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     configs: dict[str, str] = field(default_factory=dict)  # side -> config path the script uses
+    fixes: list[str] = field(default_factory=list)  # `script` options that would make a refused run derivable
 
     def add(self, key: str, value: Any, why: str, **kw: Any) -> None:
         self.settings = [r for r in self.settings if r.key != key]
@@ -85,17 +89,26 @@ def same_value(current: Any, wanted: Any) -> bool:
 
 
 def _int(script: Script, key: str, default: int | None) -> tuple[int | None, str]:
+    """The value the run gets for `key`: the script's (or the tree's config), else the release default."""
     setting = script.settings.get(key)
     if setting is None:
-        return default, f"{key} not set (verl's default {default})"
+        fact = next((script.facts[f] for f, keys in FACT_KEYS.items() if key in keys and f in script.facts), None)
+        if fact is None or fact.value is None:
+            return default, f"{key} not set (verl's default {default})"
+        setting = Setting(key, fact.value, fact.source)
     try:
         return int(setting.value), f"{key}={setting.value} ({_where(setting)})"
     except (TypeError, ValueError):
         return None, f"{key}={setting.value!r} ({_where(setting)}) is not a number"
 
 
+def _set_by_script(script: Script, key: str) -> bool:
+    setting = script.settings.get(key)
+    return setting is not None and not setting.source.startswith(("verl default", "assumed"))
+
+
 def _where(setting: Setting) -> str:
-    return setting.source.replace("script:", "line ").replace("yaml:", "")
+    return setting.source.replace("yaml:", "")
 
 
 def _version(text: str | None) -> Version | None:
@@ -147,6 +160,9 @@ def requirements(
     if world is None:
         req.refusals.append(f"cannot tell the GPU count: {world_why}; pass --n-gpus")
         return req
+    if n_gpus is not None:  # the derived script runs on the GPUs the checks assumed
+        req.add("trainer.n_gpus_per_node", n_gpus, f"--n-gpus {n_gpus}: the GPU count the alignment checks used")
+        req.add("trainer.nnodes", 1, f"--n-gpus {n_gpus}: on one node")
     dp = _alignment(req, script, train, world, world_why)
     for key, value, why in (
         ("data.train_batch_size", 1, "batch: one prompt per step"),
@@ -221,7 +237,9 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> Non
         if ascend is None:
             req.notices.append("vLLM-Ascend version unknown: using additional_config.dump_config_path (0.13+)")
         if config:
-            req.add(f"{ROLLOUT}.engine_kwargs.vllm.additional_config.{key}", config, f"vLLM-Ascend reads {key}")
+            req.add(
+                f"{ROLLOUT}.engine_kwargs.vllm.additional_config.{key}", config, f"vLLM-Ascend reads {key}", create=True
+            )
     elif backend == "sglang":
         sglang = _version(versions.get("sglang"))
         if sglang is not None and sglang < Version("0.5.11"):
@@ -235,7 +253,12 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> Non
                 "SGLang version unknown: assuming >= 0.5.11 (msprobe_dump_config); pass --sglang-version"
             )
         if config:
-            req.add(f"{ROLLOUT}.engine_kwargs.sglang.msprobe_dump_config", config, "SGLang >= 0.5.11 native option")
+            req.add(
+                f"{ROLLOUT}.engine_kwargs.sglang.msprobe_dump_config",
+                config,
+                "SGLang >= 0.5.11 native option",
+                create=True,
+            )
         req.notices.append(
             "SGLang with prefill/decode disaggregation: export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"
         )
@@ -266,7 +289,7 @@ def _alignment(req: Requirements, script: Script, train: str, world: int, world_
     if req.rollout_backend == "vllm" and rollout_pp is not None and rollout_pp > 1:
         req.refusals.append(f"vLLM rollout with pipeline parallelism > 1 is unsupported ({pp_why})")
     if train == "fsdp":
-        if rollout_tp is None:
+        if rollout_tp is None or not _set_by_script(script, f"{ROLLOUT}.tensor_model_parallel_size"):
             req.add(
                 f"{ROLLOUT}.tensor_model_parallel_size", world, f"FSDP: rollout TP = rollout GPU count ({world_why})"
             )
@@ -275,8 +298,11 @@ def _alignment(req: Requirements, script: Script, train: str, world: int, world_
                 f"FSDP: rollout TP must equal the rollout GPU count so that every generate rank matches a "
                 f"training rank: {tp_why}, but {world_why}"
             )
+            req.fixes.append(f"--set {ROLLOUT}.tensor_model_parallel_size={world}")
+            req.fixes.append(f"--n-gpus {rollout_tp}")
         if rollout_dp not in (None, 1):
             req.refusals.append(f"FSDP: rollout data parallel size must be 1 ({dp_why})")
+            req.fixes.append(f"--set {ROLLOUT}.data_parallel_size=1")
         return world
     # Megatron: the same TP / PP / EP on actor, ref and rollout
     sizes: dict[str, dict[str, tuple[int | None, str]]] = {}
@@ -294,13 +320,28 @@ def _alignment(req: Requirements, script: Script, train: str, world: int, world_
         "PP": (rollout_pp, pp_why),
         "EP": (rollout_ep, ep_why),
     }
+    keys = {
+        "TP": ("megatron.tensor_model_parallel_size", "tensor_model_parallel_size"),
+        "PP": ("megatron.pipeline_model_parallel_size", "pipeline_model_parallel_size"),
+        "EP": ("megatron.expert_model_parallel_size", "expert_parallel_size"),
+    }
     for dim in ("TP", "PP", "EP"):
         values = {role: sizes[role][dim] for role in sizes}
         if len({v for v, _ in values.values()}) > 1:
             detail = "; ".join(why for _, why in values.values())
             req.refusals.append(f"Megatron: {dim} must be equal on actor, ref and rollout: {detail}")
+            target = 1 if dim == "PP" else values[ACTOR][0]
+            trainer_key, rollout_key = keys[dim]
+            for role, (value, _) in values.items():
+                if value != target:
+                    key = f"{role}.{rollout_key if role == ROLLOUT else trainer_key}"
+                    req.fixes.append(f"--set {key}={target}")
     if sizes[ACTOR]["PP"][0] not in (None, 1):
         req.refusals.append(f"Megatron: pipeline parallelism must be 1 for the dump ({sizes[ACTOR]['PP'][1]})")
+        for role in (ACTOR, REF):
+            fix = f"--set {role}.megatron.pipeline_model_parallel_size=1"
+            if fix not in req.fixes:
+                req.fixes.append(fix)
     for role in (ACTOR, REF):
         req.add(f"{role}.megatron.pipeline_model_parallel_size", 1, "PP = 1 (vLLM rollout PP > 1 is unsupported)")
     tp = sizes[ACTOR]["TP"][0] or 1
@@ -311,28 +352,14 @@ def _alignment(req: Requirements, script: Script, train: str, world: int, world_
     return world // (tp * (cp or 1))
 
 
-# -- verl's own config: which keys exist --------------------------------------------------------
-def verl_config_keys(verl_root: Path, train_backend: str) -> set[str] | None:
-    import yaml
-
-    name = "_generated_ppo_megatron_trainer.yaml" if train_backend == "megatron" else "_generated_ppo_trainer.yaml"
-    path = verl_root / "verl" / "trainer" / "config" / name
-    if not path.is_file():
-        return None
-    try:
-        return set(flatten(yaml.safe_load(path.read_text(encoding="utf-8"))))
-    except (OSError, yaml.YAMLError):
-        return None
-
-
 # -- writing the new script ---------------------------------------------------------------------
 @dataclass
 class Change:
     key: str
     value: str
     why: str
-    action: str  # "replaced", "added", "kept", "skipped"
-    line: int | None = None
+    action: str  # "set" (appended, the script had another value), "added", "kept", "skipped"
+    source: str | None = None  # where the value it replaces came from
     old: Any = None
 
     def to_json(self) -> dict[str, Any]:
@@ -341,7 +368,7 @@ class Change:
             "value": self.value,
             "why": self.why,
             "action": self.action,
-            "line": self.line,
+            "source": self.source,
             "old": self.old,
         }
 
@@ -351,67 +378,67 @@ def _token(prefix: str, key: str, value: str) -> str:
     return token if shlex.quote(token) == token else shlex.quote(token)
 
 
-def render_script(
-    script: Script, req: Requirements, source_name: str, known_keys: set[str] | None
-) -> tuple[str, list[Change]]:
-    if not script.training_commands:
+def render_script(script: Script, req: Requirements, source_name: str, composed: bool) -> tuple[str, list[Change]]:
+    """The collection script: the original, with our overrides passed after the user's own.
+
+    Hydra applies overrides in order, so the values appended at the end of the verl launch are the
+    ones the run gets, whatever the arrays, variables and `"$@"` before them hold; nothing of the
+    user's is edited. `composed`: the settings are the tree's full config, so a key that is not
+    there does not exist in that release (skipped unless the requirement creates it)."""
+    launch = script.launch
+    if launch is None:
+        raise RefusedError(f"{script.path}: no verl launch found")
+    if launch.run.file.resolve() != script.path.resolve():
         raise RefusedError(
-            f"{script.path}: no training command with Hydra overrides found",
-            hint="the script must run verl (python3 -m verl.trainer.main_ppo key=value ...)",
+            f"{script.path}: the verl launch is in {launch.run.file} (line {launch.run.line}), which it sources",
+            hint=f"derive the collection script from {launch.run.file}",
         )
-    text = script.text
-    edits: list[tuple[int, int, str]] = []
     changes: list[Change] = []
     appended: list[str] = []
     for r in req.settings:
-        present = [o for o in script.overrides if o.key == r.key]
-        if present:
-            for o in present:
-                if same_value(o.value, r.value):
-                    changes.append(Change(r.key, r.text, r.why, "kept", o.line, o.value))
-                    continue
-                edits.append((o.word.start, o.word.end, _token(o.prefix if o.prefix != "~" else "++", r.key, r.text)))
-                changes.append(Change(r.key, r.text, r.why, "replaced", o.line, o.value))
-            continue
-        if r.only_if_present and r.key not in script.settings:
-            continue
         current = script.settings.get(r.key)
-        if known_keys is not None and r.key not in known_keys and current is None:
+        if current is None and r.only_if_present:
+            continue
+        if current is not None and same_value(current.value, r.value):
+            changes.append(Change(r.key, r.text, r.why, "kept", current.source, current.value))
+            continue
+        if current is None and composed and not r.create:
             changes.append(Change(r.key, r.text, r.why + " (not in this verl release's config)", "skipped"))
             continue
-        old = current.value if current is not None else None
-        if current is not None and same_value(current.value, r.value):
-            changes.append(Change(r.key, r.text, r.why, "kept", None, old))
-            continue
-        appended.append(_token("++", r.key, r.text))
-        changes.append(Change(r.key, r.text, r.why, "added", None, old))
-    last = script.commands[script.training_commands[-1]]
-    anchor = max((o.word for o in script.overrides if o.command == script.training_commands[-1]), key=lambda w: w.end)
-    line_start = text.rfind("\n", 0, anchor.start) + 1
-    indent = text[line_start : line_start + len(text[line_start:]) - len(text[line_start:].lstrip(" \t"))]
+        appended.append(_token("" if current is not None else "++", r.key, r.text))
+        action = "set" if current is not None else "added"
+        changes.append(
+            Change(
+                r.key, r.text, r.why, action, current.source if current else None, current.value if current else None
+            )
+        )
+    data = script.path.read_bytes()
+    edits: list[tuple[int, bytes]] = []
+    run = launch.run
     if appended:
-        block = "".join(f" \\\n{indent}{token}" for token in appended)
-        edits.append((anchor.end, anchor.end, block))
-    first = last.words[0]
-    cmd_line_start = text.rfind("\n", 0, first.start) + 1
-    cmd_indent = text[cmd_line_start : first.start] if not text[cmd_line_start : first.start].strip() else ""
-    exports = [f"{cmd_indent}# rlprobe-patch: {req.mode} collection switches"]
-    for name, value in req.env.items():
-        exports.append(f"{cmd_indent}export {name}={shlex.quote(value)}")
-    edits.append((cmd_line_start, cmd_line_start, "\n".join(exports) + "\n"))
-    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
-        text = text[:start] + new + text[end:]
+        line_start = data.rfind(b"\n", 0, run.start_byte) + 1
+        indent = re.match(rb"[ \t]*", data[line_start:]).group(0).decode()  # type: ignore[union-attr]
+        block = "".join(f" \\\n{indent}    {token}" for token in appended)
+        edits.append((run.args_end_byte, block.encode()))
+    line_start = data.rfind(b"\n", 0, run.start_byte) + 1
+    indent = re.match(rb"[ \t]*", data[line_start:]).group(0).decode()  # type: ignore[union-attr]
+    exports = [f"{indent}# rlprobe-patch: {req.mode} collection switches"]
+    exports += [f"{indent}export {name}={shlex.quote(value)}" for name, value in req.env.items()]
+    edits.append((line_start, ("\n".join(exports) + "\n").encode()))
+    for at, text in sorted(edits, reverse=True):
+        data = data[:at] + text + data[at:]
+    out = data.decode("utf-8")
     header = (
         f"# Generated by rlprobe-patch script --mode {req.mode} from {source_name} "
         f"on {dt.date.today().isoformat()}; the original is unchanged.\n"
         f"# training backend: {req.train_backend}, rollout backend: {req.rollout_backend}\n"
     )
-    if text.startswith("#!"):
-        nl = text.find("\n") + 1
-        text = text[:nl] + header + text[nl:]
+    if out.startswith("#!"):
+        nl = out.find("\n") + 1
+        out = out[:nl] + header + out[nl:]
     else:
-        text = header + text
-    return text, changes
+        out = header + out
+    return out, changes
 
 
 def default_output(original: Path, mode: str) -> Path:
@@ -528,5 +555,5 @@ def _config_checks(script: Script, req: Requirements) -> list[ScriptCheck]:
     return checks
 
 
-def load_detection(path: Path, hint: str = "") -> Detection:
-    return detect_script(path, hint)
+def load_detection(path: Path, hint: str = "", **reader: Any) -> Detection:
+    return detect_script(path, hint, **reader)

@@ -1,12 +1,12 @@
-"""A training script read as what it configures: environment, Hydra overrides, YAML files.
+"""A training script read as what it configures: the launch, its environment, verl's final values.
 
-`read_script(path)` walks the script's commands in order, expanding variables from earlier
-assignments (`MODEL=${1:-Qwen}`, `export DUMP_ON=1`), finds the training command (the one
-that carries Hydra overrides), parses each override (`key=value`, `+key=`, `++key=`, `~key`,
-quoted values, lists, inline dicts) and loads the YAML files the script names
-(`--config-path/--config-name` with their `defaults`, and any `*.yaml` path it mentions).
-The result is one table of effective settings, each with where it came from: YAML first,
-then the command line, a later override winning over an earlier one, as in Hydra.
+`read_script(path)` evaluates the script the way bash would (`shell.read_shell`: arrays,
+defaults, functions, sourced files, `"$@"` from `--arg`, `--env`), finds the verl launch among
+the commands it runs (`launch.launches`), and reads that launch's Hydra overrides. With a verl
+tree, the overrides are composed with the tree's own config by Hydra (`hydra_config`), so every
+setting is the value verl will run with; without one, the YAML files the script names and the
+overrides are read as Hydra would layer them, and the facts fall back to the release defaults in
+the catalogue, marked as assumed. Every setting keeps where it came from.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.workflow.shell import Command, Comment, Word, tokenize
+from rlprobe_patch.workflow import hydra_config
+from rlprobe_patch.workflow.launch import Launch, launches
+from rlprobe_patch.workflow.shell import Field, Reading, read_shell
 
 _OVERRIDE = re.compile(r"^(~|\+\+|\+)?([A-Za-z_][\w\-]*(?:[./@][\w\-]+)*)(?:=(.*))?$", re.S)
-# A command that runs a verl entry point (or any python file/module) with overrides.
-_PROGRAM = re.compile(r"(^|/)(python[\d.]*|torchrun|accelerate|deepspeed)$|\.py$")
 _YAML_PATH = re.compile(r"[^\s=:'\"]+\.ya?ml$")
 _CONFIG_OPTIONS = {
     "--config-path": "config_path",
@@ -38,22 +38,25 @@ class Override:
     key: str
     value: Any
     value_text: str
-    word: Word
-    command: int  # index into Script.commands
+    field: Field
 
     @property
     def line(self) -> int:
-        return self.word.line
+        return self.field.line
+
+    @property
+    def source(self) -> str:
+        return _arg_source(self.field)
 
     def to_json(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "key": self.key, "value": self.value, "line": self.line}
+        return {"prefix": self.prefix, "key": self.key, "value": self.value, "source": self.source}
 
 
 @dataclass
 class Setting:
     key: str
     value: Any
-    source: str  # "script:12", "yaml:path/to/file.yaml", "env:12"
+    source: str  # "run.sh:12", "verl default (ppo_trainer.yaml)", "yaml:path/to/file.yaml", "--env"
     override: Override | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -72,18 +75,28 @@ class YamlFile:
 class Script:
     path: Path
     text: str
-    commands: list[Command]
-    comments: list[Comment]
-    variables: dict[str, str] = field(default_factory=dict)
-    env: dict[str, Setting] = field(default_factory=dict)  # exported / command-prefix variables
+    reading: Reading
+    launch: Launch | None = None  # the verl launch (the last one the script runs)
+    env: dict[str, Setting] = field(default_factory=dict)  # what the launch's process sees
     overrides: list[Override] = field(default_factory=list)
-    training_commands: list[int] = field(default_factory=list)
     yaml_files: list[YamlFile] = field(default_factory=list)
     settings: dict[str, Setting] = field(default_factory=dict)
     config_path: str | None = None
     config_name: str | None = None
-    unresolved: dict[str, int] = field(default_factory=dict)  # variable -> first line used
+    composed: hydra_config.Composed | None = None
     yaml_data: list[tuple[Path, Any]] = field(default_factory=list, repr=False)  # in load order
+
+    @property
+    def facts(self) -> dict[str, hydra_config.Fact]:
+        return self.composed.facts if self.composed is not None else {}
+
+    @property
+    def unresolved(self) -> list[str]:
+        return [str(u) for u in self.reading.unresolved]
+
+    def fact(self, name: str, default: Any = None) -> Any:
+        found = self.facts.get(name)
+        return default if found is None else found.value
 
     def get(self, key: str) -> Setting | None:
         """The setting named `key`, or the one whose dotted key ends with `.key` (the longest match)."""
@@ -101,8 +114,8 @@ class Script:
         return default if setting is None else setting.value
 
     def code_text(self) -> str:
-        """The script without its comments (for the skill's text signals on code)."""
-        return "\n".join(" ".join(w.text for w in c.words) for c in self.commands)
+        """The script and the files it sources, without comments (for the skill's text signals on code)."""
+        return "\n".join(self.reading.code)
 
     def overrides_of(self, key: str) -> list[Override]:
         return [o for o in self.overrides if o.key == key]
@@ -139,72 +152,98 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def read_script(path: Path, text: str | None = None) -> Script:
+def read_script(
+    path: Path,
+    *,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    verl_root: Path | None = None,
+    release: str | None = None,
+    extra: list[str] | None = None,
+) -> Script:
+    """Read `path` as bash and Hydra would. `args` are the script's arguments, `env` the caller's,
+    `extra` overrides added after the launch's own (`script --set`)."""
     path = Path(path)
-    if text is None:
-        if not path.is_file():
-            raise RefusedError(f"{path}: no such file", hint="pass the training script (e.g. run_qwen_grpo.sh)")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise RefusedError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    commands, comments = tokenize(text)
-    script = Script(path=path, text=text, commands=commands, comments=comments)
-    _walk(script)
+    reading = read_shell(path, args=args, env=env)
+    text = path.read_text(encoding="utf-8")
+    script = Script(path=path, text=text, reading=reading)
+    verl = [launch for launch in launches(reading) if launch.is_verl]
+    if not verl:
+        commands = ", ".join(sorted({Path(r.argv[0].text).name for r in reading.runs if r.argv})) or "none"
+        raise RefusedError(
+            f"{path}: no verl launch found (commands it runs: {commands})",
+            hint="the script must run verl, e.g. python3 -m verl.trainer.main_ppo key=value ...; "
+            "pass the script's own arguments with --arg and its environment with --env",
+        )
+    launch = script.launch = verl[-1]
+    launch.args = [*launch.args, *(Field(text, Path("--set"), 0) for text in extra or ())]
+    for name, value in launch.env.items():
+        script.env[name] = Setting(name, value.text, _arg_source(value))
+    script.overrides = _overrides_of(script, launch.args)
+    hydra_args = [_hydra_arg(f) for f in launch.args]
+    cwd = launch.run.cwd
+    if verl_root is not None:
+        script.composed = hydra_config.compose_launch(verl_root, launch.entry, hydra_args, cwd=cwd, release=release)
+        if script.composed.config is not None:
+            _settle_composed(script)
+            return script
     _load_yaml(script)
     _settle(script)
+    if script.composed is None:
+        script.composed = hydra_config.compose_launch(None, launch.entry, hydra_args, cwd=cwd, release=release)
+        _facts_from_settings(script)
     return script
 
 
-def _walk(script: Script) -> None:
-    variables = script.variables
-    for index, command in enumerate(script.commands):
-        for word in command.words:
-            word.expand(variables)
-            for name in word.unresolved:
-                script.unresolved.setdefault(name, word.line)
-        assignments = command.assignments
-        args = command.args
-        if not args:  # plain assignments: shell variables
-            for name, word in assignments:
-                variables[name] = word.text.split("=", 1)[1]
-            continue
-        first = args[0].text
-        if first in ("export", "declare", "local", "readonly"):
-            for word in args[1:]:
-                m = re.match(r"^([A-Za-z_]\w*)=(.*)$", word.text, re.S)
-                if m:
-                    variables[m.group(1)] = m.group(2)
-                    script.env[m.group(1)] = Setting(m.group(1), m.group(2), f"script:{word.line}")
-                elif re.match(r"^[A-Za-z_]\w*$", word.text) and word.text in variables:
-                    name = word.text
-                    script.env[name] = Setting(name, variables[name], f"script:{word.line}")
-            continue
-        if first == "unset":
-            for word in args[1:]:
-                variables.pop(word.text, None)
-                script.env.pop(word.text, None)
-            continue
-        overrides = _overrides_of(script, index, args)
-        is_training = bool(overrides) and any(_PROGRAM.search(w.text) or w.text == "-m" for w in args[:4])
-        if is_training:
-            script.training_commands.append(index)
-            script.overrides.extend(overrides)
-            for name, word in assignments:  # `DUMP_ON=1 python3 -m ...`
-                script.env[name] = Setting(name, word.text.split("=", 1)[1], f"script:{word.line}")
+def _facts_from_settings(script: Script) -> None:
+    """Without a tree: what the YAML files and overrides set wins over the assumed release defaults."""
+    assert script.composed is not None
+    facts = script.composed.facts
+    for fact, keys in hydra_config.FACT_KEYS.items():
+        for key in keys:
+            setting = script.settings.get(key)
+            if setting is not None:
+                facts[fact] = hydra_config.Fact(setting.value, _where(setting.source))
+                break
+    engine = script.settings.get("model_engine")
+    if engine is not None:
+        facts["train_backend"] = hydra_config.Fact("fsdp" if engine.value == "dp" else engine.value, engine.source)
 
 
-def _overrides_of(script: Script, index: int, args: list[Word]) -> list[Override]:
+def _where(source: str) -> str:
+    return source.removeprefix("yaml:")
+
+
+UNRESOLVED = "__unresolved__"
+
+
+def _hydra_arg(f: Field) -> hydra_config.Arg:
+    """The argument as Hydra gets it; a value only a run knows (`$(date)`) stands as UNRESOLVED."""
+    if f.exact:
+        return hydra_config.Arg(f.text, _arg_source(f))
+    key, eq, _ = f.text.partition("=")
+    if eq and _OVERRIDE.match(key + "=x"):
+        return hydra_config.Arg(f"{key}={UNRESOLVED}", _arg_source(f) + " (value not known before the run)")
+    return hydra_config.Arg(f.text, _arg_source(f))
+
+
+def _arg_source(f: Field) -> str:
+    if f.file.name in ("--arg", "--env", "--set"):
+        return f.file.name
+    return f.source
+
+
+def _overrides_of(script: Script, args: list[Field]) -> list[Override]:
     found: list[Override] = []
     skip_next = False
     for position, word in enumerate(args):
-        if position == 0 or skip_next:
+        if skip_next:
             skip_next = False
             continue
         text = word.text
-        if text in ("-m",) or text in _CONFIG_OPTIONS:
+        if text in _CONFIG_OPTIONS:
             skip_next = True
-            if text in _CONFIG_OPTIONS and position + 1 < len(args):
+            if position + 1 < len(args):
                 setattr(script, _CONFIG_OPTIONS[text], args[position + 1].text)
             continue
         if text.startswith("-"):
@@ -217,8 +256,26 @@ def _overrides_of(script: Script, index: int, args: list[Word]) -> list[Override
             continue
         value_text = m.group(3) or ""
         value = None if m.group(1) == "~" else parse_value(value_text)
-        found.append(Override(m.group(1) or "", m.group(2), value, value_text, word, index))
+        found.append(Override(m.group(1) or "", m.group(2), value, value_text, word))
     return found
+
+
+def _settle_composed(script: Script) -> None:
+    """Every key of the composed config, with the last override that set it (or its parent)."""
+    from omegaconf import OmegaConf
+
+    composed = script.composed
+    assert composed is not None and composed.config is not None
+    data = OmegaConf.to_container(composed.config, resolve=False)
+    default = f"verl default ({composed.config_file})"
+    settings = {key: Setting(key, value, default) for key, value in flatten(data).items()}
+    for override in script.overrides:
+        key = override.key.split("@")[0] if "@" in override.key else override.key
+        for name, setting in settings.items():
+            if name == key or name.startswith(key + "."):
+                setting.source = override.source
+                setting.override = override
+    script.settings = settings
 
 
 def _load_yaml(script: Script) -> None:
@@ -263,8 +320,8 @@ def _load_yaml(script: Script) -> None:
             load(target.resolve(), f"--config-name {script.config_name}", True)
         else:
             script.yaml_files.append(YamlFile(target, f"--config-name {script.config_name}", False, "not found"))
-    for command in script.commands:
-        for word in command.words:
+    for run in script.reading.runs:
+        for word in run.argv:
             value = word.text.split("=", 1)[-1]
             if _YAML_PATH.search(value):
                 found = resolve(value)
@@ -286,7 +343,7 @@ def _settle(script: Script) -> None:
             for key in [k for k in settings if k == override.key or k.startswith(override.key + ".")]:
                 del settings[key]
             continue
-        source = f"script:{override.line}"
+        source = override.source
         for key in [k for k in settings if k.startswith(override.key + ".")]:
             del settings[key]  # a dict value replaces the whole subtree
         settings[override.key] = Setting(override.key, override.value, source, override)
