@@ -138,12 +138,22 @@ def run_script(corpus: str, script: Path, root: Path) -> Truth:
     examples = EXAMPLES / corpus / "examples"
     rel = script.relative_to(examples).as_posix()
     with tempfile.TemporaryDirectory(prefix="oracle-") as tmp:
-        work = Path(tmp)
-        checkout, home, bin_dir = work / "verl", work / "home", work / "bin"
-        for folder in (checkout, home, bin_dir):
-            folder.mkdir()
+        checkout = Path(tmp) / "verl"
+        checkout.mkdir()
         (checkout / "examples").symlink_to(examples)
         (checkout / "verl").symlink_to(root / "verl")
+        truth = run_in_checkout(checkout, f"examples/{rel}", root)
+    truth.script = rel
+    return truth
+
+
+def run_in_checkout(checkout: Path, rel: str, root: Path) -> Truth:
+    """bash `rel` from the root of `checkout` (a folder holding `examples/` and `verl/`), launchers recorded."""
+    with tempfile.TemporaryDirectory(prefix="oracle-run-") as tmp:
+        work = Path(tmp)
+        home, bin_dir = work / "home", work / "bin"
+        for folder in (home, bin_dir):
+            folder.mkdir()
         for name in LAUNCHERS:
             (bin_dir / name).write_text(RECORDER)
             (bin_dir / name).chmod(0o755)
@@ -155,7 +165,7 @@ def run_script(corpus: str, script: Path, root: Path) -> Truth:
         env["BASH_FUNC_ulimit%%"] = '() { builtin ulimit "$@" 2>/dev/null || return 0; }'
         try:
             proc = subprocess.run(
-                ["bash", f"examples/{rel}"], cwd=checkout, env=env, stdin=subprocess.DEVNULL,
+                ["bash", rel], cwd=checkout, env=env, stdin=subprocess.DEVNULL,
                 capture_output=True, timeout=SCRIPT_TIMEOUT_S, check=False,
             )  # fmt: skip
             exit_code: int | None = proc.returncode
@@ -165,19 +175,19 @@ def run_script(corpus: str, script: Path, root: Path) -> Truth:
         calls = _read_record(record.read_bytes())
         with _HYDRA:
             launches = [_compose(entry, args, root, checkout) for entry, args in _verl_launches(calls, root)]
-    tail = "\n".join(stderr.splitlines()[-5:]).replace(tmp, "<tmp>")
+    tail = "\n".join(stderr.splitlines()[-5:]).replace(tmp, "/oracle-tmp")
     return Truth(rel, exit_code, _untmp(calls, tmp), _untmp_launches(launches, tmp), tail)
 
 
 def _untmp(calls: list[list[str]], tmp: str) -> list[list[str]]:
-    """Recorded argv with the temporary folder named `<tmp>` (stable across runs)."""
-    return [[arg.replace(tmp, "<tmp>") for arg in argv] for argv in calls]
+    """Recorded argv with the temporary folder named `/oracle-tmp` (stable across runs)."""
+    return [[arg.replace(tmp, "/oracle-tmp") for arg in argv] for argv in calls]
 
 
 def _untmp_launches(launches: list[Launch], tmp: str) -> list[Launch]:
     for launch in launches:
-        launch.args = [arg.replace(tmp, "<tmp>") for arg in launch.args]
-        launch.error = launch.error.replace(tmp, "<tmp>")
+        launch.args = [arg.replace(tmp, "/oracle-tmp") for arg in launch.args]
+        launch.error = launch.error.replace(tmp, "/oracle-tmp")
     return launches
 
 
@@ -236,7 +246,16 @@ def _verl_launches(calls: list[list[str]], root: Path) -> Iterator[tuple[str, li
 # --- Hydra ----------------------------------------------------------------------------------
 
 
-def _compose(entry: str, args: list[str], root: Path, cwd: Path) -> Launch:
+def compose_config(entry: str, args: list[str], root: Path, cwd: Path) -> Any:
+    """The composed config of a recorded launch (Hydra's own parser and compose), for checks on any key."""
+    holder: list[Any] = []
+    launch = _compose(entry, args, root, cwd, keep=holder)
+    if launch.error:
+        raise AssertionError(f"{entry}: Hydra refuses {args}: {launch.error}")
+    return holder[0]
+
+
+def _compose(entry: str, args: list[str], root: Path, cwd: Path, keep: list[Any] | None = None) -> Launch:
     """Hydra's parser and compose, as `@hydra.main` of the entry would (relative --config-path:
     against the entry's folder; relative `file://` search paths: against the working directory)."""
     from hydra import compose, initialize_config_dir
@@ -269,6 +288,8 @@ def _compose(entry: str, args: list[str], root: Path, cwd: Path) -> Launch:
     finally:
         os.chdir(before)
         GlobalHydra.instance().clear()
+    if keep is not None:
+        keep.append(config)
     launch.ppo = "actor_rollout_ref" in config
     if launch.ppo:
         launch.facts = truth_facts(config)

@@ -394,7 +394,7 @@ def render_script(script: Script, req: Requirements, source_name: str, composed:
             hint=f"derive the collection script from {launch.run.file}",
         )
     changes: list[Change] = []
-    appended: list[str] = []
+    appended = [shlex.quote(f.text) for f in launch.args if f.file.name == "--set"]  # the user's, first
     for r in req.settings:
         current = script.settings.get(r.key)
         if current is None and r.only_if_present:

@@ -266,7 +266,10 @@ def _settle_composed(script: Script) -> None:
 
     composed = script.composed
     assert composed is not None and composed.config is not None
-    data = OmegaConf.to_container(composed.config, resolve=False)
+    try:
+        data = OmegaConf.to_container(composed.config, resolve=True)
+    except Exception:  # an interpolation only verl's own resolvers answer: resolve key by key
+        data = _resolved_by_key(composed.config)
     default = f"verl default ({composed.config_file})"
     settings = {key: Setting(key, value, default) for key, value in flatten(data).items()}
     for override in script.overrides:
@@ -276,6 +279,27 @@ def _settle_composed(script: Script) -> None:
                 setting.source = override.source
                 setting.override = override
     script.settings = settings
+
+
+def _resolved_by_key(config: Any, prefix: str = "") -> Any:
+    """The config as plain data, each value resolved where it can be and kept as written where not."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(config, DictConfig):
+        out: dict[str, Any] = {}
+        for key in config.keys():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            try:
+                node = config[key]
+            except Exception:
+                out[str(key)] = str(config._get_node(key)._value())  # type: ignore[union-attr]
+                continue
+            out[str(key)] = _resolved_by_key(node, path) if isinstance(node, DictConfig | ListConfig) else node
+        return out
+    try:
+        return OmegaConf.to_container(config, resolve=True)
+    except Exception:
+        return OmegaConf.to_container(config, resolve=False)
 
 
 def _load_yaml(script: Script) -> None:
