@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from runtime import venvs
 
+from rlprobe_patch import matrix
 from rlprobe_patch.cli import main
 from rlprobe_patch.fsio import sha256
-from rlprobe_patch.matrix import fetch_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
@@ -26,7 +27,7 @@ REFUSED_RELEASES = ("0.4.1", "0.5.0")
 
 def verl_wheel(version: str) -> Path:
     """The real verl wheel, downloaded once into the cache (safe across xdist workers)."""
-    return fetch_wheel("verl", version)
+    return matrix.fetch_wheel("verl", version)
 
 
 SGLANG_MEMBERS = ("sglang/", "sglang-")  # only the Python package and its dist-info are unpacked
@@ -35,7 +36,7 @@ VLLM_ASCEND_MEMBERS = ("vllm_ascend/", "vllm_ascend-")
 
 def package_wheel(name: str, version: str) -> Path:
     """A package's wheel from the index (`pip download --no-deps`), cached like verl's."""
-    return fetch_wheel(name, version)
+    return matrix.fetch_wheel(name, version)
 
 
 def unpack(wheel: Path, dest: Path, prefixes: tuple[str, ...]) -> Path:
@@ -57,6 +58,24 @@ def vllm_ascend_tree(tmp_path: Path):
     return lambda version: unpack(
         package_wheel("vllm-ascend", version), tmp_path / f"vllm-ascend-{version}", VLLM_ASCEND_MEMBERS
     )
+
+
+@pytest.fixture(autouse=True)
+def downloads_only_in_real_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that fetches a wheel or builds a runtime venv must be marked `real`.
+
+    The fast part of the suite (`-m "not real and not runtime"`, run on Python 3.10 and 3.13 in CI)
+    must never reach the package index: an unmarked test that tries fails here, loudly.
+    """
+    if request.node.get_closest_marker("real") is not None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail(f"{request.node.nodeid} fetches a wheel or builds a venv: mark it `real`", pytrace=False)
+
+    monkeypatch.setattr(matrix, "fetch_wheel", refuse)
+    for name in ("ensure_verl_wheel", "ensure_runtime_venv", "ensure_megatron_venv"):
+        monkeypatch.setattr(venvs, name, refuse)
 
 
 @pytest.fixture(autouse=True)

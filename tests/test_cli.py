@@ -233,6 +233,74 @@ def test_check_engine_patch_wording(fixture_tree) -> None:
     assert cli("check-engine-patch", "--verl-root", root).exit_code == 2  # usage
 
 
+def test_skill_checkers_json_mirrors_their_lines_and_codes(fixture_tree) -> None:
+    """--json: the same verdict and exit code (0 PASS, 1 FAIL, 2 usage), the lines kept, and per-file checks."""
+    root = fixture_tree("0.9")
+    text = cli("check-engine-patch", "--verl-root", root, "--backend", "megatron")
+    code, out = cli_json("check-engine-patch", "--verl-root", root, "--backend", "megatron")
+    assert code == text.exit_code == 1
+    assert out["ok"] is False and out["exit_code"] == 1
+    assert out["lines"] == text.stdout.splitlines()
+    assert out["checks"] == [
+        {
+            "status": "FAIL",
+            "subject": str(root / MEGATRON),
+            "errors": [
+                "missing markers: _ensure_debugger, _log_update_actor_step, DUMP_ON, update_actor_log.jsonl, "
+                "PrecisionDebugger",
+                "Megatron: expected _finish_dump_step or _dump_should_record hooks",
+            ],
+        }
+    ]
+    assert cli("check-engine-patch", "--verl-root", root, "--json").exit_code == 2  # usage, as without --json
+
+    assert cli("apply", "--verl-root", root, "--backend", "fsdp").exit_code == ExitCode.OK
+    code, out = cli_json("check-engine-patch", "--verl-root", root, "--backend", "fsdp")
+    assert (code, out["ok"]) == (0, True)
+    assert out["checks"] == [{"status": "PASS", "subject": str(root / FSDP), "errors": []}]
+
+    text = cli("check-consistency-patch", "--verl-root", root)
+    code, out = cli_json("check-consistency-patch", "--verl-root", root)
+    assert code == text.exit_code == 1 and out["ok"] is False
+    assert out["lines"] == text.stdout.splitlines()
+    assert [c["status"] for c in out["checks"]] == [line.split(":")[0] for line in out["lines"] if line[0] != " "]
+    assert out["checks"][0] == {"status": "PASS", "subject": str(root / FSDP), "errors": []}
+    assert out["checks"][-1]["subject"] == "request_id injection missing in both llm_server.py and agent_loop.py"
+
+
+def test_every_command_takes_json(fixture_tree, tmp_path: Path) -> None:
+    """Each command `rlprobe-patch --help` lists prints one JSON document with `ok` under --json."""
+    root = fixture_tree("0.9")
+    script = FIXTURES / "workflow" / "scripts" / "inference_sglang.sh"
+    missing = tmp_path / "missing"
+    cheap_calls = {  # the quickest call of each command that still does its work, or refuses
+        "apply": ["--verl-root", missing, "--backend", "fsdp"],
+        "verify": ["--verl-root", missing],
+        "revert": ["--verl-root", missing],
+        "status": ["--verl-root", root],
+        "list": [],
+        "demo": ["--offline", "--workdir", tmp_path / "demo"],
+        "matrix": ["--patch", "no.such.patch"],
+        "check-engine-patch": ["--verl-root", root, "--backend", "fsdp"],
+        "check-consistency-patch": ["--verl-root", root],
+        "check-dump": ["--actor", missing],
+        "config": ["--mode", "training", "-o", tmp_path / "config.json", "--no-check"],
+        "doctor": [],
+        "detect": [script, "--no-trees"],
+        "check-script": [script],
+        "script": [script, "--dry-run"],
+    }
+    listing = cli("--help").stdout
+    listed = [line.split()[0] for line in listing.split("Commands:\n", 1)[1].splitlines() if line.strip()]
+    assert sorted(listed) == sorted(cheap_calls), "a new command needs its cheap call here"
+    for name in listed:
+        result = cli(name, *cheap_calls[name], "--json")
+        assert result.exit_code != ExitCode.USAGE, (name, result.output)
+        document = json.loads(result.stdout)
+        assert isinstance(document, dict) and isinstance(document["ok"], bool), name
+        assert document["ok"] == (result.exit_code == 0), (name, result.exit_code)
+
+
 def test_python_discovery_without_importing(fixture_tree, tmp_path: Path) -> None:
     """--python finds the tree the training interpreter imports, without running its code."""
     root = fixture_tree("0.8")

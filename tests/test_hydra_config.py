@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import tomllib
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,11 @@ from rlprobe_patch.workflow.hydra_config import (
     release_defaults,
     release_defaults_path,
 )
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 
 def args(*texts: str) -> list[Arg]:

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import importlib.util
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,11 @@ from packaging.version import Version
 from rlprobe_patch import __version__
 from rlprobe_patch import codemod as toolkit
 from rlprobe_patch.codemod import PatchCodemod, Payload
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 
 def patches_dir() -> Path:

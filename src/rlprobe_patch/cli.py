@@ -382,17 +382,33 @@ def verify_cmd(
     return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
 
 
+def skill_report(ok: bool, lines: list[str], as_json: bool) -> None:
+    """Print a skill checker's lines as the skill does, or as one JSON document; exit 0 PASS, 1 FAIL."""
+    code = 0 if ok else 1
+    if as_json:
+        checks: list[dict[str, Any]] = []
+        for line in lines:
+            word, sep, rest = line.partition(": ")
+            if sep and word in ("PASS", "FAIL", "INFO"):
+                checks.append({"status": word, "subject": rest, "errors": []})
+            elif line.startswith("  - ") and checks:
+                checks[-1]["errors"].append(line[4:])
+        click.echo(json.dumps({"ok": ok, "exit_code": code, "checks": checks, "lines": lines}, indent=2))
+    else:
+        for line in lines:
+            click.echo(line)
+    sys.exit(code)
+
+
 @main.command("check-engine-patch")
 @click.option("--verl-root", type=click.Path(path_type=Path), required=True)
 @click.option("--backend", type=click.Choice(["fsdp", "megatron"]), required=True)
-def check_engine_patch_cmd(verl_root: Path, backend: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the skill's lines.")
+def check_engine_patch_cmd(verl_root: Path, backend: str, as_json: bool) -> None:
     """The skill's check-engine-patch, same markers, wording and exit codes (0 PASS, 1 FAIL)."""
     from rlprobe_patch.skill_checks import check_engine_patch
 
-    ok, lines = check_engine_patch(verl_root, backend)
-    for line in lines:
-        click.echo(line)
-    sys.exit(0 if ok else 1)
+    skill_report(*check_engine_patch(verl_root, backend), as_json)
 
 
 @main.command("check-consistency-patch")
@@ -400,16 +416,17 @@ def check_engine_patch_cmd(verl_root: Path, backend: str) -> None:
 @click.option("--backend", type=click.Choice(["fsdp", "megatron"]), default="fsdp", show_default=True)
 @click.option("--vllm-ascend-root", default="", help="Also check the vLLM-Ascend DispatchLogger files.")
 @click.option("--skip-vllm", is_flag=True)
-def check_consistency_patch_cmd(verl_root: Path, backend: str, vllm_ascend_root: str, skip_vllm: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the skill's lines.")
+def check_consistency_patch_cmd(
+    verl_root: Path, backend: str, vllm_ascend_root: str, skip_vllm: bool, as_json: bool
+) -> None:
     """The skill's check-consistency-patch: same rules, PASS/FAIL/INFO wording and exit codes."""
     from rlprobe_patch.skill_checks import check_consistency_patch
 
     ok, lines = check_consistency_patch(
         verl_root, backend, Path(vllm_ascend_root) if vllm_ascend_root else None, skip_vllm
     )
-    for line in lines:
-        click.echo(line)
-    sys.exit(0 if ok else 1)
+    skill_report(ok, lines, as_json)
 
 
 # -- revert -----------------------------------------------------------------------------------

@@ -382,7 +382,7 @@ class ApplyResult:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def apply(
@@ -448,7 +448,7 @@ def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
     ledger = state.read_ledger()
     ledger.root = str(tree.root)  # a tree moved after an earlier apply: the record follows it
     applied = [p for p in plan.patches if p.state is State.APPLICABLE]
-    record_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    record_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     files = []
     before_tree, after_tree = {}, {}
     for rel, (before, after, mode) in sorted(plan.changes.items()):

@@ -20,11 +20,16 @@ import contextlib
 import io
 import os
 import re
-import tomllib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 PPO_CONFIG_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
 
