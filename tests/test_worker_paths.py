@@ -56,3 +56,73 @@ def test_legacy_with_the_consistency_set(real_tree) -> None:
     code, verified = cli_json("verify", "--verl-root", root)
     assert code == ExitCode.OK, [c for c in verified["trees"][0]["checks"] if not c["ok"]]
     assert any(line.startswith("FAIL: ") and "engine/fsdp" in line for line in verified["trees"][0]["skill"])
+
+
+ARRAY_SCRIPT = """#!/usr/bin/env bash
+set -euo pipefail
+LEGACY=${LEGACY:-auto}
+TRAINER=(
+    trainer.n_gpus_per_node=8
+    trainer.use_legacy_worker_impl=${LEGACY}
+)
+python3 -m verl.trainer.main_ppo "${TRAINER[@]}" "$@"
+"""
+
+
+@pytest.mark.parametrize(
+    ("files", "extra", "expected", "source"),
+    [
+        ({"run.sh": ARRAY_SCRIPT.replace("${LEGACY:-auto}", "disable")}, [], "engine", "run.sh:6"),
+        ({"run.sh": ARRAY_SCRIPT}, [], "legacy", "run.sh:6"),
+        ({"run.sh": ARRAY_SCRIPT}, ["--env", "LEGACY=disable"], "engine", "run.sh:6"),
+        ({"run.sh": ARRAY_SCRIPT}, ["--arg", "trainer.use_legacy_worker_impl=disable"], "engine", "--arg"),
+        (
+            {
+                "common.sh": "WORKERS=(trainer.use_legacy_worker_impl=disable)\n",
+                "run.sh": 'source "$(dirname "$0")/common.sh"\npython3 -m verl.trainer.main_ppo "${WORKERS[@]}"\n',
+            },
+            [],
+            "engine",
+            "common.sh:1",
+        ),
+        ({"run.sh": "python3 -m verl.trainer.main_ppo trainer.nnodes=1\n"}, [], "legacy", "ppo_trainer.yaml"),
+    ],
+)
+def test_worker_path_from_the_script_as_bash_and_hydra_read_it(
+    real_tree, tmp_path: Path, files: dict[str, str], extra: list[str], expected: str, source: str
+) -> None:
+    """verl 0.7.1: `disable` in an array, a sourced file, through --env or the script's arguments
+    hooks the engine workers; `auto` (set or verl's default) hooks the legacy ones, saying where from."""
+    root = real_tree("0.7.1")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--script", tmp_path / "run.sh", *extra)
+    assert code == ExitCode.OK, out
+    assert out["worker_path"]["impl"] == expected
+    assert source in out["worker_path"]["why"]
+    hook = {"legacy": "verl.legacy-fsdp-workers", "engine": "verl.fsdp-engine"}[expected]
+    assert [p["id"] for p in out["patches"]] == [hook]
+
+
+def test_a_script_verl_would_refuse_is_refused_before_patching(real_tree, tmp_path: Path) -> None:
+    root = real_tree("0.7.1")
+    (tmp_path / "run.sh").write_text("python3 -m verl.trainer.main_ppo trainer.no_such_key=1\n")
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--script", tmp_path / "run.sh")
+    assert code == ExitCode.REFUSED
+    assert any("run.sh:1" in d and "no_such_key" in d for d in out["details"]), out
+    assert not (root / ".rlprobe-patch").exists()
+
+
+@pytest.mark.parametrize(("use_v1", "warned"), [(None, True), ("True", True), ("False", False)])
+def test_the_v1_trainer_warning_reads_the_script(real_tree, tmp_path: Path, use_v1: str | None, warned: bool) -> None:
+    """verl 0.9.1 runs the V1 trainer unless the run sets trainer.use_v1=False: with --script, apply
+    warns only when the composed run really uses V1."""
+    root = real_tree("0.9.1")
+    args = ["apply", "--verl-root", root, "--backend", "fsdp", "--mode", "consistency"]
+    if use_v1 is not None:
+        (tmp_path / "run.sh").write_text(f"T=(trainer.use_v1={use_v1})\npython3 -m verl.trainer.main_ppo \"${{T[@]}}\"\n")
+        args += ["--script", tmp_path / "run.sh"]
+    code, out = cli_json(*args)
+    assert code == ExitCode.OK, out
+    warnings = [w for p in out["patches"] for w in p.get("warnings", [])]
+    assert any("V1 trainer" in w for w in warnings) is warned, warnings

@@ -248,3 +248,27 @@ def test_usage_errors(workdir: Path) -> None:
     assert result.exit_code == ExitCode.USAGE and "--actor-config" in result.output
     code, out = run_json("script", str(workdir / "grpo_fsdp_vllm.sh"), *CONFIGS)  # mode unknown in that script
     assert code == ExitCode.REFUSED and "mode is unknown" in out["message"]
+
+
+@pytest.mark.real
+def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree, tmp_path: Path) -> None:
+    """The two silent wrong outcomes measured in issue 12 (verl's own grpo_trainer/run_qwen2-7b_math.sh):
+    the rollout dump config was skipped as "not in this verl release's config" though `++` creates it,
+    and `--n-gpus 2` passed the TP check while the derived script still ran 8 GPUs."""
+    example = Path(__file__).resolve().parents[2] / "shared/upstream/verl-examples/v0.6.1/examples"
+    example /= "grpo_trainer/run_qwen2-7b_math.sh"
+    if not example.is_file():
+        pytest.skip("../shared/upstream is not beside the repository")
+    root = real_tree("0.9.1")
+    out_path = tmp_path / "collect.sh"
+    args = ("script", str(example), "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", str(out_path))
+    code, out = run_json(*args, "--n-gpus", "2")
+    assert code == ExitCode.OK, out
+    derived = read_script(out_path, verl_root=root, release="0.9.1")
+    assert derived.composed is not None and not derived.composed.errors
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
+    assert derived.value(key) == "/d/config_generate.json"
+    assert derived.fact("n_gpus_per_node") * derived.fact("nnodes") == 2
+    assert derived.fact("rollout_tp") == 2
+    code, checked = run_json("check-script", str(out_path), "--mode", "consistency", "--verl-root", str(root))
+    assert code == ExitCode.OK, [c for c in checked["checks"] if not c["ok"]]

@@ -45,6 +45,13 @@ class Notice:
     text: str
     # A warning is repeated by `verify`: the patch is in place but part of the job is not done.
     warning: bool = False
+    # Facts of the run (from `--script`, composed by Hydra) under which the notice does not apply.
+    unless: tuple[tuple[str, Any], ...] = ()
+
+    def applies(self, version: Version, facts: dict[str, Any] | None) -> bool:
+        if not self.versions.contains(version, prereleases=True):
+            return False
+        return not (facts and self.unless and all(facts.get(k) == v for k, v in self.unless))
 
 
 @dataclass(frozen=True)
@@ -129,12 +136,9 @@ class Patch:
     def is_tested(self, version: Version) -> bool:
         return any(Version(v) == version for v in self.tested)
 
-    def warnings_for(self, version: Version) -> list[str]:
-        return [
-            n.text.format(version=version)
-            for n in self.notices
-            if n.warning and n.versions.contains(version, prereleases=True)
-        ]
+    def warnings_for(self, version: Version, facts: dict[str, Any] | None = None) -> list[str]:
+        """Warnings for a tree of `version`; `facts` (the run's values, when a script was read) can rule some out."""
+        return [n.text.format(version=version) for n in self.notices if n.warning and n.applies(version, facts)]
 
     def notices_for(self, version: Version, root: Path) -> list[str]:
         texts = [
@@ -198,7 +202,12 @@ def _load(folder: Path) -> Patch:
         refused_why=meta.get("refused_why", "{version} is outside " + meta["versions"]),
         folder=folder,
         notices=tuple(
-            Notice(SpecifierSet(n["versions"]), " ".join(n["text"].split()), n.get("warning", False))
+            Notice(
+                SpecifierSet(n["versions"]),
+                " ".join(n["text"].split()),
+                n.get("warning", False),
+                tuple(n.get("unless", {}).items()),
+            )
             for n in meta.get("notice", [])
         ),
         overrides=dict(meta.get("overrides", {})),

@@ -202,7 +202,15 @@ def apply_cmd(
 ) -> int:
     """Patch verl (engine of BACKEND, or a mode's set), SGLang and vLLM-Ascend; each change a revertible diff."""
     from rlprobe_patch.diffs import diffstat
-    from rlprobe_patch.engine import Plan, Selection, apply, plan_apply, raise_if_refused, resolve_worker_impl
+    from rlprobe_patch.engine import (
+        Plan,
+        Selection,
+        apply,
+        plan_apply,
+        raise_if_refused,
+        read_run_facts,
+        resolve_worker_impl,
+    )
 
     roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
     only_ids, skip_ids = _ids(only), _ids(skip)
@@ -211,6 +219,7 @@ def apply_cmd(
     params = {k: v for k, v in (("msprobe_config", msprobe_config), ("sglang_config", sglang_config)) if v}
     selections = []
     worker_paths: dict[Path, dict[str, str]] = {}
+    facts: dict[str, tuple[Any, str]] | None = None
     for tree in trees:
         ids = tuple(i for i in only_ids if i.split(".")[0] == tree.package.replace("_", "-"))
         if only_ids and not ids:
@@ -219,9 +228,11 @@ def apply_cmd(
         if tree.package == "verl":
             if backend is None:
                 raise click.UsageError("--backend is required to patch verl (fsdp, fsdp2 or megatron)")
-            impl, why = resolve_worker_impl(tree, worker_impl, script, **read_options(reader))
+            facts = read_run_facts(script, tree, **read_options(dict(reader))) if script is not None else None
+            impl, why = resolve_worker_impl(tree, worker_impl, script, facts)
             worker_paths[tree.root] = {"impl": impl, "why": why}
-        selections.append((tree, Selection(backend or "any", mode, ids, skip_ids, worker_impl=impl)))
+        run_facts = {k: v for k, (v, _) in facts.items()} if tree.package == "verl" and facts else None
+        selections.append((tree, Selection(backend or "any", mode, ids, skip_ids, worker_impl=impl, facts=run_facts)))
     if not selections:
         raise RefusedError("no patch selected for the trees given", hint="`rlprobe-patch list` shows the patches")
     plans: dict[Path, Plan] = {}

@@ -145,6 +145,7 @@ class Selection:
     skip: tuple[str, ...] = ()
     refuse_off_range: bool | None = None  # default: refuse when patches were named one by one
     worker_impl: str = "engine"  # verl's worker path to hook: "engine" or "legacy" (see resolve_worker_impl)
+    facts: dict[str, Any] | None = None  # the run's values, when `--script` was read (rules notices out)
 
     def patches(self, package: str) -> list[Patch]:
         known = {p.id: p for p in load_catalogue()}
@@ -174,31 +175,24 @@ class Selection:
         return bool(self.only) or self.mode is None
 
 
-def read_legacy_setting(
+def read_run_facts(
     script: Path, tree: Tree, args: list[str] | None = None, env: dict[str, str] | None = None
-) -> tuple[str | None, str]:
-    """(value, source) of `trainer.use_legacy_worker_impl` for the run `script` launches.
+) -> dict[str, tuple[Any, str]]:
+    """{fact: (value, source)} of the run `script` launches, composed with this tree's own config.
 
-    The script is read as bash and Hydra read it (arrays, sourced files, `--env`, `--arg`), composed
-    with this tree's own config: the value is the one verl will run with, default included."""
+    The script is read as bash and Hydra read it (arrays, sourced files, `--env`, `--arg`): the values
+    are the ones verl will run with, defaults included."""
     from rlprobe_patch.workflow.scriptmodel import read_script
 
     found = read_script(script, args=args, env=env, verl_root=tree.root, release=str(tree.version))
     composed = found.composed
     if composed is not None and composed.errors:
         raise RefusedError(f"--script {script}: verl would refuse its overrides", details=composed.errors)
-    fact = found.facts.get("use_legacy_worker_impl")
-    if fact is None:
-        return None, ""
-    return str(fact.value).lower(), fact.source
+    return {name: (fact.value, fact.source) for name, fact in found.facts.items()}
 
 
 def resolve_worker_impl(
-    tree: Tree,
-    requested: str,
-    script: Path | None = None,
-    args: list[str] | None = None,
-    env: dict[str, str] | None = None,
+    tree: Tree, requested: str, script: Path | None = None, facts: dict[str, tuple[Any, str]] | None = None
 ) -> tuple[str, str]:
     """Which verl worker path the user's PPO actor takes, and why: ("engine" | "legacy", reason)."""
     if requested != "auto":
@@ -208,12 +202,13 @@ def resolve_worker_impl(
         return "legacy", f"verl {version} always runs the PPO actor through the legacy workers"
     if version >= Version("0.8.0"):
         return "engine", f"verl {version} runs the PPO actor through the engine workers (the legacy ones are gone)"
-    if script is None:
+    if script is None or facts is None:
         return "legacy", (
             f"verl {version} defaults to trainer.use_legacy_worker_impl=auto, so the legacy workers run the PPO "
             "actor; if your run sets it to disable, pass --script YOUR_SCRIPT or --worker-impl engine"
         )
-    setting, source = read_legacy_setting(script, tree, args, env)
+    setting, source = facts.get("use_legacy_worker_impl", (None, "not in this release's config"))
+    setting = str(setting).lower() if setting is not None else None
     if setting == "disable":
         return "engine", f"{script} runs with trainer.use_legacy_worker_impl=disable ({source}): the engine workers"
     return "legacy", (
@@ -252,7 +247,7 @@ def plan_apply(
                 continue
             plan.notices.append(f"--force: {why}; trying the anchors anyway")
         plan.notices += patch.notices_for(tree.version, tree.root)
-        plan.warnings += patch.warnings_for(tree.version)
+        plan.warnings += patch.warnings_for(tree.version, selection.facts)
         if not plan.tested:
             plan.notices.append(
                 f"{tree.package} {tree.version} is not a tested release of {patch.id} "

@@ -215,8 +215,9 @@ class _Evaluator:
         errors = syntax_errors(tree)
         if errors:
             line, text = errors[0]
-            if not _bash_accepts(path):
-                raise RefusedError(f"{path}:{line}: bash syntax error near {text!r}", hint="`bash -n` shows it too")
+            verdict = _bash_verdict(path)
+            if verdict is not None:  # bash's own words: they name the line bash stops at
+                raise RefusedError(f"{path}: bash syntax error: {verdict}", hint="`bash -n` shows it too")
             for line, text in errors:  # valid bash that the grammar does not know: say what was skipped
                 self.reading.unresolved.append(Unresolved(path, line, f"`{text}` not understood by the reader"))
         self.reading.code.append(_without_comments(tree, data))
@@ -878,7 +879,9 @@ class _Evaluator:
             for i, item in enumerate(items):
                 if i:
                     out.append(_BREAK)
-                out.append(_Seg(item.text, split=not quoted, origin=item, unresolved=item.unresolved, via=via))
+                out.append(
+                    _Seg(item.text, split=not quoted, origin=item, unresolved=item.unresolved, via=item.via + via)
+                )
             return out
         whole_word = node.parent is not None and node.parent.type not in ("concatenation", "string")
         origin = items[0] if len(items) == 1 and var is not None and (var.array or whole_word) else None
@@ -1015,18 +1018,22 @@ def _without_comments(tree: Any, data: bytes) -> str:
     return text.decode("utf-8", "replace")
 
 
-def _bash_accepts(path: Path) -> bool:
-    """`bash -n`: bash's own parser, which reads the file and runs nothing."""
+def _bash_verdict(path: Path) -> str | None:
+    """None when `bash -n` (bash's own parser, which runs nothing) accepts the file, else its message."""
     import shutil
     import subprocess
 
     bash = shutil.which("bash")
     if bash is None:
-        return False
+        return "the grammar refuses it and bash is not there to ask"
     try:
-        return subprocess.run([bash, "-n", str(path)], capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        proc = subprocess.run([bash, "-n", str(path)], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bash -n could not check it ({exc})"
+    if proc.returncode == 0:
+        return None
+    lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    return lines[0].removeprefix(f"{path}: ") if lines else f"bash -n exit {proc.returncode}"
 
 
 def _import_probe(name: str, args: list[str]) -> bool | None:
