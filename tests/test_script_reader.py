@@ -21,7 +21,7 @@ from rlprobe_patch.workflow.launch import launches
 from rlprobe_patch.workflow.shell import read_shell
 
 # `python3 -c 'import X'` probes fail, as where the module is not installed (neither is it here).
-RECORDER = "#!/bin/bash\n[ \"$1\" = -c ] && exit 1\nprintf '%s\\0' \"$@\" > \"$RECORD\"\n"
+RECORDER = '#!/bin/bash\n[ "$1" = -c ] && exit 1\nprintf \'%s\\0\' "$@" > "$RECORD"\n'
 
 SNIPPETS = {
     "arrays and defaults": """

@@ -120,7 +120,8 @@ def test_the_v1_trainer_warning_reads_the_script(real_tree, tmp_path: Path, use_
     root = real_tree("0.9.1")
     args = ["apply", "--verl-root", root, "--backend", "fsdp", "--mode", "consistency"]
     if use_v1 is not None:
-        (tmp_path / "run.sh").write_text(f"T=(trainer.use_v1={use_v1})\npython3 -m verl.trainer.main_ppo \"${{T[@]}}\"\n")
+        launch = 'python3 -m verl.trainer.main_ppo "${T[@]}"\n'
+        (tmp_path / "run.sh").write_text(f"T=(trainer.use_v1={use_v1})\n" + launch)
         args += ["--script", tmp_path / "run.sh"]
     code, out = cli_json(*args)
     assert code == ExitCode.OK, out
