@@ -127,3 +127,18 @@ def test_the_v1_trainer_warning_reads_the_script(real_tree, tmp_path: Path, use_
     assert code == ExitCode.OK, out
     warnings = [w for p in out["patches"] for w in p.get("warnings", [])]
     assert any("V1 trainer" in w for w in warnings) is warned, warnings
+
+
+def test_verify_with_the_script_catches_the_wrong_worker_path(real_tree, tmp_path: Path) -> None:
+    """0.7.1 patched by default (legacy hooks), run by a script that sets disable in an array: verify
+    --script fails (the run would dump nothing); with the script's default it passes."""
+    root = real_tree("0.7.1")
+    assert cli_json("apply", "--verl-root", root, "--backend", "fsdp")[0] == ExitCode.OK
+    (tmp_path / "run.sh").write_text(ARRAY_SCRIPT)
+    code, out = cli_json("verify", "--verl-root", root, "--script", tmp_path / "run.sh")
+    assert code == ExitCode.OK, out
+    code, out = cli_json("verify", "--verl-root", root, "--script", tmp_path / "run.sh", "--env", "LEGACY=disable")
+    assert code == ExitCode.VERIFY_FAILED
+    failed = [c for c in out["trees"][0]["checks"] if not c["ok"]]
+    assert [c["check"] for c in failed] == ["worker path of run.sh"]
+    assert "run.sh:6" in failed[0]["detail"] and "dump nothing" in failed[0]["detail"]

@@ -340,6 +340,12 @@ def _print_notices(out: Out, plans: list[PatchPlan]) -> None:
     is_flag=True,
     help="Parse every hooked file again, also those whose bytes were already found patched by this version.",
 )
+@click.option(
+    "--script",
+    type=click.Path(path_type=Path),
+    help="The training script: fail when the worker path its run takes is not the one hooked.",
+)
+@reader_options
 @command
 def verify_cmd(
     out: Out,
@@ -350,19 +356,23 @@ def verify_cmd(
     backend: str | None,
     mode: str | None,
     recheck: bool,
+    script: Path | None,
+    **reader: Any,
 ) -> int:
     """Check the hooks (syntax tree, compile, recorded post-image, the skill's rules)."""
-    from rlprobe_patch.engine import Selection, verify
+    from rlprobe_patch.engine import Selection, read_run_facts, verify
 
     selection = Selection(backend or "fsdp", mode) if backend or mode else None
     trees = Roots(verl_root, sglang_root, vllm_ascend_root, python).for_records()
     vllm = next((t.root for t in trees if t.package == "vllm_ascend"), None)
+    reading = read_options(reader)
     results = [
         verify(
             tree,
             selection if tree.package == "verl" else None,
             vllm if tree.package == "verl" else None,
             recheck=recheck,
+            run=(script, read_run_facts(script, tree, **reading)) if script and tree.package == "verl" else None,
         )
         for tree in trees
     ]

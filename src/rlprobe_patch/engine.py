@@ -605,12 +605,17 @@ class VerifyResult:
 
 
 def verify(
-    tree: Tree, selection: Selection | None = None, vllm_ascend_root: Path | None = None, recheck: bool = False
+    tree: Tree,
+    selection: Selection | None = None,
+    vllm_ascend_root: Path | None = None,
+    recheck: bool = False,
+    run: tuple[Path, dict[str, tuple[Any, str]]] | None = None,
 ) -> VerifyResult:
     """Our syntax-tree checks, compile checks, recorded post-images, and the skill's rules.
 
     A file whose bytes this patch's code already found APPLIED (before apply wrote it, or in an
-    earlier verify) is not parsed again unless `recheck`; see `StateDir.checked`."""
+    earlier verify) is not parsed again unless `recheck`; see `StateDir.checked`. `run`: the training
+    script and its facts (`read_run_facts`): the worker path it takes must be the one hooked."""
     from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch, check_vllm_rules, engine_target
 
     state = StateDir(tree.root)
@@ -685,7 +690,9 @@ def verify(
             if applied and parsed[site.target][0] == data:
                 found.add(key)
             checks.append(Check(name, applied, "" if applied else f"{report.state.value}: {'; '.join(report.reasons)}"))
-        checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in patch.warnings_for(tree.version)]
+        facts = {k: v for k, (v, _) in run[1].items()} if run else None
+        warnings = patch.warnings_for(tree.version, facts)
+        checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in warnings]
     state.remember_checked(found)
     skill_lines: list[str] = []
     # The skill's engine check applies to the engine hooks; legacy worker hooks live elsewhere.
@@ -694,6 +701,10 @@ def verify(
     paths = hooked_worker_paths(records)
     if paths:
         checks.append(Check("worker path hooked", True, ", ".join(paths)))
+    if run is not None and tree.package == "verl" and paths:
+        impl, why = resolve_worker_impl(tree, "auto", run[0], run[1])
+        detail = why if impl in paths else f"{why}; hooked: {', '.join(paths)}: the run would dump nothing"
+        checks.append(Check(f"worker path of {run[0].name}", impl in paths, detail))
     for b in engines:
         ok, lines = check_engine_patch(tree.root, b)
         skill_lines += lines
