@@ -80,6 +80,12 @@ def tree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             type=click.Path(path_type=Path),
             help=f"Directory containing the `{package}` package (e.g. site-packages); the package folder also works.",
         )(fn)
+    fn = click.option(
+        "--trust-record",
+        is_flag=True,
+        help="Use a tree's .rlprobe-patch record even when another user owns it (like git's safe.directory; "
+        "its content is checked all the same).",
+    )(fn)
     return click.option(
         "--python",
         "python",
@@ -196,6 +202,7 @@ def apply_cmd(
     msprobe_config: str | None,
     sglang_config: str | None,
     lock_timeout: float,
+    trust_record: bool,
 ) -> int:
     """Patch verl (engine of BACKEND, or a mode's set), SGLang and vLLM-Ascend; each change a revertible diff."""
     from rlprobe_patch.diffs import diffstat
@@ -239,6 +246,7 @@ def apply_cmd(
                 lock_timeout=lock_timeout,
                 progress=out.progress,
                 plan=plans.get(tree.root),
+                trust_record=trust_record,
             ),
         )
         for tree, sel in selections
@@ -336,6 +344,7 @@ def verify_cmd(
     backend: str | None,
     mode: str | None,
     recheck: bool,
+    trust_record: bool,
 ) -> int:
     """Check the hooks (syntax tree, compile, recorded post-image, the skill's rules)."""
     from rlprobe_patch.engine import Selection, verify
@@ -349,6 +358,7 @@ def verify_cmd(
             selection if tree.package == "verl" else None,
             vllm if tree.package == "verl" else None,
             recheck=recheck,
+            trust_record=trust_record,
         )
         for tree in trees
     ]
@@ -425,6 +435,7 @@ def revert_cmd(
     merge: bool,
     dry_run: bool,
     lock_timeout: float,
+    trust_record: bool,
 ) -> int:
     """Restore, byte for byte, what apply changed; never destroys later edits."""
     from rlprobe_patch.engine import revert
@@ -438,7 +449,15 @@ def revert_cmd(
     for root in roots:
         tree = next(t for t in trees if t.root == root)
         results.append(
-            revert(root, tree, merge=merge, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress)
+            revert(
+                root,
+                tree,
+                merge=merge,
+                dry_run=dry_run,
+                lock_timeout=lock_timeout,
+                progress=out.progress,
+                trust_record=trust_record,
+            )
         )
     out.emit(
         {
@@ -489,6 +508,7 @@ def status_cmd(
     sglang_root: Path | None,
     vllm_ascend_root: Path | None,
     backend: str | None,
+    trust_record: bool,
 ) -> int:
     """Per tree: path, version, every patch and its state (applied / applicable / drifted / native)."""
     from rlprobe_patch.engine import status
@@ -498,7 +518,7 @@ def status_cmd(
     if not roots.given and python is None and not registered_trees():
         roots.python = sys.executable  # nothing named or registered: what this Python imports
     trees = roots.for_records()
-    results = [status(tree, backend) for tree in trees]
+    results = [status(tree, backend, trust_record) for tree in trees]
     out.emit(
         {
             "ok": True,
