@@ -232,3 +232,179 @@ def test_config_from_system_and_global_files_is_not_read(fixture_tree, tmp_path:
 
 def mode_of(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
+
+
+STRANGER = 4242  # a uid no account here has
+
+
+def chown_all(path: Path, uid: int) -> None:
+    for p in [path, *path.rglob("*")]:
+        os.lchown(p, uid, uid)
+
+
+@pytest.mark.real
+def test_record_owned_by_another_user_needs_trust_record(real_tree) -> None:
+    root = real_tree("0.9.1")
+    original = snapshot(root)
+    assert cli_json("apply", "--verl-root", root, "--backend", "fsdp")[0] == ExitCode.OK
+    patched = snapshot(root)
+    chown_all(root / ".rlprobe-patch", STRANGER)
+    for argv in (["status"], ["verify"], ["verify", "--recheck"], ["revert"], ["revert", "--merge"]):
+        code, out = cli_json(*argv, "--verl-root", root)
+        assert code == ExitCode.REFUSED, (argv, out)
+        assert f"is owned by uid {STRANGER}, not by you (uid 0) or root" in out["message"]
+        assert "--trust-record" in out["hint"] and "safe.directory" in out["hint"]
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--only", "verl.debug-metrics")
+    assert code == ExitCode.REFUSED and "--trust-record" in out["hint"]
+    assert snapshot(root) == patched
+    # One file of another user's among ours is enough.
+    chown_all(root / ".rlprobe-patch", 0)
+    os.lchown(root / ".rlprobe-patch" / "history.git" / "HEAD", STRANGER, STRANGER)
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.REFUSED and "history.git/HEAD is owned by uid 4242" in out["message"]
+    chown_all(root / ".rlprobe-patch", STRANGER)
+    code, out = cli_json("verify", "--verl-root", root, "--trust-record")
+    assert code == ExitCode.OK, out
+    code, out = cli_json("revert", "--verl-root", root, "--trust-record")
+    assert code == ExitCode.OK, out
+    assert snapshot(root) == original
+
+
+@pytest.mark.real
+def test_symlinked_record_folder_or_journal_is_refused(real_tree, tmp_path: Path) -> None:
+    root = real_tree("0.9.1")
+    assert cli_json("apply", "--verl-root", root, "--backend", "fsdp")[0] == ExitCode.OK
+    record = root / ".rlprobe-patch"
+    patched = snapshot(root)
+    # The whole record folder a link to one outside the tree.
+    outside = tmp_path / "outside-record"
+    record.rename(outside)
+    record.symlink_to(outside)
+    for argv in (["status"], ["verify"], ["revert"], ["apply", "--backend", "fsdp", "--only", "verl.debug-metrics"]):
+        code, out = cli_json(*argv, "--verl-root", root)
+        assert code == ExitCode.REFUSED, (argv, out)
+        assert f"{record} is a symbolic link (to {outside})" in out["message"]
+    assert snapshot(root) == patched
+    record.unlink()
+    outside.rename(record)
+    # A journal (an interrupted write to finish) that is a link to a file outside the tree.
+    journal = tmp_path / "journal.json"
+    journal.write_text('{"op": "revert", "record": "x", "files": [], "ledger": {}, "branches": {}}')
+    (record / "journal.json").symlink_to(journal)
+    for argv in (["status"], ["verify"], ["revert"]):
+        code, out = cli_json(*argv, "--verl-root", root)
+        assert code == ExitCode.REFUSED, (argv, out)
+        assert f"{record / 'journal.json'} is a symbolic link (to {journal})" in out["message"]
+    assert snapshot(root) == patched and journal.exists()
+    (record / "journal.json").unlink()
+    # The lock file a link to a file of someone else's: never opened, never truncated.
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (record / "lock").unlink()
+    (record / "lock").symlink_to(victim)
+    code, out = cli_json("revert", "--verl-root", root)
+    assert code == ExitCode.REFUSED and "lock is a symbolic link" in out["message"]
+    assert victim.read_text() == "precious\n" and snapshot(root) == patched
+
+
+def test_lock_never_follows_a_symbolic_link(tmp_path: Path) -> None:
+    from rlprobe_patch.errors import RefusedError
+    from rlprobe_patch.fsio import locked
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "lock").symlink_to(victim)
+    with pytest.raises(RefusedError, match="is a symbolic link"), locked(tmp_path / "lock", 1, "x"):
+        pass
+    assert victim.read_text() == "precious\n"
+
+
+def git_spy(folder: Path, log: Path) -> Path:
+    """A `git` first on PATH that records its arguments, folder and environment, then runs the real one."""
+    real = subprocess.run(["which", "git"], capture_output=True, text=True, check=True).stdout.strip()
+    log.mkdir()
+    spy = folder / "git"
+    spy.write_text(
+        "#!/bin/sh\n"
+        f'f=$(mktemp "{log}/call.XXXXXX")\n'
+        'printf "%s\\0" "$PWD" "$@" > "$f.args"\n'
+        'env -0 > "$f.env"\n'
+        f'exec {real} "$@"\n'
+    )
+    spy.chmod(0o755)
+    return folder
+
+
+def spied_calls(log: Path) -> list[tuple[list[str], dict[str, str]]]:
+    calls = []
+    for args in sorted(log.glob("*.args")):
+        env = dict(item.split("=", 1) for item in args.with_suffix(".env").read_text().split("\0") if "=" in item)
+        calls.append((args.read_text().split("\0")[1:-1], env))
+    return calls
+
+
+@pytest.mark.real
+def test_every_git_call_is_isolated(real_tree, tmp_path: Path) -> None:
+    """Every git process rlprobe-patch starts (our own and GitPython's) gets the isolated environment."""
+    from rlprobe_patch.gitsafe import ISOLATION_CONFIG, ISOLATION_ENV
+
+    root = real_tree("0.9.1")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    env = {
+        **os.environ,
+        "PATH": f"{git_spy(bin_dir, log)}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO / "src"),
+        "GIT_DIR": str(tmp_path / "not-this-one"),  # the caller's own git variables do not leak in
+        "GIT_EXTERNAL_DIFF": "false",
+    }
+    r = ["--verl-root", str(root)]
+    runs = [
+        (["apply", *r, "--backend", "fsdp", "--dry-run"], 0),
+        (["apply", *r, "--backend", "fsdp"], 0),
+        (["status", *r], 0),
+        (["verify", *r, "--recheck"], 0),
+        (["apply", *r, "--backend", "fsdp", "--only", "verl.debug-metrics"], 0),
+        (["revert", *r], ExitCode.REVERT_BLOCKED),
+        (["revert", *r, "--merge"], 0),
+    ]
+    for argv, expected in runs:
+        if argv[0] == "revert" and "--merge" not in argv:
+            with open(root / FSDP, "a") as f:
+                f.write("\n# my own edit after apply\n")
+        proc = run_isolated(*argv, env=env)
+        assert proc.returncode == expected, (argv, proc.stderr)
+    calls = spied_calls(log)
+    commands = {args[0] for args, _ in calls}
+    # Our own subprocesses and GitPython's: init, blobs read by cat-file, refs, diffs, merges, config checks.
+    assert {"init", "cat-file", "update-ref", "rev-parse", "diff", "apply", "merge-file", "config"} <= commands
+    isolated = {f"GIT_CONFIG_KEY_{i}": k for i, k in enumerate(ISOLATION_CONFIG)}
+    isolated |= {f"GIT_CONFIG_VALUE_{i}": v for i, v in enumerate(ISOLATION_CONFIG.values())}
+    isolated |= {**ISOLATION_ENV, "GIT_CONFIG_COUNT": str(len(ISOLATION_CONFIG))}
+    for args, git_env in calls:
+        if args == ["version"]:
+            continue  # GitPython's check, at import, that git runs: no repository, no configuration read
+        assert {k: git_env.get(k) for k in isolated} == isolated, args
+        assert git_env["GIT_DIR"] in (os.devnull, str(root / ".rlprobe-patch" / "history.git")), args
+        if args[0] in ("diff", "apply", "merge-file", "config"):  # ours: the caller's GIT_* are dropped too
+            assert "GIT_EXTERNAL_DIFF" not in git_env, args
+
+
+def test_no_git_call_outside_gitsafe() -> None:
+    """Only gitsafe.py starts git: no `["git", ...]` command line, no GitPython Repo or Git built elsewhere."""
+    import ast
+
+    offenders = []
+    for path in sorted((REPO / "src" / "rlprobe_patch").rglob("*.py")):
+        if path.name == "gitsafe.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant):
+                if node.elts[0].value == "git":
+                    offenders.append(f"{path.name}:{node.lineno}: a git command line")
+            if isinstance(node, ast.Call) and "git." in ast.unparse(node.func):
+                name = ast.unparse(node.func)
+                if name.startswith("git.") and name.split(".")[1] in ("Repo", "Git", "cmd"):
+                    offenders.append(f"{path.name}:{node.lineno}: {name}()")
+    assert offenders == []

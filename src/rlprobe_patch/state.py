@@ -37,7 +37,7 @@ from git.index.typ import BaseIndexEntry
 from gitdb import IStream
 
 from rlprobe_patch.errors import RefusedError, WriteFailedError
-from rlprobe_patch.fsio import atomic_write, locked, remove_stale_temp_files, sha256
+from rlprobe_patch.fsio import atomic_write, create_new, locked, remove_stale_temp_files, sha256
 from rlprobe_patch.gitsafe import Repository, config_entries
 from rlprobe_patch.state_registry import dump_json as _dump
 
@@ -253,8 +253,8 @@ class StateDir:
                 raise PermissionError(f"{self.root} is read-only")
             self.path.mkdir()
             created = True
-            (self.path / ".gitignore").write_text("*\n")
-            (self.path / "README.txt").write_text(_README)
+            create_new(self.path / ".gitignore", b"*\n")
+            create_new(self.path / "README.txt", _README.encode())
         except OSError as exc:
             if created:
                 shutil.rmtree(self.path, ignore_errors=True)
