@@ -39,6 +39,7 @@ from gitdb import IStream
 from rlprobe_patch.errors import RefusedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, create_new, locked, remove_stale_temp_files, sha256
 from rlprobe_patch.gitsafe import Repository, config_entries
+from rlprobe_patch.state_registry import check_state_folder
 from rlprobe_patch.state_registry import dump_json as _dump
 
 STATE_DIR_NAME = ".rlprobe-patch"
@@ -239,6 +240,7 @@ class StateDir:
     def lock(self, timeout: float) -> Iterator[None]:
         self.ensure()
         self.check()
+        check_state_folder()  # the write ends by registering the tree: refuse before, not halfway
         with locked(self.path / "lock", timeout, f"{self.root}"):
             for name in ("ledger.json", "journal.json"):
                 remove_stale_temp_files(self.path / name)

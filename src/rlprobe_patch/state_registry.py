@@ -61,6 +61,11 @@ def _state_folder(create: bool) -> bool:
     return True
 
 
+def check_state_folder() -> None:
+    """Refuse an unsafe registry folder before a write that would end by registering a tree."""
+    _state_folder(create=False)
+
+
 def registered_trees() -> list[dict[str, str]]:
     if not _state_folder(create=False):
         return []
