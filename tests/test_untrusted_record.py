@@ -408,3 +408,17 @@ def test_no_git_call_outside_gitsafe() -> None:
                 if name.startswith("git.") and name.split(".")[1] in ("Repo", "Git", "cmd"):
                     offenders.append(f"{path.name}:{node.lineno}: {name}()")
     assert offenders == []
+
+
+def test_lock_files_left_by_a_killed_git_are_accepted(fixture_tree) -> None:
+    """A git killed mid-write leaves `config.lock` or `HEAD.lock`; git never reads them: not refused."""
+    root = fixture_tree("0.9")
+    assert cli_json("apply", "--verl-root", root, "--backend", "fsdp")[0] == ExitCode.OK
+    git_dir = root / ".rlprobe-patch" / "history.git"
+    (git_dir / "config.lock").write_text("[core]\n\thooksPath = /tmp\n")
+    (git_dir / "HEAD.lock").write_text("ref: refs/heads/verl\n")
+    assert cli_json("verify", "--verl-root", root)[0] == ExitCode.OK
+    (git_dir / "description").unlink()
+    (git_dir / "hooks").mkdir()
+    (git_dir / "hooks" / "pre-commit.sample").write_text("#!/bin/sh\n")  # git's samples are inert
+    assert cli_json("status", "--verl-root", root)[0] == ExitCode.OK

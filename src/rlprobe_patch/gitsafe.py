@@ -36,6 +36,7 @@ ISOLATION_CONFIG: dict[str, str] = {
     "protocol.allow": "never",
     "gc.auto": "0",
     "maintenance.auto": "false",
+    "init.defaultBranch": "master",  # no hint on stderr (a write that could kill a git whose parent died)
 }
 
 ISOLATION_ENV: dict[str, str] = {

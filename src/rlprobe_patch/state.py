@@ -114,7 +114,8 @@ def _outside(name: str) -> bool:
 
 
 # What `git init --bare` writes into history.git/config (values: booleans and 0/1), and what else
-# git may keep in a bare repository. Anything else in the record is refused (see StateDir.check).
+# git may keep in a bare repository, besides `*.lock` files that a git killed mid-write leaves
+# (git never reads them). Anything else in the record is refused (see StateDir.check).
 _CONFIG_KEYS = {
     "core.repositoryformatversion",
     "core.filemode",
@@ -177,7 +178,11 @@ class StateDir:
         for folder, dirs, files in os.walk(self.path):
             for name in (*dirs, *files):
                 path = Path(folder, name)
-                yield path, os.lstat(path)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:  # a git lock file renamed meanwhile
+                    continue
+                yield path, st
 
     def _layout_problems(self) -> list[str]:
         st = os.lstat(self.path)
@@ -195,7 +200,7 @@ class StateDir:
             elif git_dir in path.parents:
                 rel = path.relative_to(git_dir)
                 parent = "" if len(rel.parts) == 1 else rel.parent.as_posix()
-                if parent in _GIT_LAYOUT and rel.name not in _GIT_LAYOUT[parent]:
+                if parent in _GIT_LAYOUT and rel.name not in _GIT_LAYOUT[parent] and rel.suffix != ".lock":
                     problems.append(f"{path}: history.git/{rel.as_posix()} is not part of a record")
                 elif parent == "hooks" and not rel.name.endswith(".sample"):
                     problems.append(f"{path}: history.git/{rel.as_posix()} is a git hook")
