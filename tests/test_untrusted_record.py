@@ -418,7 +418,6 @@ def test_lock_files_left_by_a_killed_git_are_accepted(fixture_tree) -> None:
     (git_dir / "config.lock").write_text("[core]\n\thooksPath = /tmp\n")
     (git_dir / "HEAD.lock").write_text("ref: refs/heads/verl\n")
     assert cli_json("verify", "--verl-root", root)[0] == ExitCode.OK
-    (git_dir / "description").unlink()
     (git_dir / "hooks").mkdir()
     (git_dir / "hooks" / "pre-commit.sample").write_text("#!/bin/sh\n")  # git's samples are inert
     assert cli_json("status", "--verl-root", root)[0] == ExitCode.OK
