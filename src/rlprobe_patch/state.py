@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 import git
 from git.index import IndexFile
@@ -157,21 +157,24 @@ class StateDir:
         if os.path.lexists(self.path):
             problems = self._layout_problems()
             if problems:
-                raise RefusedError(
-                    f"refusing the record in {self.path}: {problems[0]}; nothing was run or written",
-                    details=problems[1:],
-                    hint="rlprobe-patch never writes this; someone put it there. Remove it (or the record folder, "
+                self._refuse(
+                    problems,
+                    "rlprobe-patch never writes this; someone put it there. Remove it (or the record folder, "
                     "after checking the tree's files) and run the command again",
                 )
             if not self.trust_record:
                 others = self._foreign_owners()
                 if others:
-                    raise RefusedError(
-                        f"refusing the record in {self.path}: {others[0]}; nothing was run or written",
-                        details=others[1:],
-                        hint=_TRUST_HINT,
-                    )
+                    self._refuse(others, _TRUST_HINT)
         self._checked = True
+
+    def _refuse(self, problems: list[str], hint: str, shown: int = 8) -> NoReturn:
+        more = [f"... and {len(problems) - 1 - shown} more"] if len(problems) > 1 + shown else []
+        raise RefusedError(
+            f"refusing the record in {self.path}: {problems[0]}; nothing was run or written",
+            details=problems[1 : 1 + shown] + more,
+            hint=hint,
+        )
 
     def _entries(self) -> Iterator[tuple[Path, os.stat_result]]:
         yield self.path, os.lstat(self.path)
