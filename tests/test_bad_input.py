@@ -110,8 +110,8 @@ def test_tree_moved_after_apply(applied, tmp_path: Path) -> None:
     shutil.move(root, moved)
     code, out = cli_json("verify")  # the registry names the old place
     assert code == ExitCode.REFUSED
-    assert f"a registered tree is gone: --verl-root {root}: no such directory" == out["message"]
-    assert "it moved or was deleted" in out["hint"]
+    assert f"every registered tree is gone: --verl-root {root}: no such directory" == out["message"]
+    assert "moved or was deleted" in out["hint"] and "rlprobe-patch forget PATH" in out["hint"]
     code, out = cli_json("verify", "--verl-root", moved)
     assert code == ExitCode.OK
     (note,) = [c for c in out["trees"][0]["checks"] if c["check"] == "recorded root"]

@@ -81,6 +81,12 @@ def tree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             type=click.Path(path_type=Path),
             help=f"Directory containing the `{package}` package (e.g. site-packages); the package folder also works.",
         )(fn)
+    fn = click.option(
+        "--trust-record",
+        is_flag=True,
+        help="Use a tree's .rlprobe-patch record even when another user owns it (like git's safe.directory; "
+        "its content is checked all the same).",
+    )(fn)
     return click.option(
         "--python",
         "python",
@@ -101,6 +107,7 @@ class Roots:
             if root is not None
         }
         self.python = python
+        self.gone: list[dict[str, str]] = []  # registered trees that no longer exist: root, package, reason
 
     def for_apply(self, mode: str | None, needs_verl: bool) -> list[Tree]:
         if self.given:  # exactly the trees named, nothing searched
@@ -115,8 +122,9 @@ class Roots:
             )
         return trees
 
-    def for_records(self) -> list[Tree]:
-        """Trees named, or found through --python, or else every tree apply registered."""
+    def for_records(self, all_gone_ok: bool = False) -> list[Tree]:
+        """Trees named, or found through --python, or else every tree apply registered that still
+        exists; registered trees that are gone are kept in `self.gone` (refused when all are gone)."""
         if self.given:
             return [find_tree(package, root) for package, root in self.given.items()]
         if self.python is not None:
@@ -134,11 +142,25 @@ class Roots:
             try:
                 found.append(find_tree(entry["package"], Path(entry["root"])))
             except RefusedError as exc:
-                raise RefusedError(
-                    f"a registered tree is gone: {exc.message}",
-                    hint="it moved or was deleted; name it with --verl-root (or the package's root option)",
-                ) from None
+                self.gone.append({**entry, "reason": exc.message})
+        if not found and not all_gone_ok:
+            raise RefusedError(
+                f"every registered tree is gone: {'; '.join(g['reason'] for g in self.gone)}",
+                hint=GONE_HINT,
+            )
         return found
+
+    def print_gone(self, out: Out) -> None:
+        for g in self.gone:
+            out.line(f"{g['package']} at {g['root']}: gone ({g['reason']})", fg="yellow")
+        if self.gone:
+            out.line(f"hint: {GONE_HINT}", fg="yellow")
+
+
+GONE_HINT = (
+    "a registered tree moved or was deleted: name it with --verl-root (or the package's root option); "
+    "`rlprobe-patch forget PATH` or `rlprobe-patch status --prune` drops it from the registry"
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -198,6 +220,7 @@ def apply_cmd(
     msprobe_config: str | None,
     sglang_config: str | None,
     lock_timeout: float,
+    trust_record: bool,
     **reader: Any,
 ) -> int:
     """Patch verl (engine of BACKEND, or a mode's set), SGLang and vLLM-Ascend; each change a revertible diff."""
@@ -253,6 +276,7 @@ def apply_cmd(
                 lock_timeout=lock_timeout,
                 progress=out.progress,
                 plan=plans.get(tree.root),
+                trust_record=trust_record,
             ),
         )
         for tree, sel in selections
@@ -356,6 +380,7 @@ def verify_cmd(
     backend: str | None,
     mode: str | None,
     recheck: bool,
+    trust_record: bool,
     script: Path | None,
     **reader: Any,
 ) -> int:
@@ -363,7 +388,8 @@ def verify_cmd(
     from rlprobe_patch.engine import Selection, read_run_facts, verify
 
     selection = Selection(backend or "fsdp", mode) if backend or mode else None
-    trees = Roots(verl_root, sglang_root, vllm_ascend_root, python).for_records()
+    roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
+    trees = roots.for_records()
     vllm = next((t.root for t in trees if t.package == "vllm_ascend"), None)
     reading = read_options(reader)
     results = [
@@ -373,6 +399,7 @@ def verify_cmd(
             vllm if tree.package == "verl" else None,
             recheck=recheck,
             run=(script, read_run_facts(script, tree, **reading)) if script and tree.package == "verl" else None,
+            trust_record=trust_record,
         )
         for tree in trees
     ]
@@ -389,6 +416,7 @@ def verify_cmd(
                 }
                 for r in results
             ],
+            "gone": roots.gone,
         }
     )
     for r in results:
@@ -399,6 +427,7 @@ def verify_cmd(
                 f"  {word}  {c.name}" + (f": {c.detail}" if c.detail and (c.warning or not c.ok) else ""),
                 fg="yellow" if c.warning else (None if c.ok else "red"),
             )
+    roots.print_gone(out)
     out.line("verified" if ok else "verification FAILED", fg="green" if ok else "red", bold=True)
     return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
 
@@ -466,12 +495,14 @@ def revert_cmd(
     merge: bool,
     dry_run: bool,
     lock_timeout: float,
+    trust_record: bool,
 ) -> int:
     """Restore, byte for byte, what apply changed; never destroys later edits."""
     from rlprobe_patch.engine import revert
     from rlprobe_patch.state import StateDir
 
-    trees = Roots(verl_root, sglang_root, vllm_ascend_root, python).for_records()
+    found = Roots(verl_root, sglang_root, vllm_ascend_root, python)
+    trees = found.for_records()
     roots = list(dict.fromkeys(t.root for t in trees))  # trees sharing a root (site-packages) share one record
     if len(roots) > 1:
         roots = [r for r in roots if StateDir(r).exists()] or roots[:1]
@@ -479,7 +510,15 @@ def revert_cmd(
     for root in roots:
         tree = next(t for t in trees if t.root == root)
         results.append(
-            revert(root, tree, merge=merge, dry_run=dry_run, lock_timeout=lock_timeout, progress=out.progress)
+            revert(
+                root,
+                tree,
+                merge=merge,
+                dry_run=dry_run,
+                lock_timeout=lock_timeout,
+                progress=out.progress,
+                trust_record=trust_record,
+            )
         )
     out.emit(
         {
@@ -497,6 +536,7 @@ def revert_cmd(
                 }
                 for r in results
             ],
+            "gone": found.gone,
         }
     )
     for r in results:
@@ -515,6 +555,7 @@ def revert_cmd(
             out.line(f"  reverted {', '.join(p['id'] for p in rec.patches)} (record {rec.id})", fg="green")
         for path in r.merged:
             out.line(f"  kept your edits in {path} (three-way merge)", fg="yellow")
+    found.print_gone(out)
     return int(ExitCode.OK)
 
 
@@ -522,6 +563,7 @@ def revert_cmd(
 @main.command("status")
 @tree_options
 @click.option("--backend", type=click.Choice(BACKENDS), help="Only the patches of this backend.")
+@click.option("--prune", is_flag=True, help="Drop the registered trees that are gone from the registry.")
 @command
 def status_cmd(
     out: Out,
@@ -530,16 +572,20 @@ def status_cmd(
     sglang_root: Path | None,
     vllm_ascend_root: Path | None,
     backend: str | None,
+    prune: bool,
+    trust_record: bool,
 ) -> int:
-    """Per tree: path, version, every patch and its state (applied / applicable / drifted / native)."""
+    """Per tree: path, version, every patch and its state (applied / applicable / drifted / native);
+    every registered tree, those gone included."""
     from rlprobe_patch.engine import status
-    from rlprobe_patch.state_registry import registered_trees
+    from rlprobe_patch.state_registry import forget_trees, registered_trees
 
     roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
     if not roots.given and python is None and not registered_trees():
         roots.python = sys.executable  # nothing named or registered: what this Python imports
-    trees = roots.for_records()
-    results = [status(tree, backend) for tree in trees]
+    trees = roots.for_records(all_gone_ok=True)
+    results = [status(tree, backend, trust_record) for tree in trees]
+    pruned = forget_trees(roots.gone) if prune and roots.gone else []
     out.emit(
         {
             "ok": True,
@@ -554,6 +600,8 @@ def status_cmd(
                 }
                 for r in results
             ],
+            "gone": roots.gone,
+            "pruned": pruned,
         }
     )
     for r in results:
@@ -571,6 +619,39 @@ def status_cmd(
                 if text:
                     out.line(f"      {text}")
         _print_notices(out, r.patches)
+    if prune:
+        for g in pruned:
+            out.line(f"{g['package']} at {g['root']}: gone, dropped from the registry", fg="yellow")
+    else:
+        roots.print_gone(out)
+    return int(ExitCode.OK)
+
+
+# -- forget -----------------------------------------------------------------------------------
+@main.command("forget")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@command
+def forget_cmd(out: Out, paths: tuple[Path, ...]) -> int:
+    """Drop trees (deleted, moved) from the registry that argument-less commands use; nothing else changes."""
+    from rlprobe_patch.state_registry import forget_trees, registered_trees
+
+    wanted = {str(p.expanduser().absolute()) for p in paths}
+    # A root, or its package folder (as --verl-root accepts both).
+    matches = [e for e in registered_trees() if {e["root"], str(Path(e["root"]) / e["package"])} & wanted]
+    if not matches:
+        raise RefusedError(
+            f"not registered: {', '.join(sorted(wanted))}", hint="`rlprobe-patch status` lists the registered trees"
+        )
+    dropped = forget_trees(matches)
+    named = {e["root"] for e in dropped} | {str(Path(e["root"]) / e["package"]) for e in dropped}
+    unknown = sorted(w for w in wanted if w not in named)
+    out.emit({"ok": True, "forgotten": dropped, "not_registered": unknown})
+    for e in dropped:
+        still = Path(e["root"], e["package"]).is_dir()
+        note = " (the tree is still there: its record is kept; name it with its root option)" if still else ""
+        out.line(f"forgot {e['package']} at {e['root']}{note}")
+    for w in unknown:
+        out.line(f"not registered: {w}", fg="yellow")
     return int(ExitCode.OK)
 
 

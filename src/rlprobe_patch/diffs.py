@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -11,8 +10,7 @@ from pathlib import Path, PurePosixPath
 import unidiff
 
 from rlprobe_patch.errors import RefusedError
-
-_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
+from rlprobe_patch.gitsafe import run_git
 
 
 def unified_diff(changes: Mapping[str, tuple[bytes | None, bytes | None]]) -> str:
@@ -31,20 +29,8 @@ def unified_diff(changes: Mapping[str, tuple[bytes | None, bytes | None]]) -> st
                 f"a/{path}" if before is not None else os.devnull,
                 f"b/{path}" if after is not None else os.devnull,
             ]
-            proc = subprocess.run(
-                [
-                    "git",
-                    "diff",
-                    "--no-index",
-                    "--no-prefix",
-                    "--no-color",
-                    "--no-ext-diff",
-                    "--no-textconv",
-                    *sides,
-                ],
-                cwd=tmp,
-                capture_output=True,
-                env={**os.environ, **_GIT_ENV},
+            proc = run_git(
+                ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--no-textconv", *sides], cwd=tmp
             )
             if proc.returncode not in (0, 1):
                 raise RuntimeError(f"git diff failed: {proc.stderr.decode(errors='replace')}")

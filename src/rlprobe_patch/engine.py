@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from rlprobe_patch.codemod import CreateFile, PatchCodemod, State, StateReport
 from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
 from rlprobe_patch.errors import RefusedError, RevertBlockedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, checkpoint, fsync_dir, remove_stale_temp_files, sha256
+from rlprobe_patch.gitsafe import run_git
 from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir, checked_key
 from rlprobe_patch.state_registry import register_tree
 from rlprobe_patch.trees import BACKENDS, Tree
@@ -390,13 +390,14 @@ def apply(
     lock_timeout: float = 10.0,
     progress: Progress = _quiet,
     plan: Plan | None = None,
+    trust_record: bool = False,
 ) -> ApplyResult:
     """Apply `selection` to `tree`. `plan`: one made already (by `plan_apply` with the same
     arguments); it is used if the tree has no pending journal and its inputs did not change."""
     params = params or {}
     if isinstance(selection, str):
         selection = Selection(selection)
-    state = StateDir(tree.root)
+    state = StateDir(tree.root, trust_record)
     state.read_ledger()  # a damaged record is refused before any answer, "already applied" included
     if dry_run:
         progress(f"planning {tree.package} {tree.version} at {tree.root}")
@@ -610,6 +611,7 @@ def verify(
     vllm_ascend_root: Path | None = None,
     recheck: bool = False,
     run: tuple[Path, dict[str, tuple[Any, str]]] | None = None,
+    trust_record: bool = False,
 ) -> VerifyResult:
     """Our syntax-tree checks, compile checks, recorded post-images, and the skill's rules.
 
@@ -618,7 +620,7 @@ def verify(
     script and its facts (`read_run_facts`): the worker path it takes must be the one hooked."""
     from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch, check_vllm_rules, engine_target
 
-    state = StateDir(tree.root)
+    state = StateDir(tree.root, trust_record)
     checks: list[Check] = []
     if state.read_journal() is not None:
         checks.append(
@@ -795,13 +797,7 @@ def _check_diff(state: StateDir, record: Record) -> Check:
     problem = _diff_problem(state, record)
     if problem:
         return Check(name, False, problem)
-    proc = subprocess.run(
-        ["git", "apply", "--check", "-R", str(path)],
-        cwd=state.root,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_DIR": os.devnull},
-    )
+    proc = run_git(["apply", "--check", "-R", str(path)], cwd=state.root, text=True)
     return Check(name, proc.returncode == 0, proc.stderr.strip())
 
 
@@ -827,8 +823,9 @@ def revert(
     dry_run: bool = False,
     lock_timeout: float = 10.0,
     progress: Progress = _quiet,
+    trust_record: bool = False,
 ) -> RevertResult:
-    state = StateDir(root)
+    state = StateDir(root, trust_record)
     if not state.exists():
         raise RefusedError(f"nothing recorded for {root}: no patch of rlprobe-patch to revert")
     with state.lock(lock_timeout), write_phase(state, f"revert of {root}"):
@@ -935,7 +932,7 @@ def _merge3(current: bytes, base: bytes, other: bytes) -> tuple[bool, bytes]:
             p = Path(tmp, name)
             p.write_bytes(data)
             paths.append(str(p))
-        proc = subprocess.run(["git", "merge-file", "-p", *paths], capture_output=True)
+        proc = run_git(["merge-file", "-p", *paths])
     return proc.returncode == 0, proc.stdout
 
 
@@ -950,9 +947,9 @@ class StatusResult:
     worker_paths: list[str] = field(default_factory=list)  # verl worker paths whose hooks are applied
 
 
-def status(tree: Tree, backend: str | None = None) -> StatusResult:
+def status(tree: Tree, backend: str | None = None, trust_record: bool = False) -> StatusResult:
     """Every catalogue patch of the tree's package (or of one backend) and its state."""
-    state = StateDir(tree.root)
+    state = StateDir(tree.root, trust_record)
     recovered: list[str] = []
     if state.read_journal() is not None and os.access(state.path, os.W_OK):
         with state.lock(10.0), write_phase(state, f"finishing an interrupted write in {tree.root}"):

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlprobe_patch.errors import LockedError
+from rlprobe_patch.errors import LockedError, RefusedError
 
 
 def sha256(data: bytes) -> str:
@@ -40,6 +40,13 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     fsync_dir(path.parent)
 
 
+def create_new(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Create `path`, which must not exist yet (not even as a symbolic link someone planted)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def remove_stale_temp_files(path: Path) -> None:
     """Remove temp files that a killed `atomic_write(path)` left beside `path`."""
     for stale in path.parent.glob(f".{path.name}.*.rlprobe-tmp"):
@@ -58,7 +65,12 @@ def fsync_dir(path: Path) -> None:
 def locked(lock_path: Path, timeout: float, what: str) -> Iterator[None]:
     """Hold an exclusive lock on `lock_path`; wait up to `timeout` seconds, then refuse."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a symbolic link: the pid written below would land in the file it names
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise RefusedError(f"{lock_path} is a symbolic link; refusing to open it", hint="remove it") from None
     try:
         deadline = time.monotonic() + timeout
         while True:

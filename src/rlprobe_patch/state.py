@@ -22,12 +22,14 @@ import functools
 import io
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 import git
 from git.index import IndexFile
@@ -35,7 +37,9 @@ from git.index.typ import BaseIndexEntry
 from gitdb import IStream
 
 from rlprobe_patch.errors import RefusedError, WriteFailedError
-from rlprobe_patch.fsio import atomic_write, locked, remove_stale_temp_files, sha256
+from rlprobe_patch.fsio import atomic_write, create_new, locked, remove_stale_temp_files, sha256
+from rlprobe_patch.gitsafe import Repository, config_entries
+from rlprobe_patch.state_registry import check_state_folder
 from rlprobe_patch.state_registry import dump_json as _dump
 
 STATE_DIR_NAME = ".rlprobe-patch"
@@ -109,10 +113,125 @@ def _outside(name: str) -> bool:
     return path.is_absolute() or ".." in path.parts
 
 
+# What `git init --bare` writes into history.git/config (values: booleans and 0/1), and what else
+# git may keep in a bare repository, besides `*.lock` files that a git killed mid-write leaves
+# (git never reads them). Anything else in the record is refused (see StateDir.check).
+_CONFIG_KEYS = {
+    "core.repositoryformatversion",
+    "core.filemode",
+    "core.bare",
+    "core.logallrefupdates",
+    "core.ignorecase",
+    "core.precomposeunicode",
+    "core.symlinks",
+}
+_CONFIG_VALUE = re.compile(r"(?i)true|false|yes|no|on|off|0|1")
+_GIT_LAYOUT = {
+    "": {"HEAD", "config", "description", "objects", "refs", "packed-refs", "info", "hooks", "logs", "branches"},
+    "info": {"exclude", "refs"},
+    "objects/info": {"packs", "commit-graph", "commit-graphs"},
+}
+_TRUST_HINT = (
+    "someone else may have planted code or data in it (like git's safe.directory, rlprobe-patch only uses "
+    "records owned by you or root): check the folder, then pass --trust-record to use it anyway"
+)
+
+
 class StateDir:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, trust_record: bool = False) -> None:
         self.root = root
         self.path = root / STATE_DIR_NAME
+        self.trust_record = trust_record  # --trust-record: a record owned by another user is used too
+        self._checked = False
+
+    # -- the record is untrusted input ----------------------------------------------------------
+    def check(self) -> None:
+        """Refuse a record that could make git run, or us follow, what someone else planted.
+
+        No symbolic link or special file anywhere in it; every entry owned by the current user
+        or root (unless --trust-record); in history.git only what a bare repository of ours
+        holds: no hook but git's `*.sample` files, no `commondir`, no alternates, no
+        `info/attributes`, and a config of only the keys in `_CONFIG_KEYS`."""
+        if self._checked:
+            return
+        if os.path.lexists(self.path):
+            problems = self._layout_problems()
+            if problems:
+                self._refuse(
+                    problems,
+                    "rlprobe-patch never writes this; someone put it there. Remove it (or the record folder, "
+                    "after checking the tree's files) and run the command again",
+                )
+            if not self.trust_record:
+                others = self._foreign_owners()
+                if others:
+                    self._refuse(others, _TRUST_HINT)
+        self._checked = True
+
+    def _refuse(self, problems: list[str], hint: str, shown: int = 8) -> NoReturn:
+        more = [f"... and {len(problems) - 1 - shown} more"] if len(problems) > 1 + shown else []
+        raise RefusedError(
+            f"refusing the record in {self.path}: {problems[0]}; nothing was run or written",
+            details=problems[1 : 1 + shown] + more,
+            hint=hint,
+        )
+
+    def _entries(self) -> Iterator[tuple[Path, os.stat_result]]:
+        yield self.path, os.lstat(self.path)
+        for folder, dirs, files in os.walk(self.path):
+            for name in (*dirs, *files):
+                path = Path(folder, name)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:  # a git lock file renamed meanwhile
+                    continue
+                yield path, st
+
+    def _layout_problems(self) -> list[str]:
+        st = os.lstat(self.path)
+        if stat.S_ISLNK(st.st_mode):
+            return [f"{self.path} is a symbolic link (to {os.readlink(self.path)})"]
+        if not stat.S_ISDIR(st.st_mode):
+            return [f"{self.path} is not a folder"]
+        problems = []
+        git_dir = self.path / "history.git"
+        for path, st in self._entries():
+            if stat.S_ISLNK(st.st_mode):
+                problems.append(f"{path} is a symbolic link (to {os.readlink(path)})")
+            elif not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                problems.append(f"{path} is not a regular file or folder")
+            elif git_dir in path.parents:
+                rel = path.relative_to(git_dir)
+                parent = "" if len(rel.parts) == 1 else rel.parent.as_posix()
+                if parent in _GIT_LAYOUT and rel.name not in _GIT_LAYOUT[parent] and rel.suffix != ".lock":
+                    problems.append(f"{path}: history.git/{rel.as_posix()} is not part of a record")
+                elif parent == "hooks" and not rel.name.endswith(".sample"):
+                    problems.append(f"{path}: history.git/{rel.as_posix()} is a git hook")
+        if os.path.lexists(git_dir) and not stat.S_ISDIR(os.lstat(git_dir).st_mode):
+            problems.append(f"{git_dir} is not a folder")
+        elif (git_dir / "config").is_file():
+            problems += self._config_problems(git_dir / "config")
+        return problems
+
+    @staticmethod
+    def _config_problems(path: Path) -> list[str]:
+        try:
+            entries = config_entries(path)
+        except ValueError as exc:
+            return [f"{path} does not parse: {exc}"]
+        return [
+            f"{path} holds {key} = {value}, which rlprobe-patch does not write"
+            for key, value in entries
+            if key not in _CONFIG_KEYS or not _CONFIG_VALUE.fullmatch(value)
+        ]
+
+    def _foreign_owners(self) -> list[str]:
+        me = os.geteuid()
+        return [
+            f"{path} is owned by uid {st.st_uid}, not by you (uid {me}) or root"
+            for path, st in self._entries()
+            if st.st_uid not in (me, 0)
+        ]
 
     @property
     def ledger_path(self) -> Path:
@@ -128,6 +247,8 @@ class StateDir:
     @contextlib.contextmanager
     def lock(self, timeout: float) -> Iterator[None]:
         self.ensure()
+        self.check()
+        check_state_folder()  # the write ends by registering the tree: refuse before, not halfway
         with locked(self.path / "lock", timeout, f"{self.root}"):
             for name in ("ledger.json", "journal.json"):
                 remove_stale_temp_files(self.path / name)
@@ -142,8 +263,8 @@ class StateDir:
                 raise PermissionError(f"{self.root} is read-only")
             self.path.mkdir()
             created = True
-            (self.path / ".gitignore").write_text("*\n")
-            (self.path / "README.txt").write_text(_README)
+            create_new(self.path / ".gitignore", b"*\n")
+            create_new(self.path / "README.txt", _README.encode())
         except OSError as exc:
             if created:
                 shutil.rmtree(self.path, ignore_errors=True)
@@ -159,6 +280,7 @@ class StateDir:
 
     # -- ledger -----------------------------------------------------------------------------
     def read_ledger(self) -> Ledger:
+        self.check()
         if not self.ledger_path.is_file():
             return Ledger(root=str(self.root))
         try:
@@ -181,6 +303,7 @@ class StateDir:
 
     # -- journal ----------------------------------------------------------------------------
     def read_journal(self) -> dict[str, Any] | None:
+        self.check()
         if not self.journal_path.is_file():
             return None
         try:
@@ -241,12 +364,13 @@ class StateDir:
     @functools.cached_property
     def repo(self) -> git.Repo:
         # One Repo per state folder: its `git cat-file` child must outlive the streams it serves.
+        self.check()
         path = self.path / "history.git"
         if path.is_dir():
-            return git.Repo(path)
+            return Repository(path)
         try:
             # No template: no sample hooks to copy (nothing runs in this repository).
-            return git.Repo.init(path, bare=True, template="", allow_unsafe_options=True)
+            return Repository.init(path, bare=True, template="", allow_unsafe_options=True)
         except git.GitCommandError as exc:
             shutil.rmtree(path, ignore_errors=True)  # a half-made repository would fail every later command
             raise _os_error(exc) from None

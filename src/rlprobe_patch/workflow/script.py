@@ -19,7 +19,6 @@ is never written. What is set, and why (research/skill_and_msprobe.md section 6)
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.workflow.config import read_config, rule_problems
 from rlprobe_patch.workflow.detect import STAGES, Detection, detect_script
 from rlprobe_patch.workflow.hydra_config import FACT_KEYS
@@ -451,10 +451,7 @@ def write_script(original: Path, output: Path, text: str, force: bool) -> None:
         raise RefusedError(f"-o {output} is the original script; refusing to edit it", hint="name a new file")
     if output.exists() and not force:
         raise RefusedError(f"{output} exists", hint="pass --force to replace it, or name another file with -o")
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.chmod(tmp, original.stat().st_mode & 0o777 | 0o100)
-    os.replace(tmp, output)
+    atomic_write(output, text.encode("utf-8"), original.stat().st_mode & 0o777 | 0o100)
 
 
 # -- check-script -------------------------------------------------------------------------------
