@@ -219,19 +219,21 @@ def _emit(out: Out, command_name: str, reports: dict[str, Report], results: dict
             }
         )
     out.emit({"ok": code == 0, "command": command_name, "verdict": verdict, "exit_code": code, "nodes": nodes})
-    out.line(f"{'NODE':<9} {'HOST':<15} {'PYTHON':<8} {'TREE':<34} {'RECORD':<24} RESULT", bold=True)
+    out.line(f"{'NODE':<9} {'HOST':<15} {'PYTHON':<8} {'TREE':<20} {'RECORD':<24} RESULT", bold=True)
     for node in nodes:
         trees = node["trees"] or [{}]
         for i, tree in enumerate(trees):
             first = i == 0
-            what = f"{tree.get('package')} {tree.get('version')} {tree.get('root')}" if tree else "-"
+            what = f"{tree.get('package')} {tree.get('version')}" if tree else "-"
             record = (tree.get("records") or ["-"])[-1] if tree else "-"
             out.line(
                 f"{_short(node['node_id']) if first else '':<9} {node['host'] if first else '':<15} "
-                f"{(node['python_version'] or '?') if first else '':<8} {what:<34} {record:<24} "
+                f"{(node['python_version'] or '?') if first else '':<8} {what:<20} {record:<24} "
                 f"{node['result'] if first else ''}",
                 fg=None if node["exit_code"] == 0 and not node["reasons"] else ("red" if first else None),
             )
+            if tree:
+                out.line(f"{'':<9} at {tree.get('root')} (python {node['python']})", dim=True)
             by_state: dict[str, list[str]] = {}
             for patch, state in (tree.get("patches") or {}).items():
                 by_state.setdefault(state, []).append(patch)

@@ -75,12 +75,16 @@ def _facts(document: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         records, journal, recorded = _records(Path(root))
         planned = entry.get("diff") or ""
+        written = entry.get("status") == "applied"  # the states were planned before this apply wrote them
+        states = {p["id"]: p["state"] for p in entry.get("patches") or []}
+        if written:
+            states = {k: "applied" if v == "applicable" else v for k, v in states.items()}
         trees.append(
             {
                 "package": tree.get("package"),
                 "version": tree.get("version"),
                 "root": root,
-                "patches": {p["id"]: p["state"] for p in entry.get("patches") or []},
+                "patches": states,
                 "records": [r.get("id") for r in records],
                 "record_patches": sorted({p.get("id") for r in records for p in r.get("patches") or []}),
                 "journal": journal,
