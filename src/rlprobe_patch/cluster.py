@@ -63,6 +63,17 @@ def connect(address: str | None) -> list[dict[str, Any]]:
             "Ray is not installed in this Python", hint="pip install 'rlprobe-patch[ray]' (the driver needs Ray)"
         ) from None
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    if address != "auto" and not ray.is_initialized():  # Ray waits minutes on a dead address: ask first
+        import socket
+
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError) as exc:
+            raise RefusedError(
+                f"cannot reach a Ray cluster at {address!r}: {exc}",
+                hint="pass --address (auto, HOST:PORT of the GCS, or ray://HOST:10001) or set RAY_ADDRESS",
+            ) from None
     if not ray.is_initialized():
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
