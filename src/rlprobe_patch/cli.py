@@ -717,6 +717,9 @@ register(main)
 from rlprobe_patch.matrix_cli import register as register_matrix  # noqa: E402
 
 register_matrix(main)
+from rlprobe_patch.cluster import cluster  # noqa: E402 - imports Ray only when a cluster command runs
+
+main.add_command(cluster)
 
 if __name__ == "__main__":
     main()

@@ -14,6 +14,7 @@ class ExitCode(enum.IntEnum):
     REVERT_BLOCKED = 5  # a patched file was edited after apply; nothing written
     LOCKED = 6  # another rlprobe-patch run holds the tree's lock
     WRITE_FAILED = 7  # the disk refused a write (full, I/O error): each file original or patched, journal kept
+    NODES_DISAGREE = 8  # cluster status: the nodes of a Ray cluster differ (versions, patch states, records)
 
 
 class PatchError(Exception):
