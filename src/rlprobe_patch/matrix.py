@@ -1,11 +1,11 @@
 """The compatibility matrix, generated: every patch x release cell the catalogue claims, run for real.
 
-A release is a cell of each patch of its package. The releases are every `tested` entry of
-the catalogue plus the boundary releases below (outside every range: refused or native by
-design). Each cell runs in a scratch copy of the real wheel from the package index
-(`pip download --no-deps`, cached): apply, verify, re-apply (must write nothing), revert
-(must leave every file byte-identical with its mode). The expected outcome comes from the
-catalogue (`native`, `versions`); a cell whose run disagrees is `failing`, with the reason.
+A release is a cell of each patch of its package. The releases are the `tested` and
+`refused` releases of the package's data (`patches/releases/<package>.toml`). Each cell runs
+in a scratch copy of the real wheel from the package index (`pip download --no-deps`,
+cached): apply, verify, re-apply (must write nothing), revert (must leave every file
+byte-identical with its mode). The expected outcome comes from the catalogue (`native`,
+`versions`); a cell whose run disagrees is `failing`, with the reason.
 
 Backend hooks run alone (`--only`); verl's backend-independent patches run as their
 `--mode consistency` set (the skill's consistency rules check them together).
@@ -30,12 +30,10 @@ from packaging.version import Version
 from rlprobe_patch.catalogue import Patch, load_catalogue
 from rlprobe_patch.errors import PatchError, RefusedError
 from rlprobe_patch.fsio import atomic_write, sha256
+from rlprobe_patch.releases import releases
 from rlprobe_patch.state import STATE_DIR_NAME
 from rlprobe_patch.trees import find_tree
 
-# Releases outside every patch's range, run to prove the refusal (or the native path) too.
-BOUNDARY_RELEASES = {"verl": ("0.4.1", "0.5.0"), "sglang": ("0.5.11", "0.5.23"), "vllm_ascend": ("0.11.0",)}
-DIST_NAMES = {"verl": "verl", "sglang": "sglang", "vllm_ascend": "vllm-ascend"}
 APPLIED, REFUSED, NATIVE, FAILING = "applied", "refused-by-design", "native", "failing"
 MARKERS = ("<!-- matrix -->", "<!-- /matrix -->")
 
@@ -51,7 +49,7 @@ def fetch_wheel(package: str, version: str, cache: Path | None = None) -> Path:
     """The release's wheel, downloaded once into `<cache>/wheels` (safe across processes)."""
     wheels = (cache or cache_dir()) / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    dist = DIST_NAMES.get(package, package)
+    dist = releases(package.replace("-", "_")).dist
     stem = dist.replace("-", "_")
     with open(wheels / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -111,8 +109,8 @@ def expected(patch: Patch, release: str) -> str:
 
 
 def releases_of(package: str) -> list[str]:
-    claimed = {r for p in load_catalogue() if p.package == package for r in p.tested}
-    return sorted(claimed | set(BOUNDARY_RELEASES.get(package, ())), key=Version)
+    """The release rows of `package`: tested and refused, from its release data."""
+    return list(releases(package).all_releases)
 
 
 def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[str, str]]:
