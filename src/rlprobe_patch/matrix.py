@@ -36,6 +36,8 @@ from rlprobe_patch.trees import find_tree
 
 APPLIED, REFUSED, NATIVE, FAILING = "applied", "refused-by-design", "native", "failing"
 MARKERS = ("<!-- matrix -->", "<!-- /matrix -->")
+# The README's release tables, generated from the catalogue and the release data (no run).
+RELEASE_MARKERS = ("<!-- releases -->", "<!-- /releases -->")
 
 
 def cache_dir() -> Path:
@@ -164,6 +166,29 @@ def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[
     return cells
 
 
+def groups_of(package: str, patches: list[Patch]) -> dict[str, list[Patch]]:
+    """The cycles a release row runs: verl's backend-independent patches as one consistency set,
+    every other patch alone."""
+    groups: dict[str, list[Patch]] = {}
+    for p in patches:
+        set_patch = package == "verl" and "any" in p.backends
+        groups.setdefault("consistency" if set_patch else p.id, []).append(p)
+    return groups
+
+
+def expected_cells() -> list[Cell]:
+    """Every cell of the matrix with the outcome the catalogue and the release data claim, in
+    the order `run_matrix` produces them: the README's matrix must read like this."""
+    cells = []
+    catalogue = load_catalogue()
+    for package in dict.fromkeys(p.package for p in catalogue):
+        patches = [p for p in catalogue if p.package == package]
+        for release in releases_of(package):
+            for members in groups_of(package, patches).values():
+                cells += [Cell(p.id, package, release, expected(p, release)) for p in members]
+    return cells
+
+
 @contextlib.contextmanager
 def _scratch_registry() -> Iterator[None]:
     """The scratch trees must not land in the user's registry of patched trees."""
@@ -195,11 +220,7 @@ def run_matrix(
                 if releases and release not in releases:
                     continue
                 wheel = fetch_wheel(package, release, cache)
-                groups: dict[str, list[Patch]] = {}
-                for p in patches:
-                    set_patch = package == "verl" and "any" in p.backends
-                    groups.setdefault("consistency" if set_patch else p.id, []).append(p)
-                for group, members in groups.items():
+                for group, members in groups_of(package, patches).items():
                     progress(f"{package} {release}: {group}")
                     root = unpack(wheel, Path(tmp) / f"{package}-{release}-{group}", package)
                     try:
@@ -234,12 +255,85 @@ def markdown(cells: list[Cell]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def write_readme(readme: Path, table: str) -> None:
-    """Replace the text between the matrix markers of `readme`."""
-    text = readme.read_text(encoding="utf-8")
-    start, end = MARKERS
+def section(text: str, markers: tuple[str, str], where: Path) -> tuple[str, str, str]:
+    """(before, between, after) the one pair of `markers` in `text`."""
+    start, end = markers
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise RefusedError(f"{readme}: needs exactly one {start} ... {end} pair", hint="add the markers first")
+        raise RefusedError(f"{where}: needs exactly one {start} ... {end} pair", hint="add the markers first")
     head, rest = text.split(start)
-    _, tail = rest.split(end)
-    atomic_write(readme, f"{head}{start}\n{table}{end}{tail}".encode())
+    between, tail = rest.split(end)
+    return head, between.removeprefix("\n"), tail
+
+
+def write_readme(readme: Path, table: str) -> None:
+    """Replace the text between the matrix markers of `readme`, and the release tables between
+    the release markers when it has them."""
+    text = readme.read_text(encoding="utf-8")
+    head, _, tail = section(text, MARKERS, readme)
+    text = f"{head}{MARKERS[0]}\n{table}{MARKERS[1]}{tail}"
+    if RELEASE_MARKERS[0] in text:
+        head, _, tail = section(text, RELEASE_MARKERS, readme)
+        text = f"{head}{RELEASE_MARKERS[0]}\n{release_tables()}{RELEASE_MARKERS[1]}{tail}"
+    atomic_write(readme, text.encode())
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+
+
+def _worker_note(release: str) -> str:
+    path = releases("verl").worker_path(Version(release))
+    if path.setting:
+        return f"the engine runs the PPO actor only with `trainer.{path.setting}={path.engine_when}`: notice"
+    return "" if path.impl == "engine" else f"the PPO actor runs the {path.impl} workers: notice"
+
+
+def _consistency_cell(patch: Patch, release: str) -> str:
+    version = Version(release)
+    if not patch.supports(version):
+        return "not for this release"
+    files = list(dict.fromkeys(Path(s.target).name for s in patch.sites_for(version)))
+    text = f"applied ({', '.join(files)})" if len(patch.sites) > 1 else "applied"
+    return text + ("; with a warning" if patch.warnings_for(version) else "")
+
+
+def release_tables() -> str:
+    """The README's release tables, from the catalogue and `patches/releases/` alone."""
+    catalogue = load_catalogue()
+    verl = releases("verl")
+    engines = [p for p in catalogue if p.package == "verl" and p.worker_impl == "engine" and "any" not in p.backends]
+    legacy = [p for p in catalogue if p.package == "verl" and p.worker_impl == "legacy"]
+    the_set = [p for p in catalogue if p.package == "verl" and "any" in p.backends and "consistency" in p.modes]
+
+    def outcome(patch: Patch, release: str) -> str:
+        return "applied" if patch.supports(Version(release)) else "refused"
+
+    out = ["Engine hooks (`tests/test_real_releases.py`, each backend alone):", ""]
+    header = ["verl", *(" / ".join(p.backends) for p in engines), "notes"]
+    rows = [
+        [r, *(outcome(p, r) for p in engines), _worker_note(r) if r in verl.tested else ""] for r in verl.all_releases
+    ]
+    out += _table(header, rows)
+    out += ["`--mode consistency` (`test_consistency_set_cell`, each release x fsdp / megatron):", ""]
+    header = ["verl", *(f"`{p.id}`" for p in the_set)]
+    out += _table(header, [[r, *(_consistency_cell(p, r) for p in the_set)] for r in verl.tested])
+    out += ["Legacy worker hooks (`tests/test_legacy_workers.py`, `--only`):", ""]
+    out += _table(
+        ["verl", *(f"`{p.id}`" for p in legacy)], [[r, *(outcome(p, r) for p in legacy)] for r in verl.tested]
+    )
+    out += ["Inference engines (`tests/test_inference_engines.py`):", ""]
+    rows = []
+    for package in ("sglang", "vllm_ascend"):
+        data = releases(package)
+        (patch,) = [p for p in catalogue if p.package == package]
+        by_outcome: dict[str, list[str]] = {}
+        for release in data.all_releases:
+            by_outcome.setdefault(expected(patch, release), []).append(release)
+        rows += [[data.dist, ", ".join(rs), f"`{patch.id}`: {what}"] for what, rs in by_outcome.items()]
+    out += _table(["package", "releases", "result"], rows)
+    return "\n".join(out).rstrip() + "\n"
