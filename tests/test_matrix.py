@@ -66,16 +66,3 @@ def test_every_claimed_release_is_a_cell() -> None:
     """No `tested` release of the catalogue is left out of the matrix."""
     for patch in matrix.load_catalogue():
         assert set(patch.tested) <= set(matrix.releases_of(patch.package)), patch.id
-
-
-def test_readme_tables_are_current() -> None:
-    """Every compatibility table of the README is what the catalogue and the release data
-    generate: `rlprobe-patch matrix --write-readme` after a data change."""
-    readme = Path(__file__).resolve().parents[1] / "README.md"
-    text = readme.read_text()
-    assert matrix.section(text, matrix.RELEASE_MARKERS, readme)[1] == matrix.release_tables()
-    cells = matrix.expected_cells()
-    assert matrix.section(text, matrix.MARKERS, readme)[1] == matrix.markdown(cells)
-    assert {(c.package, c.release) for c in cells} == {
-        (p, r) for p in ("verl", "sglang", "vllm_ascend") for r in matrix.releases(p).all_releases
-    }

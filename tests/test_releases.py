@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from rlprobe_patch import catalogue
+from rlprobe_patch import catalogue, matrix
 from rlprobe_patch import releases as releases_module
 from rlprobe_patch.catalogue import load_catalogue
 from rlprobe_patch.engine import resolve_worker_impl
@@ -116,3 +116,16 @@ def test_unknown_keys_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(releases_module, "patches_dir", lambda: tmp_path)
     with pytest.raises(ValueError, match="unknown keys \\['testd'\\]"):
         releases_module._load("sglang")
+
+
+def test_readme_tables_are_current() -> None:
+    """Every compatibility table of the README is what the catalogue and the release data
+    generate: `rlprobe-patch matrix --write-readme` after a data change."""
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    text = readme.read_text()
+    assert matrix.section(text, matrix.RELEASE_MARKERS, readme)[1] == matrix.release_tables()
+    cells = matrix.expected_cells()
+    assert matrix.section(text, matrix.MARKERS, readme)[1] == matrix.markdown(cells)
+    assert {(c.package, c.release) for c in cells} == {
+        (p, r) for p in ("verl", "sglang", "vllm_ascend") for r in matrix.releases(p).all_releases
+    }
