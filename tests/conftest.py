@@ -18,11 +18,13 @@ from runtime import venvs
 from rlprobe_patch import matrix
 from rlprobe_patch.cli import main
 from rlprobe_patch.fsio import sha256
+from rlprobe_patch.releases import releases
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
-VERL_RELEASES = ("0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")
-REFUSED_RELEASES = ("0.4.1", "0.5.0")
+# The release rows come from the release data (patches/releases/verl.toml), never from here.
+VERL_RELEASES = releases("verl").tested
+REFUSED_RELEASES = releases("verl").refused
 
 
 def verl_wheel(version: str) -> Path:

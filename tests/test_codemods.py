@@ -29,9 +29,9 @@ def case_codemod(patch, case: Path):
 
 CASES = [(p, case) for p in load_catalogue() for case in sorted((p.folder / "cases").iterdir())]
 FIXTURE_TARGETS = [
-    (p.codemod(p.sites[0]), REPO / "fixtures" / f"verl-{family}" / p.sites[0].target)
+    (p.codemod(p.sites[0]), family / p.sites[0].target)
     for p in ENGINE_PATCHES
-    for family in ("0.6", "0.8", "0.9")
+    for family in sorted((REPO / "fixtures").glob("verl-*"))  # every bundled fixture tree, discovered
 ]
 
 

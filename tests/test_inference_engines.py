@@ -12,14 +12,19 @@ import py_compile
 
 import pytest
 from conftest import cli, cli_json, snapshot
+from packaging.version import Version
 
 from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.releases import releases
 
 pytestmark = pytest.mark.real
 
-SGLANG_PATCHED = ("0.4.6.post5", "0.4.10.post2", "0.5.3", "0.5.8", "0.5.10.post1")
-SGLANG_NATIVE = ("0.5.11", "0.5.23")
-VLLM_ASCEND_PATCHED = ("0.12.0rc1", "0.13.0", "0.18.0", "0.23.0")
+# The releases come from the release data (patches/releases/sglang.toml, vllm-ascend.toml).
+SGLANG = releases("sglang")
+SGLANG_PATCHED = [r for r in SGLANG.tested if not SGLANG.is_native(Version(r))]
+SGLANG_NATIVE = [r for r in SGLANG.tested if SGLANG.is_native(Version(r))]
+VLLM_ASCEND_PATCHED = releases("vllm_ascend").tested
+VLLM_ASCEND_REFUSED = releases("vllm_ascend").refused
 
 
 def cycle(root, option: str, expected_files: list[str]) -> dict:
@@ -74,8 +79,9 @@ def test_vllm_ascend_dispatch_logger(vllm_ascend_tree, version: str) -> None:
     ]
 
 
-def test_vllm_ascend_before_native_dumping_is_refused(vllm_ascend_tree) -> None:
-    root = vllm_ascend_tree("0.11.0")
+@pytest.mark.parametrize("version", VLLM_ASCEND_REFUSED)
+def test_vllm_ascend_before_native_dumping_is_refused(vllm_ascend_tree, version: str) -> None:
+    root = vllm_ascend_tree(version)
     original = snapshot(root)
     code, out = cli_json("apply", "--vllm-ascend-root", root)
     assert code == ExitCode.REFUSED

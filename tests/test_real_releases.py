@@ -12,7 +12,9 @@ import py_compile
 import pytest
 import unidiff
 from conftest import REFUSED_RELEASES, VERL_RELEASES, cli, cli_json, snapshot
+from packaging.version import Version
 
+from rlprobe_patch.catalogue import select
 from rlprobe_patch.errors import ExitCode
 
 pytestmark = pytest.mark.real
@@ -131,11 +133,22 @@ def test_loop_overriding_engines_are_named(real_tree) -> None:
 
 
 CONSISTENCY_SET = {"verl.prompts-only", "verl.debug-metrics", "verl.rollout-correction", "verl.request-id"}
-NOT_FOR = {  # patches a release cannot take, by design
-    "0.6.0": {"verl.rollout-correction", "verl.request-id"},
-    "0.6.1": {"verl.request-id"},
-    "0.7.0": {"verl.request-id"},
-}
+
+
+def not_for(version: str) -> set[str]:
+    """Patches of the consistency set a release cannot take, by design (their `versions`)."""
+    return {
+        p.id
+        for p in select("verl", "fsdp", "consistency")
+        if p.id in CONSISTENCY_SET and not p.supports(Version(version))
+    }
+
+
+def test_not_for_is_what_the_releases_lack() -> None:
+    """Pinned: the catalogue's ranges say what each early release lacks."""
+    assert not_for("0.6.0") == {"verl.rollout-correction", "verl.request-id"}
+    assert not_for("0.6.1") == not_for("0.7.0") == {"verl.request-id"}
+    assert not_for("0.7.1") == set()
 
 
 @pytest.mark.parametrize("backend", ["fsdp", "megatron"])
@@ -149,7 +162,7 @@ def test_consistency_set_cell(real_tree, version: str, backend: str) -> None:
     code, out = cli_json("apply", "--verl-root", root, "--backend", backend, "--mode", "consistency", *engine)
     assert code == ExitCode.OK, out
     states = {p["id"]: p["state"] for p in out["patches"]}
-    skipped = NOT_FOR.get(version, set())
+    skipped = not_for(version)
     assert {i for i, s in states.items() if s == "not for this release"} == skipped
     assert {i for i, s in states.items() if s == "applicable"} == (CONSISTENCY_SET - skipped) | {
         f"verl.{'megatron' if backend == 'megatron' else 'fsdp'}-engine"

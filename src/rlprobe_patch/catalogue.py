@@ -23,20 +23,14 @@ from packaging.version import Version
 from rlprobe_patch import __version__
 from rlprobe_patch import codemod as toolkit
 from rlprobe_patch.codemod import PatchCodemod, Payload
+from rlprobe_patch.releases import patches_dir, releases
+
+__all__ = ["Patch", "get_patch", "load_catalogue", "patches_dir", "select"]
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
-
-
-def patches_dir() -> Path:
-    """`patches/` inside the installed wheel, else the source checkout's top-level folder."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "patches", here.parents[1] / "patches"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("the patch catalogue (patches/) is missing from this installation")
 
 
 @dataclass(frozen=True)
@@ -74,7 +68,6 @@ class Patch:
     backends: tuple[str, ...]
     modes: tuple[str, ...]
     versions: SpecifierSet
-    tested: tuple[str, ...]
     why: str
     refused_why: str
     folder: Path
@@ -133,6 +126,13 @@ class Patch:
     def serves(self, backend: str) -> bool:
         return "any" in self.backends or backend in self.backends
 
+    @property
+    def tested(self) -> tuple[str, ...]:
+        """The package's tested releases (its release data) that this patch applies to."""
+        return tuple(
+            r for r in releases(self.package).tested if self.supports(Version(r)) and not self.is_native(Version(r))
+        )
+
     def is_tested(self, version: Version) -> bool:
         return any(Version(v) == version for v in self.tested)
 
@@ -181,6 +181,9 @@ def find_overriding_classes(root: Path, pattern: str, method: str, exclude: list
 
 def _load(folder: Path) -> Patch:
     meta = tomllib.loads((folder / "patch.toml").read_text(encoding="utf-8"))
+    if moved := {"tested", "native"} & set(meta):
+        # One home per fact: releases and native cut-offs live in patches/releases/<package>.toml.
+        raise ValueError(f"{folder / 'patch.toml'}: {sorted(moved)} belong in the release data (patches/releases/)")
     versions = SpecifierSet(meta["versions"])
     if "site" in meta:
         sites = tuple(
@@ -197,7 +200,6 @@ def _load(folder: Path) -> Patch:
         backends=tuple(meta["backends"]),
         modes=tuple(meta.get("modes", ())),
         versions=versions,
-        tested=tuple(meta.get("tested", ())),
         why=" ".join(meta["why"].split()),
         refused_why=meta.get("refused_why", "{version} is outside " + meta["versions"]),
         folder=folder,
@@ -212,7 +214,7 @@ def _load(folder: Path) -> Patch:
         ),
         overrides=dict(meta.get("overrides", {})),
         worker_impl=meta.get("worker_impl", "engine"),
-        native=SpecifierSet(meta["native"]) if "native" in meta else None,
+        native=releases(meta["package"]).native if "native_how" in meta else None,
         native_how=" ".join(meta.get("native_how", "").split()),
     )
 

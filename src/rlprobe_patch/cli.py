@@ -177,8 +177,8 @@ def main() -> None:
     "--mode",
     type=click.Choice(MODES),
     help="Apply the whole patch set of a collection mode (consistency: engine hook, PROMPTS_ONLY trimming, "
-    "guards, request id, and the SGLang / vLLM-Ascend patches; inference: SGLang < 0.5.11). Without it: the "
-    "backend's engine hook, and the patches of the SGLang / vLLM-Ascend trees named.",
+    "guards, request id, and the SGLang / vLLM-Ascend patches; inference: SGLang without native msprobe). "
+    "Without it: the backend's engine hook, and the patches of the SGLang / vLLM-Ascend trees named.",
 )
 @click.option("--only", "only", metavar="ID[,ID]", help="Apply just these patches (ids from `rlprobe-patch list`).")
 @click.option("--skip", "skip", metavar="ID[,ID]", help="Leave these patches out of the set.")

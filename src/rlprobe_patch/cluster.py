@@ -203,16 +203,30 @@ def missing_refusal(nodes: dict[str, Report]) -> RefusedError | None:
 
 
 # -- output -----------------------------------------------------------------------------------
-def emit(out: Out, command_name: str, reports: dict[str, Report], results: dict[str, str],
-         reasons: dict[str, list[str]], verdict: str, code: int) -> int:
+def emit(
+    out: Out,
+    command_name: str,
+    reports: dict[str, Report],
+    results: dict[str, str],
+    reasons: dict[str, list[str]],
+    verdict: str,
+    code: int,
+) -> int:
     """The per-node table (text) or one JSON document; returns the exit code."""
     disconnect()  # no more messages from Ray's threads
     with contextlib.redirect_stdout(_STDOUT[-1] if _STDOUT else sys.stdout):
         return _emit(out, command_name, reports, results, reasons, verdict, code)
 
 
-def _emit(out: Out, command_name: str, reports: dict[str, Report], results: dict[str, str],
-          reasons: dict[str, list[str]], verdict: str, code: int) -> int:
+def _emit(
+    out: Out,
+    command_name: str,
+    reports: dict[str, Report],
+    results: dict[str, str],
+    reasons: dict[str, list[str]],
+    verdict: str,
+    code: int,
+) -> int:
     nodes = []
     for n, r in reports.items():
         nodes.append(
@@ -351,8 +365,9 @@ def apply_cmd(
     blocking = {n for n, why in reasons.items() if any(not w.startswith("recovered") for w in why)}
     writers = [n for n in nodes if any(t["planned"] for t in plans[n["NodeID"]].get("trees", []))]
     if blocking:
-        results = {n: ("refused" if plans[n].get("code") != 0 else "differs") if n in blocking else "agrees"
-                   for n in plans}
+        results = {
+            n: ("refused" if plans[n].get("code") != 0 else "differs") if n in blocking else "agrees" for n in plans
+        }
         verdict = f"nodes disagree or refuse ({len(blocking)} of {len(plans)}): nothing was written on any node"
         return emit(out, "apply", plans, results, reasons, verdict, int(ExitCode.REFUSED))
     if dry_run or not writers:
@@ -395,10 +410,10 @@ def apply_cmd(
     codes = [applied[n].get("code") for n in failed]
     code = max(c if isinstance(c, int) and 0 < c < 128 else int(ExitCode.WRITE_FAILED) for c in codes)
     stuck = [n for n, (ok, _) in rollback.items() if not ok]
-    verdict = (
-        f"apply failed on {len(failed)} node(s); "
-        + (f"rolled back on {len(rollback)}: every reachable tree as before" if not stuck else
-           f"ROLLBACK FAILED on {', '.join(_short(n) for n in stuck)}: see their lines")
+    verdict = f"apply failed on {len(failed)} node(s); " + (
+        f"rolled back on {len(rollback)}: every reachable tree as before"
+        if not stuck
+        else f"ROLLBACK FAILED on {', '.join(_short(n) for n in stuck)}: see their lines"
     )
     return emit(out, "apply", reports, results, reasons, verdict, code)
 
@@ -450,8 +465,11 @@ def verify_cmd(out: Out, address: str | None, python: str | None, **options: Any
     bad = {n for n, why in reasons.items() if why}
     other = [r.get("code") for n, r in reports.items() if n in failed and r.get("code") not in (4, None)]
     code = int(other[0]) if other else int(ExitCode.VERIFY_FAILED if bad else ExitCode.OK)
-    verdict = f"verified on all {len(reports)} node(s)" if not bad else (
-        f"verification FAILED on {len(bad)} of {len(reports)} node(s)")
+    verdict = (
+        f"verified on all {len(reports)} node(s)"
+        if not bad
+        else (f"verification FAILED on {len(bad)} of {len(reports)} node(s)")
+    )
     return emit(out, "verify", reports, results, reasons, verdict, code)
 
 
@@ -470,16 +488,21 @@ def status_cmd(out: Out, address: str | None, python: str | None, backend: str |
     if refusal:
         raise refusal
     reasons = disagreements(reports, targets=False)
-    states = {n: tuple(sorted((t["package"], tuple(sorted(t["patches"].items()))) for t in r.get("trees", [])))
-              for n, r in reports.items()}
+    states = {
+        n: tuple(sorted((t["package"], tuple(sorted(t["patches"].items()))) for t in r.get("trees", [])))
+        for n, r in reports.items()
+    }
     ref = _majority(states)
     for n, s in states.items():
         if s != ref and not reasons[n]:
             applied = {p for _, patches in s for p, st in patches if st == "applied"}
             reasons[n].append(
                 "patch states differ from the other nodes'"
-                + ("; nothing applied here (a node that joined after `cluster apply`? run it again)"
-                   if not applied else "")
+                + (
+                    "; nothing applied here (a node that joined after `cluster apply`? run it again)"
+                    if not applied
+                    else ""
+                )
             )
     targets = {n: tuple(sorted(t["target"] for t in r.get("trees", []))) for n, r in reports.items()}
     ref = _majority(targets)
@@ -495,8 +518,11 @@ def status_cmd(out: Out, address: str | None, python: str | None, backend: str |
         code = int(next(r.get("code") or ExitCode.WRITE_FAILED for n, r in reports.items() if n in failed))
     else:
         code = int(ExitCode.NODES_DISAGREE if bad else ExitCode.OK)
-    verdict = f"all {len(reports)} node(s) agree" if not bad else (
-        f"{len(bad)} of {len(reports)} node(s) differ from the others")
+    verdict = (
+        f"all {len(reports)} node(s) agree"
+        if not bad
+        else (f"{len(bad)} of {len(reports)} node(s) differ from the others")
+    )
     return emit(out, "status", reports, results, reasons, verdict, code)
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import libcst as cst
-from packaging.version import Version
 
 from rlprobe_patch import __version__
 from rlprobe_patch.catalogue import Patch, get_patch, load_catalogue, select
@@ -34,6 +33,7 @@ from rlprobe_patch.diffs import diff_paths, provenance_header, unified_diff
 from rlprobe_patch.errors import RefusedError, RevertBlockedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, checkpoint, fsync_dir, remove_stale_temp_files, sha256
 from rlprobe_patch.gitsafe import run_git
+from rlprobe_patch.releases import releases
 from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir, checked_key
 from rlprobe_patch.state_registry import register_tree
 from rlprobe_patch.trees import BACKENDS, Tree
@@ -197,23 +197,15 @@ def resolve_worker_impl(
     """Which verl worker path the user's PPO actor takes, and why: ("engine" | "legacy", reason)."""
     if requested != "auto":
         return requested, f"--worker-impl {requested}"
-    version = tree.version
-    if version < Version("0.7.0"):
-        return "legacy", f"verl {version} always runs the PPO actor through the legacy workers"
-    if version >= Version("0.8.0"):
-        return "engine", f"verl {version} runs the PPO actor through the engine workers (the legacy ones are gone)"
-    if script is None or facts is None:
-        return "legacy", (
-            f"verl {version} defaults to trainer.use_legacy_worker_impl=auto, so the legacy workers run the PPO "
-            "actor; if your run sets it to disable, pass --script YOUR_SCRIPT or --worker-impl engine"
-        )
-    setting, source = facts.get("use_legacy_worker_impl", (None, "not in this release's config"))
+    path = releases(tree.package).worker_path(tree.version)
+    if not path.setting or script is None or facts is None:
+        return path.impl, path.why.format(version=tree.version)
+    setting, source = facts.get(path.setting, (None, "not in this release's config"))
     setting = str(setting).lower() if setting is not None else None
-    if setting == "disable":
-        return "engine", f"{script} runs with trainer.use_legacy_worker_impl=disable ({source}): the engine workers"
-    return "legacy", (
-        f"{script} runs with trainer.use_legacy_worker_impl={setting} ({source}): the legacy workers run the PPO actor"
-    )
+    key = f"trainer.{path.setting}={setting}"
+    if setting == path.engine_when:
+        return "engine", f"{script} runs with {key} ({source}): the engine workers"
+    return path.impl, f"{script} runs with {key} ({source}): the {path.impl} workers run the PPO actor"
 
 
 def hooked_worker_paths(records: list[Record]) -> list[str]:
@@ -717,12 +709,11 @@ def verify(
         checks.append(Check("skill check-consistency-patch vLLM-Ascend rules", ok, "; ".join(lines[1:])))
     if tree.package == "verl" and any("consistency" in p.modes and "any" in p.backends for p in patches):
         # The skill's rules expect every patch of the set; a release that cannot take one of
-        # them (no rollout_corr_helper.py before 0.6.1, no extra_fields before 0.7.1) fails
-        # those rules by design. Such FAIL lines are shown, and do not fail verify.
+        # them fails those rules by design (its target, and the lines the release data names).
+        # Such FAIL lines are shown, and do not fail verify.
         by_design = [p for p in select(tree.package, "fsdp", "consistency") if not p.supports(tree.version)]
         expected_fail = {str(tree.root / t) for p in by_design for t in p.targets}
-        if any(p.id == "verl.request-id" for p in by_design):
-            expected_fail.add("request_id injection missing in both llm_server.py and agent_loop.py")
+        expected_fail |= {line for p in by_design for line in releases(tree.package).expected_checker_fails(p.id)}
         for b in engines or legacy or ["fsdp"]:
             expected = set(expected_fail)
             if b not in engines:  # the legacy workers are hooked instead of the engine file the skill checks

@@ -1,11 +1,11 @@
 """The compatibility matrix, generated: every patch x release cell the catalogue claims, run for real.
 
-A release is a cell of each patch of its package. The releases are every `tested` entry of
-the catalogue plus the boundary releases below (outside every range: refused or native by
-design). Each cell runs in a scratch copy of the real wheel from the package index
-(`pip download --no-deps`, cached): apply, verify, re-apply (must write nothing), revert
-(must leave every file byte-identical with its mode). The expected outcome comes from the
-catalogue (`native`, `versions`); a cell whose run disagrees is `failing`, with the reason.
+A release is a cell of each patch of its package. The releases are the `tested` and
+`refused` releases of the package's data (`patches/releases/<package>.toml`). Each cell runs
+in a scratch copy of the real wheel from the package index (`pip download --no-deps`,
+cached): apply, verify, re-apply (must write nothing), revert (must leave every file
+byte-identical with its mode). The expected outcome comes from the catalogue (`native`,
+`versions`); a cell whose run disagrees is `failing`, with the reason.
 
 Backend hooks run alone (`--only`); verl's backend-independent patches run as their
 `--mode consistency` set (the skill's consistency rules check them together).
@@ -30,14 +30,14 @@ from packaging.version import Version
 from rlprobe_patch.catalogue import Patch, load_catalogue
 from rlprobe_patch.errors import PatchError, RefusedError
 from rlprobe_patch.fsio import atomic_write, sha256
+from rlprobe_patch.releases import releases
 from rlprobe_patch.state import STATE_DIR_NAME
 from rlprobe_patch.trees import find_tree
 
-# Releases outside every patch's range, run to prove the refusal (or the native path) too.
-BOUNDARY_RELEASES = {"verl": ("0.4.1", "0.5.0"), "sglang": ("0.5.11", "0.5.23"), "vllm_ascend": ("0.11.0",)}
-DIST_NAMES = {"verl": "verl", "sglang": "sglang", "vllm_ascend": "vllm-ascend"}
 APPLIED, REFUSED, NATIVE, FAILING = "applied", "refused-by-design", "native", "failing"
 MARKERS = ("<!-- matrix -->", "<!-- /matrix -->")
+# The README's release tables, generated from the catalogue and the release data (no run).
+RELEASE_MARKERS = ("<!-- releases -->", "<!-- /releases -->")
 
 
 def cache_dir() -> Path:
@@ -51,7 +51,7 @@ def fetch_wheel(package: str, version: str, cache: Path | None = None) -> Path:
     """The release's wheel, downloaded once into `<cache>/wheels` (safe across processes)."""
     wheels = (cache or cache_dir()) / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    dist = DIST_NAMES.get(package, package)
+    dist = releases(package.replace("-", "_")).dist
     stem = dist.replace("-", "_")
     with open(wheels / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -111,8 +111,8 @@ def expected(patch: Patch, release: str) -> str:
 
 
 def releases_of(package: str) -> list[str]:
-    claimed = {r for p in load_catalogue() if p.package == package for r in p.tested}
-    return sorted(claimed | set(BOUNDARY_RELEASES.get(package, ())), key=Version)
+    """The release rows of `package`: tested and refused, from its release data."""
+    return list(releases(package).all_releases)
 
 
 def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[str, str]]:
@@ -166,6 +166,29 @@ def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[
     return cells
 
 
+def groups_of(package: str, patches: list[Patch]) -> dict[str, list[Patch]]:
+    """The cycles a release row runs: verl's backend-independent patches as one consistency set,
+    every other patch alone."""
+    groups: dict[str, list[Patch]] = {}
+    for p in patches:
+        set_patch = package == "verl" and "any" in p.backends
+        groups.setdefault("consistency" if set_patch else p.id, []).append(p)
+    return groups
+
+
+def expected_cells() -> list[Cell]:
+    """Every cell of the matrix with the outcome the catalogue and the release data claim, in
+    the order `run_matrix` produces them: the README's matrix must read like this."""
+    cells = []
+    catalogue = load_catalogue()
+    for package in dict.fromkeys(p.package for p in catalogue):
+        patches = [p for p in catalogue if p.package == package]
+        for release in releases_of(package):
+            for members in groups_of(package, patches).values():
+                cells += [Cell(p.id, package, release, expected(p, release)) for p in members]
+    return cells
+
+
 @contextlib.contextmanager
 def _scratch_registry() -> Iterator[None]:
     """The scratch trees must not land in the user's registry of patched trees."""
@@ -197,11 +220,7 @@ def run_matrix(
                 if releases and release not in releases:
                     continue
                 wheel = fetch_wheel(package, release, cache)
-                groups: dict[str, list[Patch]] = {}
-                for p in patches:
-                    set_patch = package == "verl" and "any" in p.backends
-                    groups.setdefault("consistency" if set_patch else p.id, []).append(p)
-                for group, members in groups.items():
+                for group, members in groups_of(package, patches).items():
                     progress(f"{package} {release}: {group}")
                     root = unpack(wheel, Path(tmp) / f"{package}-{release}-{group}", package)
                     try:
@@ -236,12 +255,85 @@ def markdown(cells: list[Cell]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def write_readme(readme: Path, table: str) -> None:
-    """Replace the text between the matrix markers of `readme`."""
-    text = readme.read_text(encoding="utf-8")
-    start, end = MARKERS
+def section(text: str, markers: tuple[str, str], where: Path) -> tuple[str, str, str]:
+    """(before, between, after) the one pair of `markers` in `text`."""
+    start, end = markers
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise RefusedError(f"{readme}: needs exactly one {start} ... {end} pair", hint="add the markers first")
+        raise RefusedError(f"{where}: needs exactly one {start} ... {end} pair", hint="add the markers first")
     head, rest = text.split(start)
-    _, tail = rest.split(end)
-    atomic_write(readme, f"{head}{start}\n{table}{end}{tail}".encode())
+    between, tail = rest.split(end)
+    return head, between.removeprefix("\n"), tail
+
+
+def write_readme(readme: Path, table: str) -> None:
+    """Replace the text between the matrix markers of `readme`, and the release tables between
+    the release markers when it has them."""
+    text = readme.read_text(encoding="utf-8")
+    head, _, tail = section(text, MARKERS, readme)
+    text = f"{head}{MARKERS[0]}\n{table}{MARKERS[1]}{tail}"
+    if RELEASE_MARKERS[0] in text:
+        head, _, tail = section(text, RELEASE_MARKERS, readme)
+        text = f"{head}{RELEASE_MARKERS[0]}\n{release_tables()}{RELEASE_MARKERS[1]}{tail}"
+    atomic_write(readme, text.encode())
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+
+
+def _worker_note(release: str) -> str:
+    path = releases("verl").worker_path(Version(release))
+    if path.setting:
+        return f"the engine runs the PPO actor only with `trainer.{path.setting}={path.engine_when}`: notice"
+    return "" if path.impl == "engine" else f"the PPO actor runs the {path.impl} workers: notice"
+
+
+def _consistency_cell(patch: Patch, release: str) -> str:
+    version = Version(release)
+    if not patch.supports(version):
+        return "not for this release"
+    files = list(dict.fromkeys(Path(s.target).name for s in patch.sites_for(version)))
+    text = f"applied ({', '.join(files)})" if len(patch.sites) > 1 else "applied"
+    return text + ("; with a warning" if patch.warnings_for(version) else "")
+
+
+def release_tables() -> str:
+    """The README's release tables, from the catalogue and `patches/releases/` alone."""
+    catalogue = load_catalogue()
+    verl = releases("verl")
+    engines = [p for p in catalogue if p.package == "verl" and p.worker_impl == "engine" and "any" not in p.backends]
+    legacy = [p for p in catalogue if p.package == "verl" and p.worker_impl == "legacy"]
+    the_set = [p for p in catalogue if p.package == "verl" and "any" in p.backends and "consistency" in p.modes]
+
+    def outcome(patch: Patch, release: str) -> str:
+        return "applied" if patch.supports(Version(release)) else "refused"
+
+    out = ["Engine hooks (`tests/test_real_releases.py`, each backend alone):", ""]
+    header = ["verl", *(" / ".join(p.backends) for p in engines), "notes"]
+    rows = [
+        [r, *(outcome(p, r) for p in engines), _worker_note(r) if r in verl.tested else ""] for r in verl.all_releases
+    ]
+    out += _table(header, rows)
+    out += ["`--mode consistency` (`test_consistency_set_cell`, each release x fsdp / megatron):", ""]
+    header = ["verl", *(f"`{p.id}`" for p in the_set)]
+    out += _table(header, [[r, *(_consistency_cell(p, r) for p in the_set)] for r in verl.tested])
+    out += ["Legacy worker hooks (`tests/test_legacy_workers.py`, `--only`):", ""]
+    out += _table(
+        ["verl", *(f"`{p.id}`" for p in legacy)], [[r, *(outcome(p, r) for p in legacy)] for r in verl.tested]
+    )
+    out += ["Inference engines (`tests/test_inference_engines.py`):", ""]
+    rows = []
+    for package in ("sglang", "vllm_ascend"):
+        data = releases(package)
+        (patch,) = [p for p in catalogue if p.package == package]
+        by_outcome: dict[str, list[str]] = {}
+        for release in data.all_releases:
+            by_outcome.setdefault(expected(patch, release), []).append(release)
+        rows += [[data.dist, ", ".join(rs), f"`{patch.id}`: {what}"] for what, rs in by_outcome.items()]
+    out += _table(["package", "releases", "result"], rows)
+    return "\n".join(out).rstrip() + "\n"

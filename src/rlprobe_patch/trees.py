@@ -13,6 +13,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from rlprobe_patch.errors import NotATreeError
+from rlprobe_patch.releases import releases
 
 BACKENDS = ("fsdp", "fsdp2", "megatron")
 WORKER_IMPLS = ("auto", "engine", "legacy")  # which verl worker path apply hooks (engine.resolve_worker_impl)
@@ -35,20 +36,6 @@ class Tree:
             "version": str(self.version),
             "version_source": self.version_source,
         }
-
-
-# Structural fingerprints of verl releases, newest first: (path or (path, text), lower bound).
-# Used only when neither verl/version/version nor dist-info metadata says the version.
-VERL_FINGERPRINTS: tuple[tuple[str | tuple[str, str], str], ...] = (
-    (("verl/workers/engine/fsdp/transformer_impl.py", 'record_function(f"micro_batch'), "0.9.1"),
-    ("verl/trainer/ppo/v1", "0.9.0"),
-    ("verl/workers/rollout/llm_server.py", "0.8.0"),
-    ("verl/utils/profiler/torch_profile.py", "0.7.1"),
-    ("verl/workers/engine_workers.py", "0.7.0"),
-    ("verl/trainer/ppo/rollout_corr_helper.py", "0.6.1"),
-    ("verl/workers/engine/fsdp/transformer_impl.py", "0.6.0"),
-    ("verl/workers/fsdp_workers.py", "0.3.0"),
-)
 
 
 PACKAGES = ("verl", "sglang", "vllm_ascend")
@@ -198,11 +185,10 @@ def verl_version(root: Path) -> tuple[Version, str]:
     found = _dist_info_version(root, "verl")
     if found is not None:
         return found, "dist-info"
-    for probe, version in VERL_FINGERPRINTS:
-        path, text = probe if isinstance(probe, tuple) else (probe, None)
-        target = root / path
-        if target.exists() and (text is None or text in target.read_text(encoding="utf-8", errors="replace")):
-            return Version(version), "fingerprint"
+    for print_ in releases("verl").fingerprints:  # newest first
+        target = root / print_.path
+        if target.exists() and (not print_.text or print_.text in target.read_text(encoding="utf-8", errors="replace")):
+            return Version(print_.release), "fingerprint"
     raise NotATreeError(f"{root / 'verl'}: cannot tell the verl version (no version file, dist-info or known layout)")
 
 

@@ -20,16 +20,12 @@ import contextlib
 import io
 import os
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, from PyPI
-    import tomli as tomllib
+from rlprobe_patch.releases import releases
 
 PPO_CONFIG_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
 
@@ -45,7 +41,7 @@ class Arg:
 @dataclass
 class Fact:
     """A value verl will run with and its source: "run.sh:42", "verl default (ppo_trainer.yaml)",
-    "assumed: verl 0.8.0 default (catalogue)"."""
+    "assumed: verl <release> default (catalogue)"."""
 
     value: Any
     source: str
@@ -396,35 +392,22 @@ def read_facts(config: Any, overrides: list[Arg], default_source: str) -> dict[s
 
 
 def release_defaults_path() -> Path:
-    from rlprobe_patch.catalogue import patches_dir  # lazily: the catalogue imports LibCST
-
-    return patches_dir() / "releases" / "verl.toml"
+    return releases("verl").path
 
 
 def release_defaults(release: str) -> tuple[str, dict[str, Any]] | None:
-    """(range label, defaults) of the catalogue's entry for `release`, None when none covers it.
+    """(range label, defaults) of the release data's entry for `release`, None when none covers it.
 
     Entries cover `from` <= release < `below` (no `below`: open-ended)."""
-    from packaging.version import InvalidVersion, Version
-
-    data = tomllib.loads(release_defaults_path().read_text(encoding="utf-8"))
-    try:
-        version = Version(release)
-    except InvalidVersion:
-        return None
-    for entry in data.get("release", []):
-        below = Version(entry["below"]) if "below" in entry else None
-        if version >= Version(entry["from"]) and (below is None or version < below):
-            return f"{entry['from']}..{entry.get('below', '')}", dict(entry["defaults"])
-    return None
+    found = releases("verl").defaults_for(release)
+    return None if found is None else (found.label, dict(found.defaults))
 
 
 def assumed_facts(release: str | None) -> Composed:
     """The release defaults the reader falls back to without a tree, marked as assumed."""
     result = Composed(None, assumed=True, config_file="ppo_trainer.yaml")
     if release is None:
-        data = tomllib.loads(release_defaults_path().read_text(encoding="utf-8"))
-        release = data["assume_when_unknown"]
+        release = releases("verl").assume_when_unknown
         result.notes.append(f"verl release unknown: assuming {release}")
     found = release_defaults(release)
     if found is None:

@@ -10,7 +10,7 @@ is never written. What is set, and why (research/skill_and_msprobe.md section 6)
 - flags: remove padding on, dynamic batch and balance off, no validation before training,
   rollout skip off, rollout-correction off, SP forced to 1 (with a notice);
 - eager rollout and `TORCHDYNAMO_DISABLE=1`; the dump config argument of the rollout backend
-  and release (vLLM-Ascend `dump_config_path`, `dump_config` on 0.12; SGLang >= 0.5.11
+  and release (vLLM-Ascend `dump_config_path`, `dump_config` before it; SGLang with native msprobe
   `msprobe_dump_config`, older SGLang needs its ModelRunner patch);
 - alignment, refused when it cannot hold: FSDP rollout TP = rollout GPU count and rollout DP
   1; Megatron TP/PP/EP equal between actor, ref and rollout; vLLM rollout PP > 1.
@@ -29,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write
+from rlprobe_patch.releases import releases
 from rlprobe_patch.workflow.config import read_config, rule_problems
 from rlprobe_patch.workflow.detect import STAGES, Detection, detect_script
 from rlprobe_patch.workflow.hydra_config import FACT_KEYS
@@ -204,9 +205,9 @@ def _training(
     req: Requirements, script: Script, versions: dict[str, str | None], stages: tuple[str, ...], save_path: str | None
 ) -> None:
     verl = _version(versions.get("verl"))
-    if verl is not None and verl < Version("0.8.0"):
+    if verl is not None and not releases("verl").has("precision_debugger", verl):
         req.refusals.append(
-            f"verl {verl} has no precision_debugger profiler (verl >= 0.8.0); "
+            f"verl {verl} has no precision_debugger profiler (verl {releases('verl').cutoff('precision_debugger')}); "
             "use --mode consistency (engine hook) on this release"
         )
     unknown = [s for s in stages if s not in STAGES]
@@ -233,7 +234,8 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> Non
     backend = req.rollout_backend
     if backend == "vllm":
         ascend = _version(versions.get("vllm_ascend"))
-        key = "dump_config" if ascend is not None and ascend < Version("0.13.0rc1") else "dump_config_path"
+        old = ascend is not None and not releases("vllm_ascend").has("dump_config_path", ascend)
+        key = "dump_config" if old else "dump_config_path"
         if ascend is None:
             req.notices.append("vLLM-Ascend version unknown: using additional_config.dump_config_path (0.13+)")
         if config:
@@ -242,21 +244,22 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> Non
             )
     elif backend == "sglang":
         sglang = _version(versions.get("sglang"))
-        if sglang is not None and sglang < Version("0.5.11"):
+        native = releases("sglang").native
+        if sglang is not None and not releases("sglang").is_native(sglang):
             req.notices.append(
-                f"SGLang {sglang} < 0.5.11 has no msprobe option: patch its ModelRunner "
+                f"SGLang {sglang} has no msprobe option (SGLang {native} has): patch its ModelRunner "
                 "(msprobe sglang_eager_dump_instruct.md); it reads ./config.json in the server's working directory"
             )
             return
         if sglang is None:
             req.notices.append(
-                "SGLang version unknown: assuming >= 0.5.11 (msprobe_dump_config); pass --sglang-version"
+                f"SGLang version unknown: assuming {native} (msprobe_dump_config); pass --sglang-version"
             )
         if config:
             req.add(
                 f"{ROLLOUT}.engine_kwargs.sglang.msprobe_dump_config",
                 config,
-                "SGLang >= 0.5.11 native option",
+                f"SGLang {native} native option",
                 create=True,
             )
         req.notices.append(
