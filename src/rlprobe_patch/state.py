@@ -261,7 +261,12 @@ class StateDir:
         try:
             if not os.access(self.root, os.W_OK):
                 raise PermissionError(f"{self.root} is read-only")
-            self.path.mkdir()
+            try:
+                self.path.mkdir()
+            except FileExistsError:
+                if self.path.is_dir() and not self.path.is_symlink():
+                    return  # another run created it at the same moment; the lock orders the two
+                raise
             created = True
             create_new(self.path / ".gitignore", b"*\n")
             create_new(self.path / "README.txt", _README.encode())
