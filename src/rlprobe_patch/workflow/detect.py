@@ -62,10 +62,6 @@ class Detection:
         return [s for s in self.signals if s.decision == decision]
 
 
-def _where(source: str) -> str:
-    return source.replace("yaml:", "")
-
-
 def _hint_signals(hint: str) -> list[Signal]:
     signals = []
     text = hint.strip().lower()
@@ -87,21 +83,21 @@ def _mode_signals(script: Script) -> list[Signal]:
     # training: +8 precision_debugger tool, +4 stage names, +3 stages / profiler.enable=True
     tool = script.get("global_profiler.tool")
     if tool is not None and tool.value == "precision_debugger":
-        signals.append(Signal("mode", "training", 8, "global_profiler.tool=precision_debugger", _where(tool.source)))
+        signals.append(Signal("mode", "training", 8, "global_profiler.tool=precision_debugger", tool.source))
     else:
         for s in script.find("tool"):
             if s.value == "precision_debugger":
-                signals.append(Signal("mode", "training", 8, f"{s.key}=precision_debugger", _where(s.source)))
+                signals.append(Signal("mode", "training", 8, f"{s.key}=precision_debugger", s.source))
                 break
     stage_settings = [s for s in script.settings.values() if _mentions_stage(s.value)]
     if stage_settings:
         s = stage_settings[0]
-        signals.append(Signal("mode", "training", 4, f"stage names in {s.key}", _where(s.source)))
+        signals.append(Signal("mode", "training", 4, f"stage names in {s.key}", s.source))
     stages = script.find("precision_debugger.stages")
     enabled = [s for s in script.find("profiler.enable") if is_true(s.value)]
     if stages or enabled:
         s = (stages or enabled)[0]
-        signals.append(Signal("mode", "training", 3, f"{s.key}={s.value}", _where(s.source)))
+        signals.append(Signal("mode", "training", 3, f"{s.key}={s.value}", s.source))
 
     # inference: +6 a dump config for the rollout, +2 enforce_eager=True
     dump_configs = [
@@ -113,12 +109,12 @@ def _mode_signals(script: Script) -> list[Signal]:
     cli_flag = re.search(r"--msprobe[-_]dump[-_]config", script.code_text())
     if dump_configs:
         s = dump_configs[0]
-        signals.append(Signal("mode", "inference", 6, f"{s.key}={s.value}", _where(s.source)))
+        signals.append(Signal("mode", "inference", 6, f"{s.key}={s.value}", s.source))
     elif cli_flag:
         signals.append(Signal("mode", "inference", 6, "--msprobe-dump-config on a command line", "script"))
     eager = script.get("rollout.enforce_eager")
     if eager is not None and is_true(eager.value):
-        signals.append(Signal("mode", "inference", 2, f"{eager.key}=True", _where(eager.source)))
+        signals.append(Signal("mode", "inference", 2, f"{eager.key}=True", eager.source))
 
     # consistency: +8 DUMP_ON / PROMPTS_ONLY, +5 dispatch/update logs, +5 words, +5 combination
     switches = {name: script.env.get(name) for name in ("DUMP_ON", "PROMPTS_ONLY")}
@@ -128,12 +124,12 @@ def _mode_signals(script: Script) -> list[Signal]:
     if on:
         s = switches[on[0]]
         assert s is not None
-        signals.append(Signal("mode", "consistency", 8, f"{' and '.join(on)} set", _where(s.source)))
+        signals.append(Signal("mode", "consistency", 8, f"{' and '.join(on)} set", s.source))
     elif used:
         signals.append(Signal("mode", "consistency", 8, f"{used[0]} used in the script", "script"))
     for name, s in switches.items():
         if s is not None and not is_true(s.value):
-            signals.append(Signal("mode", "consistency", 0, f"{name}={s.value} (off)", _where(s.source)))
+            signals.append(Signal("mode", "consistency", 0, f"{name}={s.value} (off)", s.source))
     if re.search(r"dispatch_log|update_actor_log", code):
         signals.append(Signal("mode", "consistency", 5, "dispatch_log / update_actor_log named", "script"))
     words = re.search(r"训推一致|consistency|prefill.*对齐", script.text, re.I)

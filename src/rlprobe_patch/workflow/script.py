@@ -98,18 +98,14 @@ def _int(script: Script, key: str, default: int | None) -> tuple[int | None, str
             return default, f"{key} not set (verl's default {default})"
         setting = Setting(key, fact.value, fact.source)
     try:
-        return int(setting.value), f"{key}={setting.value} ({_where(setting)})"
+        return int(setting.value), f"{key}={setting.value} ({setting.source})"
     except (TypeError, ValueError):
-        return None, f"{key}={setting.value!r} ({_where(setting)}) is not a number"
+        return None, f"{key}={setting.value!r} ({setting.source}) is not a number"
 
 
 def _set_by_script(script: Script, key: str) -> bool:
     setting = script.settings.get(key)
     return setting is not None and not setting.source.startswith(("verl default", "assumed"))
-
-
-def _where(setting: Setting) -> str:
-    return setting.source.replace("yaml:", "")
 
 
 def _version(text: str | None) -> Version | None:
@@ -192,7 +188,7 @@ def requirements(
             key = f"{role}.ulysses_sequence_parallel_size"
             current = script.settings.get(key)
             if current is not None and str(current.value) not in ("1",):
-                req.notices.append(f"{key} was {current.value} ({_where(current)}): forced to 1 for the dump")
+                req.notices.append(f"{key} was {current.value} ({current.source}): forced to 1 for the dump")
             req.add(key, 1, "sequence parallelism splits the sequence across ranks; DP = world / SP")
     actor_config = req.configs.get("actor")
     req.env.update({"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "log_prob"})
@@ -480,28 +476,26 @@ def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
                 continue
             checks.append(ScriptCheck(f"{r.key}={r.text}", False, f"not set ({r.why})"))
         elif same_value(current.value, r.value):
-            checks.append(ScriptCheck(f"{r.key}={r.text}", True, _where(current)))
+            checks.append(ScriptCheck(f"{r.key}={r.text}", True, current.source))
         else:
             checks.append(
-                ScriptCheck(
-                    f"{r.key}={r.text}", False, f"is {hydra_text(current.value)} at {_where(current)} ({r.why})"
-                )
+                ScriptCheck(f"{r.key}={r.text}", False, f"is {hydra_text(current.value)} at {current.source} ({r.why})")
             )
     for name, value in req.env.items():
         current = script.env.get(name)
         if current is None:
             checks.append(ScriptCheck(f"export {name}={value}", False, "not exported"))
         elif str(current.value) != value and not (value == "1" and is_true(current.value)):
-            checks.append(ScriptCheck(f"export {name}={value}", False, f"is {current.value!r} at {_where(current)}"))
+            checks.append(ScriptCheck(f"export {name}={value}", False, f"is {current.value!r} at {current.source}"))
         else:
-            checks.append(ScriptCheck(f"export {name}={value}", True, _where(current)))
+            checks.append(ScriptCheck(f"export {name}={value}", True, current.source))
     if req.mode == "consistency" and "MSPROBE_ACTOR_CONFIG" not in req.env:
         current = script.env.get("MSPROBE_ACTOR_CONFIG")
         checks.append(
             ScriptCheck(
                 "export MSPROBE_ACTOR_CONFIG",
                 current is not None,
-                _where(current) if current else "not exported (the hook falls back to /home/config_actor.json)",
+                current.source if current else "not exported (the hook falls back to /home/config_actor.json)",
             )
         )
     checks.extend(_config_checks(script, req))

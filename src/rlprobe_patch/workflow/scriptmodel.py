@@ -56,7 +56,7 @@ class Override:
 class Setting:
     key: str
     value: Any
-    source: str  # "run.sh:12", "verl default (ppo_trainer.yaml)", "yaml:path/to/file.yaml", "--env"
+    source: str  # "run.sh:12", "verl default (ppo_trainer.yaml)", "/path/to/file.yaml", "--env"
     override: Override | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -203,15 +203,11 @@ def _facts_from_settings(script: Script) -> None:
         for key in keys:
             setting = script.settings.get(key)
             if setting is not None:
-                facts[fact] = hydra_config.Fact(setting.value, _where(setting.source))
+                facts[fact] = hydra_config.Fact(setting.value, setting.source)
                 break
     engine = script.settings.get("model_engine")
     if engine is not None:
         facts["train_backend"] = hydra_config.Fact("fsdp" if engine.value == "dp" else engine.value, engine.source)
-
-
-def _where(source: str) -> str:
-    return source.removeprefix("yaml:")
 
 
 UNRESOLVED = "__unresolved__"
@@ -361,7 +357,7 @@ def _settle(script: Script) -> None:
         for key, value in flatten(data).items():
             if key == "defaults" or key.startswith("defaults."):
                 continue
-            settings[key] = Setting(key, value, f"yaml:{path}")
+            settings[key] = Setting(key, value, str(path))
     for override in script.overrides:
         if override.prefix == "~":
             for key in [k for k in settings if k == override.key or k.startswith(override.key + ".")]:

@@ -21,7 +21,7 @@ import fnmatch
 import operator
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1146,8 +1146,3 @@ _BUILTINS: dict[str, Callable[[_Evaluator, Any, list[Field]], None]] = {
     "eval": _Evaluator.b_eval,
     **{name: _Evaluator.b_ignore for name in ("echo", "printf", "mkdir", "popd", "shopt", "trap", "ulimit", ":")},
 }
-
-
-def iter_fields(runs: list[Run]) -> Iterator[Field]:
-    for run in runs:
-        yield from run.argv
