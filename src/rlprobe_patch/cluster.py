@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -76,14 +77,14 @@ def connect(address: str | None) -> list[dict[str, Any]]:
             ) from None
     if not ray.is_initialized():
         try:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise RefusedError(
                 f"cannot reach a Ray cluster at {address!r}: {exc}",
                 hint="pass --address (auto, HOST:PORT of the GCS, or ray://HOST:10001) or set RAY_ADDRESS",
             ) from None
-    ray.cloudpickle.register_pickle_by_value(cluster_node)  # nodes need not have rlprobe-patch to answer
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    ray.cloudpickle.register_pickle_by_value(cluster_node)  # type: ignore[no-untyped-call]  # nodes need not have rlprobe-patch
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     head = [n for n in nodes if "node:__internal_head__" in n.get("Resources", {})]
     return head + [n for n in nodes if n not in head]
 
@@ -463,8 +464,8 @@ def verify_cmd(out: Out, address: str | None, python: str | None, **options: Any
             for tree in (r.get("document") or {}).get("trees", []):
                 reasons[n] += [f"{c['name']}: {c.get('detail', '')}" for c in tree.get("checks", []) if not c["ok"]]
     bad = {n for n, why in reasons.items() if why}
-    other = [r.get("code") for n, r in reports.items() if n in failed and r.get("code") not in (4, None)]
-    code = int(other[0]) if other else int(ExitCode.VERIFY_FAILED if bad else ExitCode.OK)
+    other = [int(r["code"]) for n, r in reports.items() if n in failed and r.get("code") not in (4, None)]
+    code = other[0] if other else int(ExitCode.VERIFY_FAILED if bad else ExitCode.OK)
     verdict = (
         f"verified on all {len(reports)} node(s)"
         if not bad
