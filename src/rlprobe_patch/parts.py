@@ -14,13 +14,13 @@ slot the name becomes EXPR, and the comments go on their own lines above that li
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
 import libcst.helpers
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 SHARED_PACKAGE = "_shared"
 # `name = Part.name` in a payload class: take the method `name` of the shared class `Part`.
@@ -122,32 +122,37 @@ def _shared_method(shared: Path, part: str, method: str, fills: dict[str, Fill])
     ]
     if len(found) != 1:
         raise PartError(f"{shared}: no method {part}.{method}")
-    code = _fill_slots(source.code_for_node(found[0].with_changes(leading_lines=[])), fills, f"{part}.{method}")
-    spliced = cst.parse_module(code, config=source.config_for_parsing).body[0]
+    method_node = found[0].with_changes(leading_lines=[])
+    code = source.code_for_node(method_node)
+    slots = _slots(code)
+    if not slots:
+        return method_node  # nothing to fill: the node itself
+    filled = _fill_slots(code, slots, fills, f"{part}.{method}")
+    spliced = cst.parse_module(filled, config=source.config_for_parsing).body[0]
     assert isinstance(spliced, cst.FunctionDef)
     return spliced
 
 
-def _fill_slots(code: str, fills: dict[str, Fill], where: str) -> str:
-    wrapper = MetadataWrapper(cst.parse_module(code), unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
-    slots = sorted(
-        (
-            (positions[node].start.line, positions[node].start.column, node.value)
-            for node in positions
-            if isinstance(node, cst.Name) and node.value.isupper()
-        ),
-        reverse=True,  # bottom-up, right to left: earlier positions stay valid while editing
-    )
-    lines = code.splitlines(keepends=True)
-    for row, column, name in slots:
+def _slots(code: str) -> list[tuple[int, int, str]]:
+    """(line, byte column, name) of each slot in `code`: every name in capitals."""
+    return [
+        (node.lineno, node.col_offset, node.id)
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Name) and node.id.isupper()
+    ]
+
+
+def _fill_slots(code: str, slots: list[tuple[int, int, str]], fills: dict[str, Fill], where: str) -> str:
+    lines = [line.encode() for line in code.splitlines(keepends=True)]
+    # Bottom-up, right to left: the positions not yet edited stay valid.
+    for row, column, name in sorted(slots, reverse=True):
         if name not in fills:
             raise PartError(f"{where}: the payload has no fill for the slot {name} (a function `def {name}`)")
         fill, line = fills[name], lines[row - 1]
         indent = line[: len(line) - len(line.lstrip())]
-        lines[row - 1] = line[:column] + fill.expression + line[column + len(name) :]
-        lines[row - 1 : row - 1] = [f"{indent}{comment}\n" for comment in fill.comments]
-    return "".join(lines)
+        lines[row - 1] = line[:column] + fill.expression.encode() + line[column + len(name) :]
+        lines[row - 1 : row - 1] = [indent + comment.encode() + b"\n" for comment in fill.comments]
+    return b"".join(lines).decode()
 
 
 _PARSED: dict[Path, tuple[bytes, cst.Module]] = {}
