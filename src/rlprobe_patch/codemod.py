@@ -29,6 +29,8 @@ import libcst as cst
 import libcst.helpers
 import libcst.matchers as m
 
+from rlprobe_patch.parts import assemble
+
 Statement = cst.BaseStatement
 StatementPredicate = Callable[[Statement], bool]
 
@@ -219,11 +221,15 @@ def _same_statement(a: Statement, b: Statement) -> bool:
 
 
 class Payload:
-    """A patch's `payload.py`: methods in classes, statement hooks as module-level functions."""
+    """A patch's `payload.py`: methods in classes, statement hooks as module-level functions.
+
+    Methods the payload takes from `patches/_shared/` are spliced in when it is loaded
+    (`parts.assemble`); `sources` are the files the inserted code comes from."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.module = cst.parse_module(path.read_bytes())
+        self.module, shared = assemble(path)
+        self.sources = (path, *shared)
 
     def methods(self, cls: str) -> list[cst.FunctionDef]:
         for stmt in self.module.body:
