@@ -27,7 +27,10 @@ def case_codemod(patch, case: Path):
     return patch.codemod(next(site for site in patch.sites if site.codemod_class == name))
 
 
-CASES = [(p, case) for p in load_catalogue() for case in sorted((p.folder / "cases").iterdir())]
+ALL_CASES = [(p, case) for p in load_catalogue() for case in sorted((p.folder / "cases").iterdir())]
+CASES = [(p, case) for p, case in ALL_CASES if not (case / "refused").is_file()]
+# A refusal case: `before.py` and `refused`, the reason the patch must give (its anchor moved).
+REFUSALS = [(p, case) for p, case in ALL_CASES if (case / "refused").is_file()]
 FIXTURE_TARGETS = [
     (p.codemod(p.sites[0]), family / p.sites[0].target)
     for p in ENGINE_PATCHES
@@ -49,9 +52,18 @@ def test_case(patch, case: Path) -> None:
     compile(after, str(case / "after.py"), "exec")
 
 
+@pytest.mark.parametrize(("patch", "case"), REFUSALS, ids=[f"{p.id}/{c.name}" for p, c in REFUSALS])
+def test_refusal_case(patch, case: Path) -> None:
+    codemod = case_codemod(patch, case)
+    report = codemod.state(cst.parse_module((case / "before.py").read_bytes()))
+    assert report.state is State.DRIFTED
+    assert (case / "refused").read_text().strip() in " ".join(report.reasons)
+    assert not (case / "after.py").exists()
+
+
 def test_every_patch_has_cases_and_a_payload_that_compiles() -> None:
     for patch in load_catalogue():
-        cases = list((patch.folder / "cases").iterdir())
+        cases = [c for c in (patch.folder / "cases").iterdir() if not (c / "refused").is_file()]
         assert len(cases) >= 2, patch.id
         for site in patch.sites:  # every site that edits a file has a case
             if isinstance(patch.codemod(site), CreateFile):
