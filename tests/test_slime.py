@@ -115,6 +115,31 @@ def test_megatron_actor_cell(slime_tree, version: str) -> None:
     assert snapshot(root) == original
 
 
+ROLLOUT = "slime/rollout/sglang_rollout.py"
+
+
+@pytest.mark.parametrize("version", SLIME.tested)
+def test_request_id_cell_and_consistency_set(slime_tree, version: str) -> None:
+    root = slime_tree(version)
+    original = snapshot(root)
+    code, out = cli_json("apply", "--slime-root", root, "--only", "slime.request-id")
+    assert code == ExitCode.OK, out
+    assert out["files"] == [ROLLOUT]
+    py_compile.compile(str(root / ROLLOUT), doraise=True, cfile=str(root.parent / "c.pyc"))
+    assert 'payload["rid"] = f"slime-{sample.index}"' in (root / ROLLOUT).read_text()
+    code, out = cli_json("apply", "--slime-root", root, "--mode", "consistency")
+    assert code == ExitCode.OK, out
+    assert out["files"] == [MODEL]  # the request id was in place: only the actor hook is new
+    assert {p["id"]: p["state"] for p in out["patches"]} == {
+        "slime.megatron-actor": "applicable",
+        "slime.request-id": "applied",
+    }
+    code, verified = cli_json("verify", "--slime-root", root)
+    assert code == ExitCode.OK, [c for t in verified["trees"] for c in t["checks"] if not c["ok"]]
+    assert cli_json("revert", "--slime-root", root)[0] == ExitCode.OK
+    assert snapshot(root) == original
+
+
 MOVED = {
     "get_batch": (
         "        batch = get_batch(",
@@ -152,8 +177,11 @@ def test_moved_anchor_is_refused_with_the_reason(slime_tree, version: str, moved
 
 def test_matrix_runs_slime_from_its_archives(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
-    cells = matrix.run_matrix(("slime.megatron-actor",), ("0.3.1",))
-    assert [(c.release, c.outcome) for c in cells] == [("0.3.1", "applied")], cells
+    cells = matrix.run_matrix(("slime.megatron-actor", "slime.request-id"), ("0.3.1",))
+    assert [(c.patch, c.outcome) for c in cells] == [
+        ("slime.megatron-actor", "applied"),
+        ("slime.request-id", "applied"),
+    ], cells
 
 
 def test_python_without_verl_patches_slime(slime_tree, tmp_path: Path) -> None:
