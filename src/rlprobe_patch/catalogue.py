@@ -135,7 +135,8 @@ class Patch:
         )
 
     def is_tested(self, version: Version) -> bool:
-        return any(Version(v) == version for v in self.tested)
+        data = releases(self.package)  # a tag may say another version (slime's v0.2.4 says 0.2.3)
+        return any(Version(v) == version or Version(data.reported(v)) == version for v in self.tested)
 
     def warnings_for(self, version: Version, facts: dict[str, Any] | None = None) -> list[str]:
         """Warnings for a tree of `version`; `facts` (the run's values, when a script was read) can rule some out."""
