@@ -16,6 +16,7 @@ import pytest
 from conftest import SGLANG_MEMBERS, cli, cli_json, package_wheel, snapshot, unpack
 from packaging.version import Version
 
+from rlprobe_patch.catalogue import get_patch
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.releases import releases
 
@@ -47,13 +48,17 @@ def cycle(root, option: str, expected_files: list[str], *extra: str) -> dict:
     return verified
 
 
-SGLANG_LOGGER = ["sglang/srt/model_executor/dispatch_logger.py", "sglang/srt/model_executor/model_runner.py"]
+
+
+def logger_files(version: str) -> list[str]:
+    """The files sglang.dispatch-logger writes on `version` (forward_batch_info.py on 0.5.8 and 0.5.9)."""
+    return sorted(s.target for s in get_patch("sglang.dispatch-logger").sites_for(Version(version)))
 
 
 @pytest.mark.parametrize("version", SGLANG_PATCHED)
 def test_sglang_model_runner(sglang_tree, tmp_path, version: str) -> None:
     root = sglang_tree(version)
-    verified = cycle(root, "--sglang-root", SGLANG_LOGGER, "--mode", "consistency")
+    verified = cycle(root, "--sglang-root", logger_files(version), "--mode", "consistency")
     checks = [c["check"] for c in verified["trees"][0]["checks"] if c["ok"]]
     assert any("sglang.model-runner: hooks in place" in c for c in checks), checks
     assert any("sglang.dispatch-logger: hooks in place" in c for c in checks), checks
@@ -93,7 +98,7 @@ def test_sglang_native_releases_get_nothing(sglang_tree, version: str) -> None:
 def test_sglang_native_releases_get_the_dispatch_logger(sglang_tree, version: str) -> None:
     """Next to SGLang's own debugger: the logger alone is written (the model runner stays native)."""
     root = sglang_tree(version)
-    cycle(root, "--sglang-root", SGLANG_LOGGER, "--mode", "consistency")
+    cycle(root, "--sglang-root", logger_files(version), "--mode", "consistency")
     _, out = cli_json("apply", "--sglang-root", root, "--mode", "consistency", "--dry-run")
     states = {p["id"]: p["state"] for p in out["patches"]}
     assert states == {"sglang.dispatch-logger": "applicable", "sglang.model-runner": "native"}

@@ -7,12 +7,15 @@
   forward has run, the debugger (started after `self.forward_pass_id += 1`, by SGLang itself
   from 0.5.11 or by sglang.model-runner before) has not stopped yet. The anchor is neither of
   sglang.model-runner's, so the two patches sit in one file without touching each other.
+- `RidsFromWorkerBatch` (0.5.8 and 0.5.9): in `ForwardBatch.init_new`, right after
+  `ret = cls(...)`: the rids of the `ModelWorkerBatch.reqs` those releases always pass,
+  as the `rids` attribute that 0.5.10 made a field.
 """
 
 import libcst as cst
 import libcst.matchers as m
 
-from rlprobe_patch.codemod import METHOD, CreateFile, Hook, PatchCodemod, Where
+from rlprobe_patch.codemod import METHOD, CreateFile, Hook, PatchCodemod, Where, assigns_call
 
 WITH_FORWARD_PASS = m.Call(func=m.Attribute(attr=m.Name("with_forward_pass")))
 
@@ -38,5 +41,20 @@ class LogAfterForward(PatchCodemod):
             METHOD,
             anchor=runs_forward_pass,
             expected="`with ...with_forward_pass(...)` in the method body",
+        ),
+    )
+
+
+class RidsFromWorkerBatch(PatchCodemod):
+    DESCRIPTION = "ForwardBatch.rids from ModelWorkerBatch.reqs (0.5.8, 0.5.9)"
+    OPERATIONS = (
+        Hook(
+            "ForwardBatch",
+            "init_new",
+            "keep_rids",
+            Where.AFTER,
+            METHOD,
+            anchor=assigns_call("ret", m.Call(func=m.Name("cls"))),
+            expected="`ret = cls(...)` in the method body",
         ),
     )

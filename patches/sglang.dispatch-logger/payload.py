@@ -7,6 +7,9 @@ open: `{dump_path}/{pid}/dispatch_log.jsonl`, one line per dumped forward pass. 
 runner has a debugger (`self.msprobe_debugger`: SGLang's own from 0.5.11, sglang.model-runner's
 before): otherwise nothing is imported and no file is touched.
 
+In SGLang 0.5.8 and 0.5.9 `ForwardBatch.init_new` (forward_batch_info.py) also keeps the rids
+of the `ModelWorkerBatch.reqs` it is built from, as `rids` (a field from 0.5.10).
+
 A statement hook only, no added method: sglang.model-runner adds methods to `ModelRunner` in
 the same file, and two patches appending to one class would depend on their order.
 """
@@ -18,3 +21,8 @@ def log_forward(self, forward_batch):
         from sglang.srt.model_executor.dispatch_logger import log_forward_pass
 
         log_forward_pass(self, forward_batch)
+
+
+def keep_rids(batch, ret):
+    """0.5.8 and 0.5.9: right after `ret = cls(...)` in `ForwardBatch.init_new`."""
+    ret.rids = None if batch.reqs is None else [req.rid for req in batch.reqs]  # rlprobe-patch
