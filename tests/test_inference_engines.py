@@ -48,8 +48,6 @@ def cycle(root, option: str, expected_files: list[str], *extra: str) -> dict:
     return verified
 
 
-
-
 def logger_files(version: str) -> list[str]:
     """The files sglang.dispatch-logger writes on `version` (forward_batch_info.py on 0.5.8 and 0.5.9)."""
     return sorted(s.target for s in get_patch("sglang.dispatch-logger").sites_for(Version(version)))

@@ -219,7 +219,8 @@ def _sglang_single(
         return None  # the decode server of a PD pair: its prefill ran on the prefill server
     rids = record.get("rids")
     if rids is None:
-        _unpaired(report, record, None, "no rids in the log line (SGLang before 0.5.8 hands no request ids to the model runner)")
+        why = "no rids in the log line (SGLang before 0.5.8 hands no request ids to the model runner)"
+        _unpaired(report, record, None, why)
         return None
     if len(rids) != 1:
         for rid in rids:
