@@ -272,3 +272,29 @@ def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree
     assert derived.fact("rollout_tp") == 2
     code, checked = run_json("check-script", str(out_path), "--mode", "consistency", "--verl-root", str(root))
     assert code == ExitCode.OK, [c for c in checked["checks"] if not c["ok"]]
+
+
+@pytest.mark.parametrize("version", ["0.5.8", "0.5.11"])
+def test_sglang_consistency_sets_what_pairing_needs(workdir: Path, version: str) -> None:
+    """One request per prefill pass, no radix cache, no chunked prefill, eager: what check-dump
+    needs to pair SGLang prefills with actor micro-batches by rid; each with its reason."""
+    out_path = workdir / "out.sh"
+    args = ("--rollout-backend", "sglang", "--sglang-version", version, "-o", str(out_path))
+    code, out = run_json("script", str(workdir / "grpo_fsdp_vllm.sh"), "--mode", "consistency", *CONFIGS, *args)
+    assert code == ExitCode.OK, out
+    new = read_script(out_path)
+    assert new.value("actor_rollout_ref.rollout.max_num_seqs") == 1
+    assert new.value("engine_kwargs.sglang.disable_radix_cache") is True
+    assert new.value("engine_kwargs.sglang.chunked_prefill_size") == -1
+    assert new.value("rollout.enforce_eager") is True
+    text = out_path.read_text()
+    assert "++actor_rollout_ref.rollout.engine_kwargs.sglang.disable_radix_cache=True" in text
+    assert any("sglang.dispatch-logger" in n for n in out["notices"])
+    if version == "0.5.8":  # sglang.model-runner reads its config from the environment
+        assert "msprobe_dump_config" not in text
+        assert new.env["MSPROBE_SGLANG_CONFIG"].value == CONFIGS[CONFIGS.index("--generate-config") + 1]
+    else:
+        assert new.value("engine_kwargs.sglang.msprobe_dump_config") == CONFIGS[CONFIGS.index("--generate-config") + 1]
+    check = ("--mode", "consistency", "--rollout-backend", "sglang", "--sglang-version", version)
+    code, out = run_json("check-script", str(out_path), *check)
+    assert code == ExitCode.OK, out

@@ -384,11 +384,11 @@ def release_tables() -> str:
     rows = []
     for package in ("sglang", "vllm_ascend"):
         data = releases(package)
-        (patch,) = [p for p in catalogue if p.package == package]
-        by_outcome: dict[str, list[str]] = {}
-        for release in data.all_releases:
-            by_outcome.setdefault(expected(patch, release), []).append(release)
-        rows += [[data.dist, ", ".join(rs), f"`{patch.id}`: {what}"] for what, rs in by_outcome.items()]
+        for patch in [p for p in catalogue if p.package == package]:
+            by_outcome: dict[str, list[str]] = {}
+            for release in data.all_releases:
+                by_outcome.setdefault(expected(patch, release), []).append(release)
+            rows += [[data.dist, ", ".join(rs), f"`{patch.id}`: {what}"] for what, rs in by_outcome.items()]
     out += _table(["package", "releases", "result"], rows)
     slime = [p for p in catalogue if p.package == "slime"]
     out += ["slime (`tests/test_slime.py`, each patch alone, on the release archives):", ""]

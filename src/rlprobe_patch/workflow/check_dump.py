@@ -3,11 +3,16 @@
 msprobe writes `{dump_path}/step{N}/rank{M}/dump.json` (the docs write `step_N/rank_M`; both
 are accepted). The patched engine hook adds `{dump_path}/{pid}/update_actor_log.jsonl`, one
 line per msprobe step with the request ids of its micro-batch; the vLLM-Ascend DispatchLogger
-writes `{dump_path}/{pid}/dispatch_log.jsonl` next to `{dump_path}/{pid}/step{N}/rank{M}/`.
+writes `{dump_path}/{pid}/dispatch_log.jsonl` next to `{dump_path}/{pid}/step{N}/rank{M}/`; the
+SGLang one writes `{dump_path}/{pid}/dispatch_log.jsonl` beside SGLang's `{dump_path}/step{N}/rank{M}/`
+and names each line's dump (`"dump": "step{N}/rank{M}/dump.json"`, relative to the dump path).
 
 The chain (dump-output-correlation in the skill): a prefill step of the generate side that
 served exactly one request -> its request id, without the `-<8 hex>` suffix vLLM >= 0.14
-appends -> the actor step whose micro-batch carried that id -> the two `dump.json` files.
+appends -> the actor step whose micro-batch carried that id -> the two `dump.json` files. For
+SGLang (`"source": "sglang"` lines): an extend pass of exactly one rid that reused no cached
+prefix and was not split into chunks, on a server that is not the decode side of a PD pair;
+every other prefill is listed in `unpaired` with the reason.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ class DumpReport:
     actor_log: list[dict[str, Any]] = field(default_factory=list)
     dispatch_log: list[dict[str, Any]] = field(default_factory=list)
     pairs: list[dict[str, Any]] = field(default_factory=list)
+    unpaired: list[dict[str, Any]] = field(default_factory=list)  # request, log line, why it has no pair
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -112,6 +118,7 @@ class DumpReport:
                 "dispatch_lines": len(self.dispatch_log),
             },
             "pairs": self.pairs,
+            "unpaired": self.unpaired,
             "problems": self.problems,
             "notes": self.notes,
         }
@@ -167,11 +174,14 @@ def _check_generate(report: DumpReport) -> None:
     report.problems += [f"dump.json outside the step*/rank*/ layout: {p}" for p in odd]
     if not report.generate_dumps:
         report.problems.append(f"generate: no step{{N}}/rank{{M}}/dump.json under {root}")
-    logs = sorted(root.glob("*/dispatch_log.jsonl")) + sorted(root.glob("dispatch_log.jsonl"))
+    # {dump_path}/{pid}/ (vLLM-Ascend, SGLang), or one more level when --generate holds several
+    # servers' dump paths (SGLang prefill/decode).
+    logs = sorted(root.glob("dispatch_log.jsonl")) + sorted(root.glob("*/dispatch_log.jsonl"))
+    logs += sorted(root.glob("*/*/dispatch_log.jsonl"))
     if not logs:
         report.problems.append(
-            f"generate: no dispatch_log.jsonl under {root}/<pid>/ (written by the vLLM-Ascend DispatchLogger "
-            "patch): request ids cannot be matched"
+            f"generate: no dispatch_log.jsonl under {root}/<pid>/ (written by the vLLM-Ascend or SGLang "
+            "DispatchLogger patch: rlprobe-patch apply --mode consistency): request ids cannot be matched"
         )
         return
     for log in logs:
@@ -180,44 +190,138 @@ def _check_generate(report: DumpReport) -> None:
         report.dispatch_log += lines
 
 
+def _prefix_of(record: dict[str, Any], root: Path) -> str:
+    prefix = str(Path(record["_dir"]).relative_to(root)) if Path(record["_dir"]) != root else ""
+    return "" if prefix == "." else prefix
+
+
+def _vllm_prefill_ids(record: dict[str, Any]) -> list[str] | None:
+    """The requests a vLLM-Ascend prefill step served: the DispatchLogger's `prefill_request_ids`
+    (`request_ids` when absent), or the skill's `requests` list; None for a decode step."""
+    if record.get("phase") != "prefill":
+        return None
+    if "requests" in record:
+        return [str(r.get("request_id", "")) for r in record.get("requests") or []]
+    return [str(r) for r in record.get("prefill_request_ids") or record.get("request_ids") or []]
+
+
+def _unpaired(report: DumpReport, record: dict[str, Any], rid: str | None, reason: str) -> None:
+    report.unpaired.append({"request_id": rid, "generate_log": record["_where"], "reason": reason})
+
+
+def _sglang_single(
+    report: DumpReport, record: dict[str, Any], chunks: dict[tuple[Any, ...], int]
+) -> tuple[str, DumpFile | None] | None:
+    """The one request of an SGLang prefill pass and its dump, or None (listed as unpaired)."""
+    if record.get("phase") != "prefill":
+        return None  # decode, mixed, speculative passes: nothing to pair, not a loss either
+    if record.get("pd_role") == "decode":
+        return None  # the decode server of a PD pair: its prefill ran on the prefill server
+    rids = record.get("rids")
+    if rids is None:
+        why = "no rids in the log line (SGLang before 0.5.8 hands no request ids to the model runner)"
+        _unpaired(report, record, None, why)
+        return None
+    if len(rids) != 1:
+        for rid in rids:
+            _unpaired(
+                report,
+                record,
+                str(rid),
+                f"batched prefill of {len(rids)} requests in one pass: its dump mixes them "
+                "(one request per prefill pass: rlprobe-patch script --mode consistency)",
+            )
+        return None
+    rid = str(rids[0])
+    prefix = (record.get("prefix_lens") or [0])[0]
+    if prefix:
+        _unpaired(
+            report,
+            record,
+            rid,
+            f"the pass reused {prefix} cached prefix token(s) (radix cache, or a resumed request): its dump "
+            "covers only the rest of the prompt (disable_radix_cache=True)",
+        )
+        return None
+    count = chunks[(record.get("_dir"), record.get("rank"), rid)]
+    if count > 1:
+        _unpaired(
+            report,
+            record,
+            rid,
+            f"prefilled in {count} chunks (chunked prefill): no single dump holds the prompt (chunked_prefill_size=-1)",
+        )
+        return None
+    root = report.generate_root
+    where = Path(record["_dir"]).parent / str(record.get("dump", ""))
+    dump = next((d for d in report.generate_dumps if d.path == where), None)
+    if dump is None:
+        report.problems.append(
+            f"{record['_where']}: prefill step {record.get('step')} rank {record.get('rank')} of {rid} has no "
+            f"{where.relative_to(root) if root is not None and root in where.parents else where}"
+        )
+    return rid, dump
+
+
 def _pair(report: DumpReport) -> None:
     root = report.generate_root
     assert root is not None
     actor_by_id: dict[str, list[dict[str, Any]]] = {}
     for record in report.actor_log:
         for rid in record.get("request_ids") or []:
-            actor_by_id.setdefault(strip_vllm_suffix(str(rid)), []).append(record)
+            for spelling in {str(rid), strip_vllm_suffix(str(rid))}:  # as sent, and as vLLM's base id
+                actor_by_id.setdefault(spelling, []).append(record)
     actor_dumps = {(d.step, d.rank): d for d in report.actor_dumps}
     gen_dumps: dict[tuple[str, Any, Any], DumpFile] = {(d.prefix, d.step, d.rank): d for d in report.generate_dumps}
-    singles = 0
+    chunks: dict[tuple[Any, ...], int] = {}
+    for record in report.dispatch_log:  # an SGLang request prefilled over several passes
+        if record.get("source") == "sglang" and record.get("phase") == "prefill":
+            for rid in record.get("rids") or []:
+                chunk = (record.get("_dir"), record.get("rank"), str(rid))
+                chunks[chunk] = chunks.get(chunk, 0) + 1
     skipped_multi = 0
     for record in report.dispatch_log:
-        if record.get("phase") != "prefill":
-            continue
-        requests = record.get("requests") or []
-        if len(requests) != 1:
-            skipped_multi += 1
-            continue
-        singles += 1
-        raw_id = str(requests[0].get("request_id", ""))
-        rid = strip_vllm_suffix(raw_id)
-        prefix = str(Path(record["_dir"]).relative_to(root)) if Path(record["_dir"]) != root else ""
-        prefix = "" if prefix == "." else prefix
-        gen = gen_dumps.get((prefix, record.get("step"), record.get("rank")))
-        if gen is None:
-            report.problems.append(
-                f"{record['_where']}: prefill step {record.get('step')} rank {record.get('rank')} of {raw_id} has no "
-                f"{(prefix + '/') if prefix else ''}step{record.get('step')}/rank{record.get('rank')}/dump.json "
-                f"under {root}"
-            )
-            continue
-        matches = actor_by_id.get(rid, [])
+        if record.get("source") == "sglang":
+            found = _sglang_single(report, record, chunks)
+            if found is None or found[1] is None:
+                continue
+            raw_id, sglang_dump = found
+            if sglang_dump is None:
+                continue
+            gen: DumpFile = sglang_dump
+            rid = raw_id
+        else:
+            ids = _vllm_prefill_ids(record)
+            if ids is None:
+                continue
+            if len(ids) != 1:
+                skipped_multi += 1
+                for raw in ids:
+                    _unpaired(report, record, raw, f"batched prefill of {len(ids)} requests in one step")
+                continue
+            raw_id = ids[0]
+            rid = strip_vllm_suffix(raw_id)
+            prefix = _prefix_of(record, root)
+            vllm_dump = gen_dumps.get((prefix, record.get("step"), record.get("rank")))
+            if vllm_dump is None:
+                report.problems.append(
+                    f"{record['_where']}: prefill step {record.get('step')} rank {record.get('rank')} of {raw_id} "
+                    f"has no {(prefix + '/') if prefix else ''}step{record.get('step')}/rank{record.get('rank')}"
+                    f"/dump.json under {root}"
+                )
+                continue
+            gen = vllm_dump
+        matches = actor_by_id.get(raw_id) or actor_by_id.get(rid, [])
         if not matches:
-            report.problems.append(
-                f"{record['_where']}: request {rid} (sent as {raw_id}) is in no update_actor_log.jsonl line"
-            )
+            reason = f"request {rid} (sent as {raw_id}) is in no update_actor_log.jsonl line"
+            if record.get("source") == "sglang":
+                # Not an error by itself: a resumed rollout is a new SGLang request; the actor keeps the first id.
+                reason += " (an aborted and resumed request? the actor keeps the first id)"
+                _unpaired(report, record, rid, reason)
+            else:
+                report.problems.append(f"{record['_where']}: {reason}")
             continue
-        for actor_record in matches:
+        for actor_record in {id(r): r for r in matches}.values():  # a line listed under both spellings: once
             key = (actor_record["step"], actor_record["rank"])
             dump = actor_dumps.get(key)
             if dump is None:
@@ -239,8 +343,11 @@ def _pair(report: DumpReport) -> None:
             )
     if skipped_multi:
         report.notes.append(f"{skipped_multi} prefill step(s) served several requests at once: not comparable")
-    if report.dispatch_log and not singles:
-        report.problems.append("generate: no prefill step served a single request; nothing can be paired")
+    if report.dispatch_log and not report.pairs:
+        why = "; ".join(sorted({u["reason"] for u in report.unpaired})[:3])
+        report.problems.append(
+            "generate: no prefill step could be paired with an actor step" + (f" ({why})" if why else "")
+        )
 
 
 _COMPARE = r"""

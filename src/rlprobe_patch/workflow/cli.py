@@ -499,6 +499,8 @@ def check_dump_cmd(
         )
         if "compare" in pair:
             out.line(f"      compare: {pair['compare']['output']} {pair['compare'].get('files', '')}")
+    for item in report.unpaired:
+        out.line(f"  unpaired: {item['request_id'] or '-'} ({item['generate_log']}): {item['reason']}", fg="yellow")
     for note in report.notes:
         out.line(f"note: {note}", fg="yellow")
     for problem in report.problems:

@@ -151,6 +151,8 @@ def requirements(
     _rollout_dump_arg(req, versions)
     if mode == "inference":
         return req
+    if rollout == "sglang":
+        _sglang_pairing(req)
 
     # consistency: batch sizes, flags, alignment, the engine hook switches
     if train not in ("fsdp", "megatron"):
@@ -246,9 +248,12 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> Non
         native = releases("sglang").native
         if sglang is not None and not releases("sglang").is_native(sglang):
             req.notices.append(
-                f"SGLang {sglang} has no msprobe option (SGLang {native} has): patch its ModelRunner "
-                "(msprobe sglang_eager_dump_instruct.md); it reads ./config.json in the server's working directory"
+                f"SGLang {sglang} has no msprobe option (SGLang {native} has): patch its ModelRunner with "
+                "`rlprobe-patch apply --sglang-root ... --mode consistency` (sglang.model-runner), which reads "
+                "MSPROBE_SGLANG_CONFIG (default ./config.json in the server's working directory)"
             )
+            if config:
+                req.env["MSPROBE_SGLANG_CONFIG"] = config
             return
         if sglang is None:
             req.notices.append(
@@ -270,6 +275,32 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> Non
         req.refusals.append(
             "the rollout backend is unknown: set actor_rollout_ref.rollout.name or pass --rollout-backend"
         )
+
+
+def _sglang_pairing(req: Requirements) -> None:
+    """What check-dump needs to pair SGLang prefills with actor micro-batches by rid."""
+    req.add(
+        f"{ROLLOUT}.max_num_seqs",
+        1,
+        "SGLang max_running_requests=1: one request per prefill pass (a batched prefill cannot be paired)",
+    )
+    req.add(
+        f"{ROLLOUT}.engine_kwargs.sglang.disable_radix_cache",
+        True,
+        "no radix cache: a shared prompt prefix is not skipped, each prefill dumps the whole prompt",
+        create=True,
+    )
+    req.add(
+        f"{ROLLOUT}.engine_kwargs.sglang.chunked_prefill_size",
+        -1,
+        "no chunked prefill: each prompt is prefilled in one pass, one dump",
+        create=True,
+    )
+    req.notices.append(
+        "SGLang pairing by request id needs `rlprobe-patch apply --mode consistency` on the SGLang tree "
+        "(sglang.dispatch-logger writes dispatch_log.jsonl beside the dumps; rids reach it from SGLang 0.5.8) "
+        "and, on the verl side, verl.request-id (0.7.1+)"
+    )
 
 
 def _world(script: Script, n_gpus: int | None) -> tuple[int | None, str]:

@@ -1,0 +1,22 @@
+# Case: SGLang 0.5.8 and 0.5.9 (an early `return ret` for decode/idle batches, the final one after).
+from dataclasses import dataclass
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+
+    @classmethod
+    def init_new(cls, batch: ModelWorkerBatch, model_runner: ModelRunner):
+        device = model_runner.device
+        ret = cls(
+            forward_mode=batch.forward_mode,
+            batch_size=len(batch.seq_lens),
+        )
+        if ret.forward_mode.is_idle():
+            ret.positions = ret.input_ids
+            return ret
+
+        ret.extend_seq_lens_cpu = batch.extend_seq_lens
+        return ret

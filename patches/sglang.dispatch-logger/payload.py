@@ -1,0 +1,28 @@
+"""What `sglang.dispatch-logger` inserts into `sglang/srt/model_executor/model_runner.py`.
+
+The new module `dispatch_logger.py` (beside this file) is added as
+`sglang/srt/model_executor/dispatch_logger.py`. In `ModelRunner.forward`, right after the
+block that runs the model, the pass is logged while the msprobe step it belongs to is still
+open: `{dump_path}/{pid}/dispatch_log.jsonl`, one line per dumped forward pass. Only when the
+runner has a debugger (`self.msprobe_debugger`: SGLang's own from 0.5.11, sglang.model-runner's
+before): otherwise nothing is imported and no file is touched.
+
+In SGLang 0.5.8 and 0.5.9 `ForwardBatch.init_new` (forward_batch_info.py) also keeps the rids
+of the `ModelWorkerBatch.reqs` it is built from, as `rids` (a field from 0.5.10).
+
+A statement hook only, no added method: sglang.model-runner adds methods to `ModelRunner` in
+the same file, and two patches appending to one class would depend on their order.
+"""
+
+
+def log_forward(self, forward_batch):
+    """Right after the `with ...with_forward_pass(...)` block of `ModelRunner.forward`."""
+    if getattr(self, "msprobe_debugger", None) is not None:  # rlprobe-patch
+        from sglang.srt.model_executor.dispatch_logger import log_forward_pass
+
+        log_forward_pass(self, forward_batch)
+
+
+def keep_rids(batch, ret):
+    """0.5.8 and 0.5.9: right after `ret = cls(...)` in `ForwardBatch.init_new`."""
+    ret.rids = None if batch.reqs is None else [req.rid for req in batch.reqs]  # rlprobe-patch
