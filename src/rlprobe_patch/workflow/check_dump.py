@@ -7,7 +7,7 @@ writes `{dump_path}/{pid}/dispatch_log.jsonl` next to `{dump_path}/{pid}/step{N}
 
 The chain (dump-output-correlation in the skill): a prefill step of the generate side that
 served exactly one request -> its request id, without the `-<8 hex>` suffix vLLM >= 0.14
-appends -> the actor step whose micro-batch carried that id -> the two `dump.json` files.
+appends and the `_P` / `_D` suffix of prefill/decode disaggregation -> the actor step whose micro-batch carried that id -> the two `dump.json` files.
 """
 
 from __future__ import annotations
@@ -23,10 +23,14 @@ from rlprobe_patch.errors import RefusedError
 _STEP = re.compile(r"^step_?(\d+)$")
 _RANK = re.compile(r"^(?:rank_?(\d+)|proc(\d+))$")
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+_PD_SUFFIX = re.compile(r"_[PD]$")  # prefill / decode instance of a disaggregated request
 
 
 def strip_vllm_suffix(request_id: str) -> str:
-    return _VLLM_SUFFIX.sub("", request_id)
+    """The id verl sent: without vLLM's `-<8 hex>` and the `_P` / `_D` suffix, in either order."""
+    stripped = _VLLM_SUFFIX.sub("", request_id)
+    without_pd = _PD_SUFFIX.sub("", stripped)
+    return _VLLM_SUFFIX.sub("", without_pd) if without_pd != stripped else stripped
 
 
 @dataclass(frozen=True)
