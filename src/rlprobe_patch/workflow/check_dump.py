@@ -7,7 +7,8 @@ writes `{dump_path}/{pid}/dispatch_log.jsonl` next to `{dump_path}/{pid}/step{N}
 
 The chain (dump-output-correlation in the skill): a prefill step of the generate side that
 served exactly one request -> its request id, without the `-<8 hex>` suffix vLLM >= 0.14
-appends and the `_P` / `_D` suffix of prefill/decode disaggregation -> the actor step whose micro-batch carried that id -> the two `dump.json` files.
+appends and the `_P` / `_D` suffix of prefill/decode disaggregation -> the actor step whose
+micro-batch carried that id -> the two `dump.json` files.
 """
 
 from __future__ import annotations
