@@ -35,7 +35,7 @@ def test_v1_trim_on_real_transferqueue_rows(tmp_path: Path) -> None:
         code, out = cli_json("verify", "--python", python)
         assert code == ExitCode.OK, [c for t in out["trees"] for c in t["checks"] if not c["ok"]]
         assert any(
-            c["name"] == "verl.prompts-only: hooks in place in verl/trainer/ppo/v1/trainer_base.py" and c["ok"]
+            c["check"] == "verl.prompts-only: hooks in place in verl/trainer/ppo/v1/trainer_base.py" and c["ok"]
             for t in out["trees"]
             for c in t["checks"]
         )
