@@ -23,9 +23,9 @@ from packaging.version import Version
 from rlprobe_patch import matrix
 from rlprobe_patch.catalogue import Patch, load_catalogue
 from rlprobe_patch.cli import main
+from rlprobe_patch.trees import ROOT_OPTIONS
 
 DATA = Path(__file__).parent / "data" / "patched-bytes.json"
-ROOT_OPTION = {"verl": "--verl-root", "sglang": "--sglang-root", "vllm_ascend": "--vllm-ascend-root"}
 # A non-default config path baked into each hook, on one release per patch (the newest it takes).
 BAKED = {"verl": "--msprobe-config", "sglang": "--sglang-config"}
 BAKED_PATH = "/opt/msprobe/config.json"
@@ -65,9 +65,9 @@ def cells() -> dict[str, list[str]]:
 def produced(cell: str, args: list[str], scratch: Path) -> dict[str, str]:
     """{path: sha256} of every file `apply` changes or adds in a fresh copy of the cell's release."""
     package, release = cell.split()[:2]
-    root = matrix.unpack(matrix.fetch_wheel(package, release), scratch / cell.replace(" ", "_"), package)
+    root = matrix.unpack_release(matrix.fetch_release(package, release), scratch / cell.replace(" ", "_"), package)
     before = matrix.snapshot(root)
-    result = CliRunner().invoke(main, ["apply", ROOT_OPTION[package], str(root), *args, "--json"])
+    result = CliRunner().invoke(main, ["apply", ROOT_OPTIONS[package], str(root), *args, "--json"])
     assert result.exit_code == 0, f"{cell}: {result.output}"
     after = matrix.snapshot(root)
     return {path: digest for path, (digest, _) in after.items() if before.get(path, (None,))[0] != digest}

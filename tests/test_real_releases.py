@@ -169,8 +169,9 @@ def test_consistency_set_cell(real_tree, version: str, backend: str) -> None:
     }
     for path in out["files"]:
         py_compile.compile(str(root / path), doraise=True, cfile=str(root.parent / "compiled.pyc"))
-    if version.startswith("0.9"):
-        assert any("trainer.use_v1=False" in w for p in out["patches"] for w in p["warnings"])
+    assert not any("use_v1" in w for p in out["patches"] for w in p["warnings"])  # V1 is patched where it exists
+    prompts_only = next(p for p in out["patches"] if p["id"] == "verl.prompts-only")
+    assert ("verl/trainer/ppo/v1/trainer_base.py" in prompts_only["targets"]) is version.startswith("0.9")
 
     code, out = cli_json("verify", "--verl-root", root)
     assert code == ExitCode.OK, [c for t in out["trees"] for c in t["checks"] if not c["ok"]]

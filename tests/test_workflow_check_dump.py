@@ -207,6 +207,10 @@ def test_strip_vllm_suffix() -> None:
     assert strip_vllm_suffix("0f3a-req-1a2b3c4d") == "0f3a-req"
     assert strip_vllm_suffix("abcdef0123456789") == "abcdef0123456789"
     assert strip_vllm_suffix("req-XYZ12345") == "req-XYZ12345"
+    # prefill/decode disaggregation: `_P` / `_D`, before or after the hex suffix
+    for raw in ("0f3a-req_P", "0f3a-req_D", "0f3a-req_P-1a2b3c4d", "0f3a-req-1a2b3c4d_D"):
+        assert strip_vllm_suffix(raw) == "0f3a-req", raw
+    assert strip_vllm_suffix("req_PD") == "req_PD"
 
 
 def test_usage(tmp_path: Path) -> None:

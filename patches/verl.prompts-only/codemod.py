@@ -6,6 +6,13 @@
   `self._compute_old_log_prob(batch)` from 0.7.0). Trimming right before it covers all three.
 - `FullyAsyncTrainer._fit_generate` (0.8.0+, when the experimental fully-async policy is
   installed): right before `batch.meta_info["temperature"] = ...`.
+- `PPOTrainer._step_once` (the V1 trainer, default from 0.9.0): the same old-log-prob block, in
+  the method's own body, after `_balance_batch`; the batch there is a `KVBatchMeta`.
+- `SeparateRayPPOTrainer._fit_compute_log_prob` (0.7.1+, experimental): the same block, in the
+  recompute branch. `OneStepOffRayTrainer` (0.8.0+) inherits this method unchanged, so this one
+  site trims its batches too, after `_fit_compute_reward` as in V0 (its `_fit_generate` runs
+  before the reward, which needs the responses). The fully-async trainer, trimmed already in
+  `_fit_generate`, passes here too; a second trim finds no response columns and changes nothing.
 """
 
 import libcst as cst
@@ -58,5 +65,38 @@ class FullyAsyncTrainer(PatchCodemod):
             METHOD,
             anchor=sets_temperature,
             expected='`batch.meta_info["temperature"] = ...` in the method body',
+        ),
+    )
+
+
+class V1Trainer(PatchCodemod):
+    DESCRIPTION = "PROMPTS_ONLY trimming of the TransferQueue rows before PPOTrainer._step_once's old-log-prob pass"
+    REQUIRES_MODULE_NAMES = ("os", "tq", "tu")
+    OPERATIONS = (
+        AddMethods("PPOTrainer"),
+        Hook(
+            "PPOTrainer",
+            "_step_once",
+            "trim_kv_batch_before_old_log_prob",
+            Where.BEFORE,
+            METHOD,
+            anchor=is_old_log_prob_block,
+            expected='`with marked_timer("old_log_prob", ...):` block in the method body',
+        ),
+    )
+
+
+class SeparateTrainer(PatchCodemod):
+    DESCRIPTION = "PROMPTS_ONLY trimming before SeparateRayPPOTrainer._fit_compute_log_prob's old-log-prob pass"
+    OPERATIONS = (
+        AddMethods("SeparateRayPPOTrainer", payload_cls="RayPPOTrainer"),
+        Hook(
+            "SeparateRayPPOTrainer",
+            "_fit_compute_log_prob",
+            "trim_before_separate_old_log_prob",
+            Where.BEFORE,
+            ANY,
+            anchor=is_old_log_prob_block,
+            expected='`with marked_timer("old_log_prob", ...):` block',
         ),
     )

@@ -351,7 +351,8 @@ def _consistency_cell(patch: Patch, release: str) -> str:
     version = Version(release)
     if not patch.supports(version):
         return "not for this release"
-    files = list(dict.fromkeys(Path(s.target).name for s in patch.sites_for(version)))
+    # The folder too: two trainers' files are both called ray_trainer.py (ppo/, separation/).
+    files = list(dict.fromkeys("/".join(Path(s.target).parts[-2:]) for s in patch.sites_for(version)))
     text = f"applied ({', '.join(files)})" if len(patch.sites) > 1 else "applied"
     return text + ("; with a warning" if patch.warnings_for(version) else "")
 

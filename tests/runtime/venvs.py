@@ -386,6 +386,56 @@ def ensure_megatron_venv() -> Path:
         return python
 
 
+TRANSFERQUEUE_VERL = "0.9.1"
+# verl 0.9.1 declares TransferQueue>=0.1.10 under its `verl-core` extra; 0.1.11 is the release on the
+# index. The rest: what the V1 trim's driver imports from verl (tensordict_utils, padding_utils).
+TRANSFERQUEUE_REQUIREMENTS = (
+    TORCH_PIN,
+    "transferqueue==0.1.11",
+    "ray[default]==2.60.0",  # TransferQueue's controller and storage units are Ray actors
+    "tensordict==0.10.0",
+    "transformers==5.10.4",
+    "hydra-core==1.3.8",
+    "codetiming==1.4.0",
+)
+
+
+def ensure_transferqueue_venv() -> Path:
+    """The python of a venv with a real TransferQueue, Ray and verl 0.9.1 (wheel, --no-deps) on CPU torch."""
+    venv = cache_root() / "venvs" / f"verl-{TRANSFERQUEUE_VERL}-transferqueue"
+    spec = {"verl": TRANSFERQUEUE_VERL, "requirements": list(TRANSFERQUEUE_REQUIREMENTS)}
+    expected = {**spec, "digest": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()}
+    with _locked(venv.name):
+        if _is_complete(venv, expected):
+            return venv_python(venv)
+        started = time.monotonic()
+        if venv.exists():
+            shutil.rmtree(venv)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        log_file = venv.parent / f"{venv.name}.build.log"
+        log_file.write_text(f"building {venv}\n")
+        _log(f"building the TransferQueue venv at {venv} (minutes; log: {log_file})")
+        _run([_base_python(), "-I", "-m", "venv", str(venv)], log_file, "creating the venv")
+        python = venv_python(venv)
+        constraints = venv / "rlprobe-constraints.txt"
+        constraints.write_text(f"{TORCH_PIN}\n")
+        _run(_pip(python, "install", "-c", str(constraints), *TRANSFERQUEUE_REQUIREMENTS), log_file, "installing")
+        wheel = ensure_verl_wheel(TRANSFERQUEUE_VERL, python)
+        _run(_pip(python, "install", "--no-deps", str(wheel)), log_file, f"installing {wheel.name}")
+        (venv / COMPLETE_MARKER).write_text(json.dumps(expected, indent=2) + "\n")  # written last
+        _log(f"TransferQueue venv ready in {time.monotonic() - started:.0f}s")
+        return python
+
+
+@contextlib.contextmanager
+def using_transferqueue() -> Iterator[Path]:
+    """The TransferQueue venv's python, held for one test, its verl reset to the wheel first."""
+    python = ensure_transferqueue_venv()
+    with _locked(f"use-verl-{TRANSFERQUEUE_VERL}-transferqueue"):
+        reset_verl(python, TRANSFERQUEUE_VERL)
+        yield python
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python tests/runtime/venvs.py 0.9.1 [0.8.0 ...]``: build (or find) the venvs and print their pythons."""
     versions = sys.argv[1:] if argv is None else argv

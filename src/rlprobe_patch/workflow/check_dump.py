@@ -9,10 +9,11 @@ and names each line's dump (`"dump": "step{N}/rank{M}/dump.json"`, relative to t
 
 The chain (dump-output-correlation in the skill): a prefill step of the generate side that
 served exactly one request -> its request id, without the `-<8 hex>` suffix vLLM >= 0.14
-appends -> the actor step whose micro-batch carried that id -> the two `dump.json` files. For
-SGLang (`"source": "sglang"` lines): an extend pass of exactly one rid that reused no cached
-prefix and was not split into chunks, on a server that is not the decode side of a PD pair;
-every other prefill is listed in `unpaired` with the reason.
+appends and the `_P` / `_D` suffix of prefill/decode disaggregation -> the actor step whose
+micro-batch carried that id -> the two `dump.json` files. For SGLang (`"source": "sglang"`
+lines): an extend pass of exactly one rid that reused no cached prefix and was not split into
+chunks, on a server that is not the decode side of a PD pair; every other prefill is listed in
+`unpaired` with the reason.
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ from rlprobe_patch.errors import RefusedError
 _STEP = re.compile(r"^step_?(\d+)$")
 _RANK = re.compile(r"^(?:rank_?(\d+)|proc(\d+))$")
 _VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+_PD_SUFFIX = re.compile(r"_[PD]$")  # prefill / decode instance of a disaggregated request
 
 
 def strip_vllm_suffix(request_id: str) -> str:
-    return _VLLM_SUFFIX.sub("", request_id)
+    """The id verl sent: without vLLM's `-<8 hex>` and the `_P` / `_D` suffix, in either order."""
+    stripped = _VLLM_SUFFIX.sub("", request_id)
+    without_pd = _PD_SUFFIX.sub("", stripped)
+    return _VLLM_SUFFIX.sub("", without_pd) if without_pd != stripped else stripped
 
 
 @dataclass(frozen=True)
