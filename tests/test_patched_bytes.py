@@ -52,7 +52,7 @@ def cells() -> dict[str, list[str]]:
                     (patch,) = members
                     args = ["--backend", patch.backends[0], "--only", patch.id, "--worker-impl", patch.worker_impl]
                 else:
-                    args = []
+                    args = ["--only", group]  # the patch alone, as matrix runs it
                 out[f"{package} {release} {group}"] = args
         for patch in patches:
             if patch.package in BAKED and "any" not in patch.backends:
