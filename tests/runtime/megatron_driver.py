@@ -49,6 +49,14 @@ Stand-in:
   ``TransformerConfig`` and ``model_type`` as megatron's schedule expects; the loss is a mean
   squared error.
 
+Pipeline parallelism: ``--pp 2 [--vpp 2] --rank R --world-size 2 --store FILE``, one process
+per rank, runs megatron-core's ``forward_backward_pipelining_without_interleaving`` (or, with
+``--vpp``, ``..._with_interleaving``) on gloo, with ``pp * vpp`` linear layers as model chunks
+(``build_chunks``) and one more CPU workaround (``P2P_WORKAROUND``); ``--phase-run both``
+alternates log-prob and update calls. The result then has ``pp_steps`` (what each msprobe step
+of this rank holds: its units, i.e. micro-batch and chunk, their passes, the dump and the log
+line), ``per_unit`` and the checks of ``summarize_pp`` (see ``megatron_venv.md``).
+
 The driver never sets msprobe's switches (DUMP_ON, DUMP_PHASE, MSPROBE_ACTOR_CONFIG): a test
 sets them in the environment. It finds the dump path by reading the msprobe config named by
 MSPROBE_ACTOR_CONFIG (``--dump-path`` overrides). ``--write-config PATH --dump-path DIR``
