@@ -256,3 +256,26 @@ def test_a_node_without_rlprobe_patch_is_named_and_nothing_is_touched(rc: RayClu
         unchanged(rc, before)
     finally:
         rc.remove(node)
+
+
+def test_slime_root_reaches_every_node(rc: RayCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--slime-root` is one of the tree options every command takes: each node gets it (it was dropped)."""
+    from test_slime import MODEL, SHARED
+
+    from rlprobe_patch import matrix
+    from rlprobe_patch.releases import releases
+
+    monkeypatch.setenv("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
+    version = releases("slime").tested[-1]
+    archive = matrix.fetch_release("slime", version)
+    rc.reset()
+    for name in ("head", "b", "c"):
+        matrix.unpack_release(archive, rc.dirs[name] / "slime", "slime")
+    code, doc = rc.cli("apply", "--slime-root", "$RLPROBE_NODE_DIR/slime", "--dry-run")
+    assert code == ExitCode.OK, doc
+    assert len(doc["nodes"]) == 3
+    for node in doc["nodes"]:
+        (tree,) = node["trees"]
+        assert tree["package"] == "slime" and tree["version"] == version, node
+        assert Path(tree["root"]).name == "slime" and not (Path(tree["root"]) / ".rlprobe-patch").exists()
+    assert all(MODEL in json.dumps(node) for node in doc["nodes"]), doc

@@ -1,21 +1,33 @@
 """The codemods: before/after cases from the catalogue, and the laws every patch obeys.
 
-Cases live beside each patch (`patches/<id>/cases/<name>/{before,after}.py`), the way
-LibCST's `CodemodTest.assertCodemod(before, after)` tests read.
+Cases live beside each patch (`patches/<id>/cases/<name>/`), the way LibCST's
+`CodemodTest.assertCodemod(before, after, expected_warnings=...)` tests read: `before.py`, and
+`case.toml` naming the release the slice comes from. A case that applies has `after.py`, and
+the notices and warnings apply prints for that release are checked against `case.toml`'s
+`notices` and `warnings` (none when absent). A refusal case has no `after.py`: its `refused`
+is the reason the patch gives for not touching the file.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 
 from rlprobe_patch.catalogue import load_catalogue
 from rlprobe_patch.codemod import CreateFile, State
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_PATCHES = [p for p in load_catalogue() if p.id in ("verl.fsdp-engine", "verl.megatron-engine")]
@@ -27,7 +39,13 @@ def case_codemod(patch, case: Path):
     return patch.codemod(next(site for site in patch.sites if site.codemod_class == name))
 
 
-CASES = [(p, case) for p in load_catalogue() for case in sorted((p.folder / "cases").iterdir())]
+def case_toml(case: Path) -> dict[str, Any]:
+    return tomllib.loads((case / "case.toml").read_text(encoding="utf-8"))
+
+
+ALL_CASES = [(p, case) for p in load_catalogue() for case in sorted((p.folder / "cases").iterdir())]
+CASES = [(p, case) for p, case in ALL_CASES if (case / "after.py").is_file()]
+REFUSALS = [(p, case) for p, case in ALL_CASES if "refused" in case_toml(case)]
 FIXTURE_TARGETS = [
     (p.codemod(p.sites[0]), family / p.sites[0].target)
     for p in ENGINE_PATCHES
@@ -47,12 +65,35 @@ def test_case(patch, case: Path) -> None:
     assert codemod.state(cst.parse_module(after)).state is State.APPLIED
     assert codemod.strip(cst.parse_module(after)).bytes == before
     compile(after, str(case / "after.py"), "exec")
+    # What apply says about this release, checked like LibCST's expected_warnings.
+    meta = case_toml(case)
+    version = Version(meta["release"])
+    assert patch.supports(version)
+    assert patch.notices_for(version, case) == meta.get("notices", [])  # no tree here: no override notices
+    assert patch.warnings_for(version) == meta.get("warnings", [])
+
+
+@pytest.mark.parametrize(("patch", "case"), REFUSALS, ids=[f"{p.id}/{c.name}" for p, c in REFUSALS])
+def test_refusal_case(patch, case: Path) -> None:
+    """The patch refuses the file with the reason the case names, and takes nothing out of it."""
+    codemod = case_codemod(patch, case)
+    before = (case / "before.py").read_bytes()
+    meta = case_toml(case)
+    assert not (case / "after.py").exists()
+    assert patch.supports(Version(meta["release"]))
+    report = codemod.state(cst.parse_module(before))
+    assert report.state is State.DRIFTED
+    assert list(report.reasons) == [meta["refused"]]
 
 
 def test_every_patch_has_cases_and_a_payload_that_compiles() -> None:
     for patch in load_catalogue():
-        cases = list((patch.folder / "cases").iterdir())
+        cases = [case for p, case in CASES if p is patch]
         assert len(cases) >= 2, patch.id
+        assert any(p is patch for p, _ in REFUSALS), f"{patch.id}: no refusal case"
+        for case in (case for p, case in ALL_CASES if p is patch):  # each case applies or is refused
+            assert (case / "before.py").is_file() and "release" in case_toml(case), case
+            assert (case / "after.py").is_file() != ("refused" in case_toml(case)), case
         for site in patch.sites:  # every site that edits a file has a case
             if isinstance(patch.codemod(site), CreateFile):
                 continue

@@ -127,7 +127,7 @@ def test_readme_tables_are_current() -> None:
     cells = matrix.expected_cells()
     assert matrix.section(text, matrix.MARKERS, readme)[1] == matrix.markdown(cells)
     assert {(c.package, c.release) for c in cells} == {
-        (p, r) for p in ("verl", "sglang", "vllm_ascend") for r in matrix.releases(p).all_releases
+        (p, r) for p in ("verl", "sglang", "vllm_ascend", "slime") for r in matrix.releases(p).all_releases
     }
 
 

@@ -82,9 +82,15 @@ def test_the_fingerprint_follows_the_patch_folder(tmp_path: Path) -> None:
     patch = get_patch("verl.fsdp-engine")
     folder = tmp_path / patch.id
     shutil.copytree(patch.folder, folder)
+    shutil.copytree(patch.folder.parent / "_shared", tmp_path / "_shared")
     copy = dataclasses.replace(patch, folder=folder)
     assert copy.fingerprint == patch.fingerprint
     (folder / "cases" / "new-case").mkdir()  # the before/after cases do not decide anything
+    assert dataclasses.replace(patch, folder=folder).fingerprint == patch.fingerprint
+    shared = tmp_path / "_shared" / "worker_hooks.py"  # the shared parts its payload takes decide too
+    shared.write_text(shared.read_text() + "\n")
+    assert dataclasses.replace(patch, folder=folder).fingerprint != patch.fingerprint
+    shutil.copy(patch.folder.parent / "_shared" / "worker_hooks.py", shared)
     assert dataclasses.replace(patch, folder=folder).fingerprint == patch.fingerprint
     payload = folder / "payload.py"
     payload.write_text(payload.read_text() + "\n")

@@ -17,37 +17,21 @@ Switches, all unset = the original behaviour with no import and no file work:
 `MSPROBE_ACTOR_CONFIG` (default baked in by `apply --msprobe-config`), `PROMPTS_ONLY=1`.
 The reference policy (a `DataParallelPPOActor` without optimizer) never dumps, like the
 engine patch's ref engine.
+
+The helper methods the worker hooks share are written once, in `patches/_shared/worker_hooks.py`:
+a line `name = Part.name` in the class takes one, verbatim, and the functions in capitals at
+the end (`REQUEST_IDS`, `RANK`) fill its slots for this class.
 """
 
-import logging
 import os
 
 import torch
-
-# verl's dp_actor.py defines these names at module level.
-logger = logging.getLogger(__file__)
+from _shared.worker_hooks import ActorDebugger, LoopSteps, PromptsOnly, UpdateActorLog
 
 
 class DataParallelPPOActor:
     # Added by rlprobe-patch (verl.legacy-fsdp-workers); `rlprobe-patch revert` removes it.
-    def _ensure_debugger(self):
-        # Lazy: nothing is imported or opened until DUMP_ON asks for it; the ref policy never dumps.
-        if getattr(self, "_debugger", None) is not None or self.actor_optimizer is None:
-            return
-        if not int(os.environ.get("DUMP_ON", "0")):
-            return
-        from msprobe.pytorch import PrecisionDebugger, seed_all
-
-        seed_all(mode=True)
-        self._debugger = PrecisionDebugger(
-            config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
-        )
-        try:
-            log_dir = os.path.join(self._debugger.config.dump_path, str(os.getpid()))
-            os.makedirs(log_dir, exist_ok=True)
-            self._update_actor_logger_fp = open(os.path.join(log_dir, "update_actor_log.jsonl"), "a", encoding="utf-8")
-        except Exception as exc:
-            logger.warning(f"Failed to initialize update_actor_logger: {exc}")
+    _ensure_debugger = ActorDebugger._ensure_debugger
 
     def _should_dump(self, forward_only):
         # Decided once per compute_log_prob / update_policy call: log-prob passes are forward-only.
@@ -58,38 +42,8 @@ class DataParallelPPOActor:
         phase = "log_prob" if forward_only else "update_actor"
         return dump_phase in ("all", phase)
 
-    def _log_update_actor_step(self, micro_batch):
-        if getattr(self, "_update_actor_logger_fp", None) is None:
-            return
-        import json
-        import time
-
-        # A DataProto micro-batch: the ids are in its non-tensor part (kept by `_dump_keys`).
-        request_ids = getattr(micro_batch, "non_tensor_batch", {}).get("request_id", None)
-        if request_ids is None:
-            request_ids = []
-        elif hasattr(request_ids, "tolist"):
-            request_ids = request_ids.tolist()
-        request_ids = [str(request_id) for request_id in request_ids]
-        record = {
-            "source": "update_actor",
-            "timestamp": time.time(),
-            "pid": os.getpid(),
-            # DataParallelPPOActor has no self.rank.
-            "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
-            "step": self._debugger.service.current_iter,
-            "request_ids": request_ids,
-            "num_requests": len(request_ids),
-        }
-        self._update_actor_logger_fp.write(json.dumps(record) + "\n")
-        self._update_actor_logger_fp.flush()
-
-    def _finish_dump_step(self, micro_batch):
-        # Once msprobe has dumped every step its config asks for, it only has to be stopped.
-        if not self._debugger.service.should_stop_service:
-            self._log_update_actor_step(micro_batch)
-        self._debugger.stop()
-        self._debugger.step()
+    _log_update_actor_step = UpdateActorLog._log_update_actor_step
+    _finish_dump_step = LoopSteps._finish_dump_step
 
     def _dump_keys(self, data, non_tensor_keys, dump_this_call):
         # The request ids travel with the micro-batches only while this call dumps.
@@ -97,25 +51,7 @@ class DataParallelPPOActor:
             return [*non_tensor_keys, "request_id"]
         return non_tensor_keys
 
-    def _prompts_only_batch(self, data):
-        # PROMPTS_ONLY=1: the log-prob pass covers the prompts only, like the rollout engine's
-        # prefill. A batch the trainer already cut (verl.prompts-only) has width-0 responses
-        # and is returned as it is.
-        if not int(os.environ.get("PROMPTS_ONLY", "0")):
-            return data
-        batch = data.batch
-        if batch is None or "responses" not in batch.keys() or batch["responses"].size(1) == 0:
-            return data
-        responses_len = batch["responses"].size(1)
-        trimmed = batch.clone(recurse=False)
-        for key in ("input_ids", "attention_mask", "position_ids"):
-            if key in batch.keys():
-                # 2-D (bs, seq) or 3-D (bs, 3, seq) position_ids: the sequence is the last axis.
-                trimmed[key] = batch[key][..., :-responses_len]
-        for key in ("responses", "rollout_log_probs", "response_mask"):
-            if key in batch.keys():
-                trimmed[key] = batch[key][:, :0]
-        return type(data)(batch=trimmed, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+    _prompts_only_batch = PromptsOnly._prompts_only_batch
 
 
 def init_debugger_state(self):
@@ -153,3 +89,16 @@ def finish_micro_batch(self, dump_this_call, micro_batch):
     """Last statement of the same loop body: after the forward (and the backward, in updates)."""
     if dump_this_call:  # rlprobe-patch
         self._finish_dump_step(micro_batch)
+
+
+# Slots of UpdateActorLog._log_update_actor_step (patches/_shared/worker_hooks.py).
+def REQUEST_IDS(micro_batch):
+    """The micro-batch's request ids, or None."""
+    # A DataProto micro-batch: the ids are in its non-tensor part (kept by `_dump_keys`).
+    return getattr(micro_batch, "non_tensor_batch", {}).get("request_id", None)
+
+
+def RANK():
+    """The rank in the log line."""
+    # DataParallelPPOActor has no self.rank.
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

@@ -16,158 +16,26 @@ Switches, all unset = the original behaviour with no import and no file work:
 
 Unlike the skill's design, the phase is the one of the current call (`forward_only`), so the
 default `DUMP_PHASE=log_prob` dumps the log-prob pass instead of nothing.
+
+The helper methods the worker hooks share are written once, in `patches/_shared/worker_hooks.py`:
+a line `name = Part.name` in the class takes one, verbatim, and the functions in capitals at
+the end (`REQUEST_IDS`, `RANK`) fill its slots for this class.
 """
 
-import logging
-import os
-
 import torch
-
-# verl's transformer_impl.py defines these names at module level.
-logger = logging.getLogger(__file__)
+from _shared.worker_hooks import EngineDebugger, PipelineSteps
 
 
 class MegatronEngine:
     # Added by rlprobe-patch (verl.megatron-engine); `rlprobe-patch revert` removes it.
-    def _ensure_debugger(self):
-        # Lazy: nothing is imported or opened until DUMP_ON asks for it.
-        if getattr(self, "_debugger", None) is not None or self.engine_config.forward_only:
-            return
-        if not int(os.environ.get("DUMP_ON", "0")):
-            return
-        from msprobe.pytorch import PrecisionDebugger, seed_all
-
-        seed_all(mode=True)
-        self._debugger = PrecisionDebugger(
-            config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
-        )
-        try:
-            log_dir = os.path.join(self._debugger.config.dump_path, str(os.getpid()))
-            os.makedirs(log_dir, exist_ok=True)
-            self._update_actor_logger_fp = open(os.path.join(log_dir, "update_actor_log.jsonl"), "a", encoding="utf-8")
-        except Exception as exc:
-            logger.warning(f"Failed to initialize update_actor_logger: {exc}")
-
-    def _should_dump(self, forward_only):
-        # Decided once per forward_backward_batch call: forward-only calls are log-prob passes.
-        self._ensure_debugger()
-        if getattr(self, "_debugger", None) is None:
-            return False
-        dump_phase = os.environ.get("DUMP_PHASE", "log_prob")
-        phase = "log_prob" if forward_only else "update_actor"
-        self._dump_phase = phase
-        self._dump_counts = {}  # micro-batches taken so far in this call, per model chunk
-        return dump_phase in ("all", phase)
-
-    def _log_update_actor_step(self, unit):
-        if getattr(self, "_update_actor_logger_fp", None) is None:
-            return
-        import json
-        import time
-
-        # MegatronEngine has no self.rank.
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        ranks = getattr(self._debugger.config, "rank", None)
-        if ranks and rank not in ranks:
-            return  # msprobe dumps nothing on a rank its config leaves out
-        micro_batch = unit["batch"]
-        request_ids = micro_batch.get("request_id", None) if "request_id" in micro_batch.keys() else None
-        if request_ids is None:
-            request_ids = []
-        elif hasattr(request_ids, "tolist"):
-            request_ids = request_ids.tolist()
-        request_ids = [str(request_id) for request_id in request_ids]
-        try:
-            from megatron.core import parallel_state
-
-            pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-        except Exception:
-            pp_rank = None
-        record = {
-            "source": "update_actor",
-            "timestamp": time.time(),
-            "pid": os.getpid(),
-            "rank": rank,
-            "step": self._debugger.service.current_iter,
-            "request_ids": request_ids,
-            "num_requests": len(request_ids),
-            "phase": getattr(self, "_dump_phase", None),
-            "micro_batch": unit["micro_batch"],
-            "pp_rank": pp_rank,
-            "vp_stage": unit["vp_stage"],
-            "passes": list(unit["passes"]),
-        }
-        self._update_actor_logger_fp.write(json.dumps(record) + "\n")
-        self._update_actor_logger_fp.flush()
-
-    def _start_dump_step(self, model, batch):
-        # One step per micro-batch per model chunk. A step still open is closed first: on a
-        # pipeline stage before the last, 1F1B runs later micro-batches' forwards before an
-        # earlier one's backward, and that backward then gets a step of its own.
-        self._finish_dump_step()
-        while isinstance(getattr(model, "module", None), torch.nn.Module):
-            model = model.module  # unwrap DDP / Float16Module, as verl's unwrap_model does
-        counts = getattr(self, "_dump_counts", {})
-        index = counts.get(id(model), 0)
-        counts[id(model)] = index + 1
-        unit = {"batch": batch, "model": model, "micro_batch": index, "vp_stage": getattr(model, "vp_stage", None)}
-        self._open_dump_step(unit, "forward")
-        training = torch.is_grad_enabled() and getattr(self, "_dump_phase", None) == "update_actor"
-        if training or getattr(model, "post_process", True) is False:
-
-            def _after_forward(module, args, output):
-                handle.remove()
-                if not training:
-                    # A stage before the last sees no loss: its forward is the whole step.
-                    self._finish_dump_step(unit)
-                    return
-                outputs = list(output.values()) if isinstance(output, dict) else output
-                for tensor in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
-                    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-                        # This chunk's backward of this micro-batch begins when the gradient
-                        # reaches its output (the received activation gradient before the last stage).
-                        tensor.register_hook(lambda grad: self._dump_backward_begins(unit))
-                        break
-
-            handle = model.register_forward_hook(_after_forward)
-
-    def _open_dump_step(self, unit, what):
-        unit["passes"] = [what]
-        self._dump_micro_batch = unit
-        self._debugger.start(model=unit["model"])
-
-    def _dump_after_loss(self, loss, forward_only):
-        unit = getattr(self, "_dump_micro_batch", None)
-        if unit is None:
-            return
-        if forward_only or not (isinstance(loss, torch.Tensor) and loss.requires_grad):
-            self._finish_dump_step()
-            return
-        loss.register_hook(lambda grad: self._dump_backward_begins(unit))
-
-    def _dump_backward_begins(self, unit):
-        # Runs when the backward of `unit` starts on this chunk (from the loss on the last stage,
-        # else from the chunk's output); the queued callback runs once that backward has finished.
-        if unit.get("backward"):
-            return
-        unit["backward"] = True
-        if getattr(self, "_dump_micro_batch", None) is unit:
-            unit["passes"].append("backward")
-        else:
-            self._finish_dump_step()
-            self._open_dump_step(unit, "backward")
-        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish_dump_step(unit))
-
-    def _finish_dump_step(self, unit=None):
-        current = getattr(self, "_dump_micro_batch", None)
-        if current is None or (unit is not None and unit is not current):
-            return
-        self._dump_micro_batch = None
-        # Once msprobe has dumped every step its config asks for, it only has to be stopped.
-        if not self._debugger.service.should_stop_service:
-            self._log_update_actor_step(current)
-        self._debugger.stop()
-        self._debugger.step()
+    _ensure_debugger = EngineDebugger._ensure_debugger
+    _should_dump = PipelineSteps._should_dump
+    _log_update_actor_step = PipelineSteps._log_update_actor_step
+    _start_dump_step = PipelineSteps._start_dump_step
+    _open_dump_step = PipelineSteps._open_dump_step
+    _dump_after_loss = PipelineSteps._dump_after_loss
+    _dump_backward_begins = PipelineSteps._dump_backward_begins
+    _finish_dump_step = PipelineSteps._finish_dump_step
 
 
 def init_debugger_state(self):
@@ -203,3 +71,15 @@ def finish_after_loss(self, loss, forward_only):
     """
     if self._dump_should_record:  # rlprobe-patch
         self._dump_after_loss(loss, forward_only)
+
+
+# Slots of PipelineSteps._log_update_actor_step (patches/_shared/worker_hooks.py).
+def REQUEST_IDS(micro_batch):
+    """The micro-batch's request ids, or None."""
+    return micro_batch.get("request_id", None) if "request_id" in micro_batch.keys() else None
+
+
+def RANK():
+    """The rank in the log line."""
+    # MegatronEngine has no self.rank.
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

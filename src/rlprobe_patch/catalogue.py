@@ -20,7 +20,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from rlprobe_patch import __version__
+from rlprobe_patch import __version__, parts
 from rlprobe_patch import codemod as toolkit
 from rlprobe_patch.codemod import PatchCodemod, Payload
 from rlprobe_patch.releases import patches_dir, releases
@@ -101,10 +101,11 @@ class Patch:
     @functools.cached_property
     def fingerprint(self) -> str:
         """Identifies the code that decides this patch's state: the tool's version, the codemod
-        toolkit and the files of the patch's folder. A state remembered for a file's bytes
-        (`StateDir.checked`) holds only under the same fingerprint."""
+        toolkit, the files of the patch's folder and the shared parts its payload takes. A state
+        remembered for a file's bytes (`StateDir.checked`) holds only under the same fingerprint."""
         digest = hashlib.sha256(__version__.encode())
-        for path in [Path(toolkit.__file__), *sorted(p for p in self.folder.iterdir() if p.is_file())]:
+        folder = sorted(p for p in self.folder.iterdir() if p.is_file())
+        for path in [Path(toolkit.__file__), Path(parts.__file__), *folder, *self.payload.sources[1:]]:
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
         return digest.hexdigest()[:32]
 
@@ -143,7 +144,8 @@ class Patch:
         )
 
     def is_tested(self, version: Version) -> bool:
-        return any(Version(v) == version for v in self.tested)
+        data = releases(self.package)  # a tag may say another version (slime's v0.2.4 says 0.2.3)
+        return any(Version(v) == version or Version(data.reported(v)) == version for v in self.tested)
 
     def warnings_for(self, version: Version, facts: dict[str, Any] | None = None) -> list[str]:
         """Warnings for a tree of `version`; `facts` (the run's values, when a script was read) can rule some out."""

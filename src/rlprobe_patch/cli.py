@@ -14,7 +14,18 @@ import click
 
 from rlprobe_patch import __version__
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
-from rlprobe_patch.trees import BACKENDS, MODES, PACKAGES, WORKER_IMPLS, Tree, find_tree, importable
+from rlprobe_patch.releases import releases
+from rlprobe_patch.trees import (
+    BACKENDS,
+    MODES,
+    PACKAGES,
+    ROOT_OPTIONS,
+    TRAINERS,
+    WORKER_IMPLS,
+    Tree,
+    find_tree,
+    importable,
+)
 from rlprobe_patch.workflow.options import read_options, reader_options
 
 # The engine (LibCST, GitPython) is imported inside the commands that use it, so that
@@ -73,8 +84,33 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
     return wrapper
 
 
+# Root options of packages added after the first three (trees.ROOT_OPTIONS): they reach `Roots`
+# through the click context, so that no command's signature has to name each package.
+_MORE_ROOTS = "rlprobe_patch.more_roots"
+
+
+def more_roots() -> dict[str, Path]:
+    """The roots given for packages after the first three (`--slime-root`), by package."""
+    context = click.get_current_context(silent=True)
+    return dict(context.meta.get(_MORE_ROOTS, {})) if context is not None else {}
+
+
+def _keep_root(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        assert param.name is not None
+        ctx.meta.setdefault(_MORE_ROOTS, {})[param.name.removesuffix("_root")] = value
+
+
 def tree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--verl-root / --sglang-root / --vllm-ascend-root / --python, for every tree command."""
+    """--verl-root / --sglang-root / --vllm-ascend-root / --slime-root / --python, for every tree command."""
+    for package, name in reversed([(p, o) for p, o in ROOT_OPTIONS.items() if p not in _FIRST_ROOTS]):
+        fn = click.option(
+            name,
+            type=click.Path(path_type=Path),
+            expose_value=False,
+            callback=_keep_root,
+            help=f"Directory containing the `{package}` package (a source checkout); the package folder also works.",
+        )(fn)
     for name, package in (("--vllm-ascend-root", "vllm_ascend"), ("--sglang-root", "sglang"), ("--verl-root", "verl")):
         fn = click.option(
             name,
@@ -95,6 +131,9 @@ def tree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
+_FIRST_ROOTS = ("verl", "sglang", "vllm_ascend")  # named in every command's signature
+
+
 class Roots:
     """The trees a command acts on: the roots given, else the trees `python` imports."""
 
@@ -106,13 +145,14 @@ class Roots:
             for package, root in (("verl", verl_root), ("sglang", sglang_root), ("vllm_ascend", vllm_ascend_root))
             if root is not None
         }
+        self.given.update(more_roots())
         self.python = python
         self.gone: list[dict[str, str]] = []  # registered trees that no longer exist: root, package, reason
 
     def for_apply(self, mode: str | None, needs_verl: bool) -> list[Tree]:
         if self.given:  # exactly the trees named, nothing searched
             return [find_tree(package, root) for package, root in self.given.items()]
-        trees = [find_tree("verl", None, self.python)] if needs_verl or mode == "consistency" else []
+        trees = self._trainers() if needs_verl or mode == "consistency" else []
         if mode in ("inference", "consistency"):
             trees += [find_tree(p, None, self.python) for p in ("sglang", "vllm_ascend") if importable(p, self.python)]
         if not trees:
@@ -122,13 +162,21 @@ class Roots:
             )
         return trees
 
+    def _trainers(self) -> list[Tree]:
+        """The RL frameworks `python` imports (verl, slime); verl's refusal when it imports none."""
+        found = [find_tree(p, None, self.python) for p in TRAINERS if p != "verl" and importable(p, self.python)]
+        if not found or importable("verl", self.python):
+            found.insert(0, find_tree("verl", None, self.python))
+        return found
+
     def for_records(self, all_gone_ok: bool = False) -> list[Tree]:
         """Trees named, or found through --python, or else every tree apply registered that still
         exists; registered trees that are gone are kept in `self.gone` (refused when all are gone)."""
         if self.given:
             return [find_tree(package, root) for package, root in self.given.items()]
         if self.python is not None:
-            return [find_tree(p, None, self.python) for p in PACKAGES if p == "verl" or importable(p, self.python)]
+            found = [p for p in PACKAGES if p not in TRAINERS and importable(p, self.python)]
+            return self._trainers() + [find_tree(p, None, self.python) for p in found]
         from rlprobe_patch.state_registry import registered_trees
 
         entries = registered_trees()
@@ -237,7 +285,7 @@ def apply_cmd(
 
     roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
     only_ids, skip_ids = _ids(only), _ids(skip)
-    needs_verl = (mode is None and not only_ids) or any(i.startswith("verl.") for i in only_ids)
+    needs_verl = (mode is None and not only_ids) or any(i.split(".")[0] in TRAINERS for i in only_ids)
     trees = roots.for_apply(mode, needs_verl)
     params = {k: v for k, v in (("msprobe_config", msprobe_config), ("sglang_config", sglang_config)) if v}
     selections = []
@@ -255,7 +303,9 @@ def apply_cmd(
             impl, why = resolve_worker_impl(tree, worker_impl, script, facts)
             worker_paths[tree.root] = {"impl": impl, "why": why}
         run_facts = {k: v for k, (v, _) in facts.items()} if tree.package == "verl" and facts else None
-        selections.append((tree, Selection(backend or "any", mode, ids, skip_ids, worker_impl=impl, facts=run_facts)))
+        # A framework with one training backend hooked (slime: Megatron) needs no --backend.
+        chosen = backend or releases(tree.package).default_backend or "any"
+        selections.append((tree, Selection(chosen, mode, ids, skip_ids, worker_impl=impl, facts=run_facts)))
     if not selections:
         raise RefusedError("no patch selected for the trees given", hint="`rlprobe-patch list` shows the patches")
     plans: dict[Path, Plan] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -20,11 +21,10 @@ from typing import Any, TextIO
 import click
 
 from rlprobe_patch import cluster_node
-from rlprobe_patch.cli import Out, command, tree_options
+from rlprobe_patch.cli import Out, command, more_roots, tree_options
 from rlprobe_patch.errors import ExitCode, RefusedError
-from rlprobe_patch.trees import BACKENDS, MODES, WORKER_IMPLS
+from rlprobe_patch.trees import BACKENDS, MODES, ROOT_OPTIONS, WORKER_IMPLS
 
-ROOT_OPTIONS = {"verl": "--verl-root", "sglang": "--sglang-root", "vllm_ascend": "--vllm-ascend-root"}
 Report = dict[str, Any]
 _STDOUT: list[TextIO] = []  # the real stdout while a cluster command runs (Ray's own messages go to stderr)
 
@@ -76,14 +76,14 @@ def connect(address: str | None) -> list[dict[str, Any]]:
             ) from None
     if not ray.is_initialized():
         try:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise RefusedError(
                 f"cannot reach a Ray cluster at {address!r}: {exc}",
                 hint="pass --address (auto, HOST:PORT of the GCS, or ray://HOST:10001) or set RAY_ADDRESS",
             ) from None
-    ray.cloudpickle.register_pickle_by_value(cluster_node)  # nodes need not have rlprobe-patch to answer
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    ray.cloudpickle.register_pickle_by_value(cluster_node)  # type: ignore[no-untyped-call]  # nodes need not have rlprobe-patch
+    nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
     head = [n for n in nodes if "node:__internal_head__" in n.get("Resources", {})]
     return head + [n for n in nodes if n not in head]
 
@@ -325,7 +325,7 @@ def apply_cmd(
     **options: Any,
 ) -> int:
     """Plan on every node, refuse unless all agree, apply everywhere; roll back the others if one fails."""
-    roots = {p: options.pop(f"{p}_root") for p in ROOT_OPTIONS}
+    roots = {p: options.pop(f"{p}_root", None) for p in ROOT_OPTIONS} | more_roots()
     args = ["apply", *_tree_args(python, roots)]
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
@@ -442,7 +442,7 @@ def _revert_exactly(node: dict[str, Any], plan: Report, python: str | None, out:
 @quiet_ray
 def verify_cmd(out: Out, address: str | None, python: str | None, **options: Any) -> int:
     """Verify every node; fails when one node fails or the nodes run different releases."""
-    roots = {p: options.pop(f"{p}_root") for p in ROOT_OPTIONS}
+    roots = {p: options.pop(f"{p}_root", None) for p in ROOT_OPTIONS} | more_roots()
     args = ["verify", *_tree_args(python, roots)]
     for name, value in options.items():
         if value is True:
@@ -463,8 +463,8 @@ def verify_cmd(out: Out, address: str | None, python: str | None, **options: Any
             for tree in (r.get("document") or {}).get("trees", []):
                 reasons[n] += [f"{c['name']}: {c.get('detail', '')}" for c in tree.get("checks", []) if not c["ok"]]
     bad = {n for n, why in reasons.items() if why}
-    other = [r.get("code") for n, r in reports.items() if n in failed and r.get("code") not in (4, None)]
-    code = int(other[0]) if other else int(ExitCode.VERIFY_FAILED if bad else ExitCode.OK)
+    other = [int(r["code"]) for n, r in reports.items() if n in failed and r.get("code") not in (4, None)]
+    code = other[0] if other else int(ExitCode.VERIFY_FAILED if bad else ExitCode.OK)
     verdict = (
         f"verified on all {len(reports)} node(s)"
         if not bad
@@ -480,7 +480,7 @@ def verify_cmd(out: Out, address: str | None, python: str | None, **options: Any
 @quiet_ray
 def status_cmd(out: Out, address: str | None, python: str | None, backend: str | None, **roots: Any) -> int:
     """Every node's trees, versions, patch states and records; names the nodes that differ (exit 8)."""
-    args = ["status", *_tree_args(python, {p: roots[f"{p}_root"] for p in ROOT_OPTIONS})]
+    args = ["status", *_tree_args(python, {p: roots.get(f"{p}_root") for p in ROOT_OPTIONS} | more_roots())]
     if backend:
         args += ["--backend", backend]
     reports = run_on(connect(address), args, python, out.progress, "status")
@@ -533,7 +533,7 @@ def status_cmd(out: Out, address: str | None, python: str | None, backend: str |
 @quiet_ray
 def revert_cmd(out: Out, address: str | None, python: str | None, merge: bool, **roots: Any) -> int:
     """Revert every node; nothing is written unless every node can revert (dry run first)."""
-    args = ["revert", *_tree_args(python, {p: roots[f"{p}_root"] for p in ROOT_OPTIONS})]
+    args = ["revert", *_tree_args(python, {p: roots.get(f"{p}_root") for p in ROOT_OPTIONS} | more_roots())]
     if merge:
         args.append("--merge")
     nodes = connect(address)

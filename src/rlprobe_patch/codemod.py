@@ -29,6 +29,8 @@ import libcst as cst
 import libcst.helpers
 import libcst.matchers as m
 
+from rlprobe_patch.parts import assemble
+
 Statement = cst.BaseStatement
 StatementPredicate = Callable[[Statement], bool]
 
@@ -115,7 +117,17 @@ class HoistKeyword:
     expected: str = ""
 
 
-Operation = Hook | AddMethods | HoistKeyword
+@dataclass(frozen=True)
+class AddDefinitions:
+    """Append the payload's module-level definitions named `names` (functions, classes, `name = ...`
+    assignments) to the end of the target module, in the payload's order.
+
+    For targets whose hooks live in module-level functions, with no class to add methods to."""
+
+    names: tuple[str, ...]
+
+
+Operation = Hook | AddMethods | HoistKeyword | AddDefinitions
 _Owner = TypeVar("_Owner", cst.Module, cst.ClassDef)
 _Node = TypeVar("_Node", cst.ClassDef, cst.FunctionDef)
 
@@ -219,11 +231,15 @@ def _same_statement(a: Statement, b: Statement) -> bool:
 
 
 class Payload:
-    """A patch's `payload.py`: methods in classes, statement hooks as module-level functions."""
+    """A patch's `payload.py`: methods in classes, statement hooks as module-level functions.
+
+    Methods the payload takes from `patches/_shared/` are spliced in when it is loaded
+    (`parts.assemble`); `sources` are the files the inserted code comes from."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.module = cst.parse_module(path.read_bytes())
+        self.module, shared = assemble(path)
+        self.sources = (path, *shared)
 
     def methods(self, cls: str) -> list[cst.FunctionDef]:
         for stmt in self.module.body:
@@ -232,12 +248,27 @@ class Payload:
                 return [s for s in stmt.body.body if isinstance(s, cst.FunctionDef)]
         raise KeyError(f"{self.path}: no class {cls}")
 
+    def definitions(self, names: Sequence[str]) -> list[Statement]:
+        found = [stmt for stmt in self.module.body if defined_name(stmt) in names]
+        if missing := set(names) - {defined_name(stmt) for stmt in found}:
+            raise KeyError(f"{self.path}: no module-level definition of {sorted(missing)}")
+        return found
+
     def statements(self, hook: str) -> list[Statement]:
         for stmt in self.module.body:
             if m.matches(stmt, m.FunctionDef(name=m.Name(hook))):
                 assert isinstance(stmt, cst.FunctionDef) and isinstance(stmt.body, cst.IndentedBlock)
                 return list(_without_docstring(stmt.body.body))
         raise KeyError(f"{self.path}: no statement hook {hook}")
+
+
+def defined_name(stmt: Statement) -> str | None:
+    """The name a module-level `def`, `class` or single-target `name = ...` statement defines."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return stmt.name.value
+    if m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])):
+        return stmt.body[0].targets[0].target.value  # type: ignore[attr-defined]
+    return None
 
 
 def _is_docstring(stmt: Statement) -> bool:
@@ -259,6 +290,13 @@ def _with_blank_line(fn: cst.CSTNode) -> cst.CSTNode:
     if isinstance(fn, cst.FunctionDef) and not any(not line.comment for line in fn.leading_lines[:1]):
         return fn.with_changes(leading_lines=[cst.EmptyLine(indent=False), *fn.leading_lines])
     return fn
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_two_blank_lines(stmt: cst.CSTNode) -> cst.CSTNode:
+    """A module-level statement as PEP 8 places it: two blank lines before it (and its comments)."""
+    lines = [line for line in stmt.leading_lines if line.comment]  # type: ignore[attr-defined]
+    return stmt.with_changes(leading_lines=[cst.EmptyLine(indent=False)] * 2 + lines)
 
 
 class _Substitute(cst.CSTTransformer):
@@ -419,6 +457,8 @@ class PatchCodemod:
             )
 
     def _apply(self, module: cst.Module, op: Operation, params: dict[str, str], strip: bool) -> cst.Module:
+        if isinstance(op, AddDefinitions):
+            return self._add_definitions(module, op, params, strip)
         if isinstance(op, AddMethods):
             return self._edit_class(module, op.cls, lambda cls: self._add_methods(cls, op, params, strip))
         edit: Callable[[cst.FunctionDef], cst.FunctionDef] = (
@@ -530,6 +570,22 @@ class PatchCodemod:
                 )
             body += [_with_blank_line(fn) for fn in ours]  # type: ignore[arg-type]
         return cls.with_changes(body=cls.body.with_changes(body=body))
+
+    def _add_definitions(
+        self, module: cst.Module, op: AddDefinitions, params: dict[str, str], strip: bool
+    ) -> cst.Module:
+        body = [s for s in module.body if defined_name(s) not in op.names]
+        if strip:
+            return module if len(body) == len(module.body) else module.with_changes(body=body)
+        if len(body) != len(module.body):
+            clash = sorted({defined_name(s) for s in module.body} & set(op.names))  # type: ignore[arg-type]
+            raise AnchorError(
+                f"{self.target} (module level)",
+                "no definition named " + ", ".join(f"`{n}`" for n in op.names),
+                "upstream (or a hand edit) already defines " + ", ".join(f"`{n}`" for n in clash),
+            )
+        ours = [_with_two_blank_lines(self.bake(s, params)) for s in self.payload.definitions(op.names)]
+        return module.with_changes(body=[*body, *ours])
 
     def _hook(self, fn: cst.FunctionDef, op: Hook, params: dict[str, str], strip: bool) -> cst.FunctionDef:
         scope = f"{self.target}: {_scope_name(op)}"
@@ -681,9 +737,12 @@ def _quote(text: str) -> str:
 
 
 def _added_methods_of(codemod: PatchCodemod, module: cst.Module) -> cst.Module:
-    """Only the methods our AddMethods operations own: searching them is far cheaper than the file."""
+    """Only the methods (and module-level definitions) our AddMethods (AddDefinitions) operations own:
+    searching them is far cheaper than the file."""
     found: list[cst.BaseStatement] = []
     for op in codemod.OPERATIONS:
+        if isinstance(op, AddDefinitions):
+            found += [stmt for stmt in module.body if defined_name(stmt) in op.names]
         if not isinstance(op, AddMethods):
             continue
         names = {fn.name.value for fn in codemod.payload.methods(op.payload_cls or op.cls)}

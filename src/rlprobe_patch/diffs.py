@@ -7,7 +7,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-import unidiff
+from unidiff.errors import UnidiffParseError
+from unidiff.patch import PatchSet
 
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.gitsafe import run_git
@@ -50,8 +51,8 @@ def provenance_header(fields: list[tuple[str, str]]) -> str:
 def diff_paths(diff_text: str) -> list[str]:
     """The paths a recorded diff touches; refuses paths that leave the tree."""
     try:
-        patch = unidiff.PatchSet(diff_text)
-    except unidiff.UnidiffParseError as exc:
+        patch = PatchSet(diff_text)
+    except UnidiffParseError as exc:
         raise RefusedError(f"the recorded diff does not parse: {exc}") from None
     paths = []
     for patched in patch:
@@ -67,4 +68,4 @@ def diff_paths(diff_text: str) -> list[str]:
 
 
 def diffstat(diff_text: str) -> list[tuple[str, int, int]]:
-    return [(f.path, f.added, f.removed) for f in unidiff.PatchSet(diff_text)]
+    return [(f.path, f.added, f.removed) for f in PatchSet(diff_text)]

@@ -36,7 +36,7 @@ from rlprobe_patch.gitsafe import run_git
 from rlprobe_patch.releases import releases
 from rlprobe_patch.state import FileRecord, Ledger, Record, StateDir, checked_key
 from rlprobe_patch.state_registry import register_tree
-from rlprobe_patch.trees import BACKENDS, Tree
+from rlprobe_patch.trees import BACKENDS, TRAINERS, Tree
 
 Progress = Callable[[str], None]
 
@@ -154,7 +154,7 @@ class Selection:
             raise RefusedError(f"unknown patch id: {', '.join(unknown)}", hint="`rlprobe-patch list` shows them")
         if self.only:
             chosen = [known[i] for i in self.only]
-        elif self.mode is None and package != "verl":
+        elif self.mode is None and package not in TRAINERS:
             chosen = [p for p in known.values() if p.package == package]  # SGLang / vLLM-Ascend: their patches
         else:
             chosen = select(package, self.backend, self.mode, self.worker_impl)
@@ -689,8 +689,16 @@ def verify(
         checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in warnings]
     state.remember_checked(found)
     skill_lines: list[str] = []
-    # The skill's engine check applies to the engine hooks; legacy worker hooks live elsewhere.
-    engines = sorted({b for p in patches if p.worker_impl == "engine" for b in p.backends if b in ("fsdp", "megatron")})
+    # The skill's engine check applies to verl's engine hooks; legacy worker hooks live elsewhere.
+    engines = sorted(
+        {
+            b
+            for p in patches
+            if p.package == "verl" and p.worker_impl == "engine"
+            for b in p.backends
+            if b in ("fsdp", "megatron")
+        }
+    )
     legacy = sorted({b for p in patches if p.worker_impl == "legacy" for b in p.backends if b in ("fsdp", "megatron")})
     paths = hooked_worker_paths(records)
     if paths:

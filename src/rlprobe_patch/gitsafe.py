@@ -108,7 +108,7 @@ class Repository(git.Repo):
     `IsolatedGit`, and its configuration is read from the repository's own file only."""
 
     GitCommandWrapperType = IsolatedGit
-    config_level = ("repository",)
+    config_level = ("repository",)  # type: ignore[assignment]  # GitPython types it as all four levels
 
 
 def config_entries(path: Path) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ from packaging.version import Version
 from rlprobe_patch.catalogue import Patch, load_catalogue
 from rlprobe_patch.errors import PatchError, RefusedError
 from rlprobe_patch.fsio import atomic_write, sha256
-from rlprobe_patch.releases import releases
+from rlprobe_patch.releases import patches_dir, releases
 from rlprobe_patch.state import STATE_DIR_NAME
 from rlprobe_patch.trees import find_tree
 
@@ -64,6 +65,59 @@ def fetch_wheel(package: str, version: str, cache: Path | None = None) -> Path:
             )
             found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
     return found[0]
+
+
+def upstream_dir() -> Path:
+    """Where release archives of packages that are not on the index live (`$RLPROBE_UPSTREAM`,
+    default: `shared/upstream` beside a source checkout of rlprobe-patch)."""
+    default = patches_dir().resolve().parents[1] / "shared" / "upstream"
+    return Path(os.environ.get("RLPROBE_UPSTREAM", default))
+
+
+def fetch_release(package: str, version: str, cache: Path | None = None) -> Path:
+    """The wheel of a release from the index, or its archive (`archive` in the release data)."""
+    pattern = releases(package.replace("-", "_")).archive
+    if not pattern:
+        return fetch_wheel(package, version, cache)
+    path = upstream_dir() / pattern.format(version=version)
+    if not path.is_file():
+        raise RefusedError(
+            f"{package} {version}: release archive {path} not found",
+            hint=f"{package} is not on the package index: set RLPROBE_UPSTREAM to the folder holding {pattern}",
+        )
+    return path
+
+
+def unpack_archive(archive: Path, dest: Path, package: str) -> Path:
+    """A `git archive <tag>` tarball (one top folder) unpacked as a source checkout at `dest`:
+    the package and its setup.py."""
+    with tarfile.open(archive) as tf:
+        members = []
+        for member in tf.getmembers():
+            parts = Path(member.name).parts
+            if len(parts) < 2 or not (member.isfile() or member.isdir()) or ".." in parts:
+                continue
+            if parts[1] in (package, "setup.py"):
+                member.name = Path(*parts[1:]).as_posix()
+                members.append(member)
+        dest.mkdir(parents=True, exist_ok=True)
+        for member in members:  # plain files and folders only, inside dest
+            target = dest / member.name
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tf.extractfile(member)
+            assert source is not None
+            target.write_bytes(source.read())
+            target.chmod(member.mode & 0o755 | 0o644)
+    return dest
+
+
+def unpack_release(source: Path, dest: Path, package: str) -> Path:
+    if source.name.endswith((".tar.gz", ".tgz")):
+        return unpack_archive(source, dest, package)
+    return unpack(source, dest, package)
 
 
 def unpack(wheel: Path, dest: Path, package: str) -> Path:
@@ -219,10 +273,10 @@ def run_matrix(
             for release in releases_of(package):
                 if releases and release not in releases:
                     continue
-                wheel = fetch_wheel(package, release, cache)
+                source = fetch_release(package, release, cache)
                 for group, members in groups_of(package, patches).items():
                     progress(f"{package} {release}: {group}")
-                    root = unpack(wheel, Path(tmp) / f"{package}-{release}-{group}", package)
+                    root = unpack_release(source, Path(tmp) / f"{package}-{release}-{group}", package)
                     try:
                         results = _run_group(root, members, group)
                     except Exception as exc:  # a bug in a cell must not hide the other cells
@@ -336,4 +390,8 @@ def release_tables() -> str:
             by_outcome.setdefault(expected(patch, release), []).append(release)
         rows += [[data.dist, ", ".join(rs), f"`{patch.id}`: {what}"] for what, rs in by_outcome.items()]
     out += _table(["package", "releases", "result"], rows)
+    slime = [p for p in catalogue if p.package == "slime"]
+    out += ["slime (`tests/test_slime.py`, each patch alone, on the release archives):", ""]
+    rows = [[r, *(outcome(p, r) for p in slime)] for r in releases("slime").all_releases]
+    out += _table(["slime", *(f"`{p.id}`" for p in slime)], rows)
     return "\n".join(out).rstrip() + "\n"

@@ -26,9 +26,17 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
 
-PACKAGE_FILES = {"verl": "verl.toml", "sglang": "sglang.toml", "vllm_ascend": "vllm-ascend.toml"}
+PACKAGE_FILES = {
+    "verl": "verl.toml",
+    "sglang": "sglang.toml",
+    "vllm_ascend": "vllm-ascend.toml",
+    "slime": "slime.toml",
+}
 KNOWN_KEYS = {
     "dist",
+    "archive",
+    "default_backend",
+    "reports",
     "tested",
     "refused",
     "assume_when_unknown",
@@ -113,6 +121,17 @@ class PackageReleases:
     checker_fails: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (patch id, FAIL lines without it)
     assume_when_unknown: str = ""
     defaults: tuple[DefaultsRange, ...] = ()
+    # Not on the package index: the release archive (`git archive <tag>`), relative to an upstream
+    # folder (`matrix --upstream`), with `{version}` for the release.
+    archive: str = ""
+    # The training backend apply hooks when --backend is not given (a framework with one hooked backend).
+    default_backend: str = ""
+    # Tags whose own files say another version ({tag: what its setup.py says}).
+    reports: tuple[tuple[str, str], ...] = ()
+
+    def reported(self, release: str) -> str:
+        """The version a tree of the tag `release` says it is."""
+        return dict(self.reports).get(release, release)
 
     @property
     def all_releases(self) -> tuple[str, ...]:
@@ -154,6 +173,9 @@ def _load(package: str) -> PackageReleases:
     return PackageReleases(
         package=package,
         dist=data.get("dist", package),
+        archive=data.get("archive", ""),
+        default_backend=data.get("default_backend", ""),
+        reports=tuple(data.get("reports", {}).items()),
         tested=tuple(data["tested"]),
         refused=tuple(data.get("refused", ())),
         path=path,
@@ -182,7 +204,7 @@ def _load(package: str) -> PackageReleases:
 
 @functools.cache
 def releases(package: str) -> PackageReleases:
-    """The release data of `package` ("verl", "sglang", "vllm_ascend")."""
+    """The release data of `package` ("verl", "sglang", "vllm_ascend", "slime")."""
     return _load(package)
 
 

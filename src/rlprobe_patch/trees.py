@@ -27,7 +27,7 @@ class Tree:
     package: str
     root: Path
     version: Version
-    version_source: str  # "version file", "dist-info", "fingerprint"
+    version_source: str  # "version file", "dist-info", "fingerprint", "setup.py"
 
     def to_json(self) -> dict[str, str]:
         return {
@@ -38,8 +38,15 @@ class Tree:
         }
 
 
-PACKAGES = ("verl", "sglang", "vllm_ascend")
-ROOT_OPTIONS = {"verl": "--verl-root", "sglang": "--sglang-root", "vllm_ascend": "--vllm-ascend-root"}
+PACKAGES = ("verl", "sglang", "vllm_ascend", "slime")
+ROOT_OPTIONS = {
+    "verl": "--verl-root",
+    "sglang": "--sglang-root",
+    "vllm_ascend": "--vllm-ascend-root",
+    "slime": "--slime-root",
+}
+# The RL frameworks whose training loop is hooked: a bare `apply --python` patches the one it imports.
+TRAINERS = ("verl", "slime")
 
 
 def find_tree(package: str, root: Path | None = None, python: str | None = None) -> Tree:
@@ -192,4 +199,47 @@ def verl_version(root: Path) -> tuple[Version, str]:
     raise NotATreeError(f"{root / 'verl'}: cannot tell the verl version (no version file, dist-info or known layout)")
 
 
-VERSION_READERS = {"verl": verl_version, "sglang": sglang_version, "vllm_ascend": vllm_ascend_version}
+def _setup_py_version(setup_py: Path, name: str) -> str | None:
+    """The `version=` string of the `setup(name=<name>, ...)` call in `setup_py`, read statically:
+    a setup.py is a program, never run to learn a version."""
+    if not setup_py.is_file():
+        return None
+    try:
+        module = ast.parse(setup_py.read_text(encoding="utf-8", errors="replace"))
+    except SyntaxError:
+        return None
+    for node in ast.walk(module):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setup"):
+            continue
+        keywords = {k.arg: k.value for k in node.keywords if k.arg}
+        named, version = keywords.get("name"), keywords.get("version")
+        if isinstance(named, ast.Constant) and named.value == name and isinstance(version, ast.Constant):
+            return str(version.value)
+    return None
+
+
+def slime_version(root: Path) -> tuple[Version, str]:
+    # slime is installed from a checkout (`pip install -e .`): root is the checkout, whose
+    # setup.py holds the only version there is (slime/__init__.py is empty).
+    if not (root / "slime" / "backends").is_dir():
+        raise NotATreeError(
+            f"{root / 'slime'}: not THUDM's slime (no slime/backends/; PyPI's `slime` is another project)"
+        )
+    text = _setup_py_version(root / "setup.py", "slime")
+    if text:
+        try:
+            return Version(text), "setup.py"
+        except InvalidVersion:
+            pass
+    found = _dist_info_version(root, "slime")
+    if found is not None:
+        return found, "dist-info"
+    raise NotATreeError(f"{root / 'slime'}: cannot tell the slime version (no setup.py beside it, no dist-info)")
+
+
+VERSION_READERS = {
+    "verl": verl_version,
+    "sglang": sglang_version,
+    "vllm_ascend": vllm_ascend_version,
+    "slime": slime_version,
+}

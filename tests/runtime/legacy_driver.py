@@ -251,7 +251,9 @@ def extract_megatron_hooks(path: Path) -> dict:
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
     payload = ast.parse(PAYLOAD.read_text())
     ours = next(n for n in payload.body if isinstance(n, ast.ClassDef) and n.name == CLS)
+    # Its own methods, and those it takes from patches/_shared/ (`name = Part.name`).
     names = [n.name for n in ours.body if isinstance(n, ast.FunctionDef)]
+    names += [n.targets[0].id for n in ours.body if isinstance(n, ast.Assign)]
     missing = [name for name in names if name not in methods]
     if missing:
         raise ExtractError(f"{CLS} lacks the added methods {missing}")

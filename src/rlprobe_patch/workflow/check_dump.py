@@ -64,7 +64,7 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         try:
             record = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             problems.append(f"{path}:{number}: not JSON ({exc.msg})")
             continue
         if not isinstance(record, dict):
@@ -188,7 +188,7 @@ def _pair(report: DumpReport) -> None:
         for rid in record.get("request_ids") or []:
             actor_by_id.setdefault(strip_vllm_suffix(str(rid)), []).append(record)
     actor_dumps = {(d.step, d.rank): d for d in report.actor_dumps}
-    gen_dumps = {(d.prefix, d.step, d.rank): d for d in report.generate_dumps}
+    gen_dumps: dict[tuple[str, Any, Any], DumpFile] = {(d.prefix, d.step, d.rank): d for d in report.generate_dumps}
     singles = 0
     skipped_multi = 0
     for record in report.dispatch_log:
@@ -278,7 +278,7 @@ def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[
     proc = run_python(python, _COMPARE, json.dumps(jobs), timeout=1800)
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("["):
-            results = json.loads(line)
+            results: list[dict[str, Any]] = json.loads(line)
             for pair, result in zip(report.pairs, results):
                 pair["compare"] = result
             return results

@@ -63,7 +63,7 @@ class Detection:
 
 
 def _hint_signals(hint: str) -> list[Signal]:
-    signals = []
+    signals: list[Signal] = []
     text = hint.strip().lower()
     if not text:
         return signals
@@ -122,14 +122,14 @@ def _mode_signals(script: Script) -> list[Signal]:
     on = [name for name, s in switches.items() if s is not None and is_true(s.value)]
     used = [name for name in ("DUMP_ON", "PROMPTS_ONLY") if name not in on and re.search(rf"\b{name}\b", code)]
     if on:
-        s = switches[on[0]]
-        assert s is not None
-        signals.append(Signal("mode", "consistency", 8, f"{' and '.join(on)} set", s.source))
+        first = switches[on[0]]
+        assert first is not None
+        signals.append(Signal("mode", "consistency", 8, f"{' and '.join(on)} set", first.source))
     elif used:
         signals.append(Signal("mode", "consistency", 8, f"{used[0]} used in the script", "script"))
-    for name, s in switches.items():
-        if s is not None and not is_true(s.value):
-            signals.append(Signal("mode", "consistency", 0, f"{name}={s.value} (off)", s.source))
+    for name, setting in switches.items():
+        if setting is not None and not is_true(setting.value):
+            signals.append(Signal("mode", "consistency", 0, f"{name}={setting.value} (off)", setting.source))
     if re.search(r"dispatch_log|update_actor_log", code):
         signals.append(Signal("mode", "consistency", 5, "dispatch_log / update_actor_log named", "script"))
     words = re.search(r"训推一致|consistency|prefill.*对齐", script.text, re.I)

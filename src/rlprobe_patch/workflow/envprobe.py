@@ -108,9 +108,12 @@ def last_json(proc: subprocess.CompletedProcess[str], what: str) -> dict[str, An
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                document = json.loads(line)
             except ValueError:
                 break
+            if isinstance(document, dict):
+                return document
+            break
     raise NotATreeError(f"{what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-800:]}")
 
 

@@ -19,17 +19,20 @@ is never written. What is set, and why (research/skill_and_msprobe.md section 6)
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import importlib.util
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write
-from rlprobe_patch.releases import releases
+from rlprobe_patch.releases import patches_dir, releases
 from rlprobe_patch.workflow.config import read_config, rule_problems
 from rlprobe_patch.workflow.detect import STAGES, Detection, detect_script
 from rlprobe_patch.workflow.hydra_config import FACT_KEYS
@@ -498,10 +501,76 @@ def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
                 current.source if current else "not exported (the hook falls back to /home/config_actor.json)",
             )
         )
+    checks.extend(_switch_checks(script))
     checks.extend(_config_checks(script, req))
     for notice in req.notices:
         checks.append(ScriptCheck("notice", True, notice, warning=True))
     return checks
+
+
+@functools.cache
+def shared_switches() -> ModuleType:
+    """`patches/_shared/switches.py`: the switch reader the hooks run, run here on the script's values."""
+    path = patches_dir() / "_shared" / "switches.py"
+    spec = importlib.util.spec_from_file_location("rlprobe_patch_shared_switches", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SWITCH_NAMES = ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE")
+
+
+def _switch_checks(script: Script) -> list[ScriptCheck]:
+    """The values the script exports for the hooks' switches, checked by the hooks' own reader."""
+    reader = shared_switches()
+    exported = {name: script.env[name] for name in SWITCH_NAMES if name in script.env}
+    known = {name: s for name, s in exported.items() if _exact_env(script, name)}
+    checks = [
+        ScriptCheck(f"{name} value", True, f"{s.source}: set by the run, not known before it: not checked", True)
+        for name, s in exported.items()
+        if name not in known
+    ]
+    values = {name: str(s.value) for name, s in known.items()}
+    bad = []
+    for name, s in known.items():
+        try:
+            if name == "DUMP_PHASE":
+                reader.rlprobe_switches({name: values[name]})
+            else:
+                reader.rlprobe_switch(name, {name: values[name]})
+        except ValueError as exc:
+            bad.append(name)
+            checks.append(ScriptCheck(f"{name} value", False, f"{s.source}: {_plain(exc)}"))
+    if not bad and known:
+        switches = reader.rlprobe_switches(values)
+        checks += [ScriptCheck("switches", True, _plain(w), warning=True) for w in switches["warnings"]]
+        if switches["dump_on"] and "MSPROBE_ACTOR_CONFIG" in script.env and _exact_env(script, "MSPROBE_ACTOR_CONFIG"):
+            checks.extend(_actor_config_check(script, reader))
+    return checks
+
+
+def _actor_config_check(script: Script, reader: ModuleType) -> list[ScriptCheck]:
+    setting = script.env["MSPROBE_ACTOR_CONFIG"]
+    path = str(setting.value)
+    resolved = path if Path(path).is_absolute() else str(script.path.parent / path)
+    if not Path(resolved).exists():
+        return []  # _config_checks says it is not on this machine
+    try:
+        reader.rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "", {"MSPROBE_ACTOR_CONFIG": resolved})
+    except ValueError as exc:
+        return [ScriptCheck("MSPROBE_ACTOR_CONFIG", False, f"{setting.source}: {_plain(exc)}")]
+    return []
+
+
+def _exact_env(script: Script, name: str) -> bool:
+    field_ = script.launch.env.get(name) if script.launch is not None else None
+    return field_ is None or field_.exact
+
+
+def _plain(exc: object) -> str:
+    return str(exc).removeprefix("rlprobe-patch: ")
 
 
 def script_config_paths(script: Script, mode: str) -> dict[str, str]:

@@ -244,8 +244,8 @@ def _overrides_of(script: Script, args: list[Field]) -> list[Override]:
             continue
         if text.startswith("-"):
             if "=" in text and text.split("=", 1)[0] in _CONFIG_OPTIONS:
-                option, value = text.split("=", 1)
-                setattr(script, _CONFIG_OPTIONS[option], value)
+                option, option_value = text.split("=", 1)
+                setattr(script, _CONFIG_OPTIONS[option], option_value)
             continue
         m = _OVERRIDE.match(text)
         if not m or (m.group(3) is None and m.group(1) != "~"):
@@ -284,7 +284,7 @@ def _resolved_by_key(config: Any, prefix: str = "") -> Any:
     if isinstance(config, DictConfig):
         out: dict[str, Any] = {}
         for key in config.keys():
-            path = f"{prefix}.{key}" if prefix else str(key)
+            path = f"{prefix}.{key!s}" if prefix else str(key)
             try:
                 node = config[key]
             except Exception:

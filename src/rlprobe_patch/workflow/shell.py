@@ -516,17 +516,17 @@ class _Evaluator:
             op = node.children[0].text.decode()
             operand = [c for c in node.children if c.is_named]
             if op == "!":
-                value = self.test(operand[-1]) if operand else None
-                return None if value is None else not value
-            value = self.join(operand[-1]) if operand else None
-            if value is None or not value.exact:
+                truth = self.test(operand[-1]) if operand else None
+                return None if truth is None else not truth
+            word = self.join(operand[-1]) if operand else None
+            if word is None or not word.exact:
                 return None
             if op == "-z":
-                return value.text == ""
+                return word.text == ""
             if op == "-n":
-                return value.text != ""
+                return word.text != ""
             tests = {"-f": Path.is_file, "-d": Path.is_dir, "-e": Path.exists, "-r": Path.exists}
-            target = self.path_of(value.text)
+            target = self.path_of(word.text)
             if op in tests and target is not None:
                 return bool(tests[op](target))  # the files beside the script, as bash sees them here
             return None
@@ -559,8 +559,8 @@ class _Evaluator:
                     return None
             return None
         if kind in ("word", "string", "raw_string", "simple_expansion", "expansion", "concatenation"):
-            value = self.join(node)
-            return (value.text != "") if value.exact else None
+            joined = self.join(node)
+            return (joined.text != "") if joined.exact else None
         return None
 
     def matches(self, node: Any, text: str, pattern: str) -> bool:
@@ -1062,7 +1062,7 @@ def _is_at(node: Any) -> bool:
 
 
 def _first_line(node: Any) -> str:
-    return node.text.decode("utf-8", "replace").splitlines()[0][:60] if node.text else node.type
+    return str(node.text.decode("utf-8", "replace").splitlines()[0][:60] if node.text else node.type)
 
 
 def _command_name(node: Any) -> str:

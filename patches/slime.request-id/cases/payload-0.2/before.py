@@ -1,0 +1,26 @@
+# Written for rlprobe-patch: the shape of slime 0.2.x's sglang_rollout.generate (not slime's code).
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+async def generate(args, sample, sampling_params):
+    """Generate one sample."""
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    if sampling_params["max_new_tokens"] == 0:
+        return sample
+
+    # Prepare payload for sglang server
+    payload = {
+        "sampling_params": sampling_params,
+        "return_logprob": True,
+    }
+
+    if len(sample.response) > 0:
+        payload["input_ids"] = sample.tokens
+    else:
+        payload["input_ids"] = sample.prompt_ids
+
+    output = await post(url, payload)
+    sample.update_from_meta_info(args, output["meta_info"])
+    return sample

@@ -1,0 +1,23 @@
+# Written for rlprobe-patch: the shape of slime 0.3.x's sglang_rollout.generate (not slime's code).
+import json
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+async def generate(args: "Namespace", sample: "Sample", sampling_params: dict) -> "Sample":
+    """Generate one sample."""
+    payload = {"sampling_params": sampling_params, "return_logprob": True}
+    import os  # rlprobe-patch
+
+    if int(os.environ.get("DUMP_ON", "0")) and sample.index is not None and isinstance(sample.metadata, dict):
+        _rlprobe_request_ids = sample.metadata.setdefault("rlprobe_request_ids", [])
+        payload["rid"] = f"slime-{sample.index}" + (f"-{len(_rlprobe_request_ids)}" if _rlprobe_request_ids else "")
+        _rlprobe_request_ids.append(payload["rid"])
+    if args.use_rollout_routing_replay:
+        payload["return_routed_experts"] = True
+    headers = None
+    with trace_span(sample, "sglang_generate"):
+        output = await post(args.url, payload, headers=headers)
+    logger.debug(json.dumps(output["meta_info"]))
+    return sample
