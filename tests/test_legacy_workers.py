@@ -29,6 +29,7 @@ import unidiff
 from conftest import cli_json, snapshot
 from runtime import venvs
 
+from rlprobe_patch.catalogue import load_catalogue
 from rlprobe_patch.errors import ExitCode
 
 LEGACY_RELEASES = ("0.6.0", "0.6.1", "0.7.0", "0.7.1")
@@ -65,7 +66,8 @@ def test_legacy_patch_cell(real_tree, version: str, backend: str) -> None:
         assert "trainer.use_legacy_worker_impl" in notices
 
     diff_text = (root / ".rlprobe-patch" / out["diff_file"].split(".rlprobe-patch/")[1]).read_text()
-    assert f"# Patches: {patch_id} r1" in diff_text
+    revision = next(p.revision for p in load_catalogue() if p.id == patch_id)
+    assert f"# Patches: {patch_id} r{revision}" in diff_text
     diff = unidiff.PatchSet(diff_text)
     assert [f.path for f in diff] == [rel]
     assert diff[0].removed == 0 and diff[0].added > 40

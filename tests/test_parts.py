@@ -65,7 +65,10 @@ def test_a_log_format_change_is_one_edit(catalogue_copy: Path) -> None:
     shared = catalogue_copy / "_shared" / "worker_hooks.py"
     text = shared.read_text()
     new = '            "pid": os.getpid(),\n            "phase": self._dump_phase,\n'
-    shared.write_text(text.replace('            "pid": os.getpid(),\n', new, 1))
+    # two log formats: UpdateActorLog (the loop hooks) and PipelineSteps (the Megatron hooks, whose
+    # line also names the micro-batch, chunk, stage and passes of its step)
+    assert text.count('            "pid": os.getpid(),\n') == 2
+    shared.write_text(text.replace('            "pid": os.getpid(),\n', new))
     for patch_id in WORKER_HOOKS:
         module = Payload(catalogue_copy / patch_id / "payload.py").module
         (log,) = [code for name, code in _methods(module).items() if name.endswith("._log_update_actor_step")]
@@ -76,9 +79,8 @@ def test_a_slot_fill_puts_its_comments_above_the_line(catalogue_copy: Path) -> N
     module = Payload(catalogue_copy / "verl.legacy-megatron-workers" / "payload.py").module
     (log,) = [code for name, code in _methods(module).items() if name.endswith("._log_update_actor_step")]
     assert (
-        '        "pid": os.getpid(),\n'
-        "        # MegatronPPOActor has no self.rank.\n"
-        '        "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,\n'
+        "    # MegatronPPOActor has no self.rank.\n"
+        "    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0\n"
     ) in log
     assert (
         "    # A TensorDict micro-batch: request ids only when the batch carries them.\n"
@@ -91,8 +93,11 @@ def test_a_slot_fill_puts_its_comments_above_the_line(catalogue_copy: Path) -> N
     [
         (lambda s: s.replace("\ndef RANK(", "\ndef RANK_UNUSED("), "no fill for the slot RANK"),
         (lambda s: s.replace("    return torch.distributed", "    x = 1\n    return torch.distributed"), "one `return"),
-        (lambda s: s.replace("_should_dump = DumpPhase._should_dump", "_dump = DumpPhase._should_dump"), "keeps its"),
-        (lambda s: s.replace("= DumpPhase._should_dump", "= ScheduleSteps._should_dump"), "no method"),
+        (
+            lambda s: s.replace("_should_dump = PipelineSteps._should_dump", "_dump = PipelineSteps._should_dump"),
+            "keeps its",
+        ),
+        (lambda s: s.replace("= PipelineSteps._should_dump", "= EngineDebugger._should_dump"), "no method"),
     ],
     ids=["missing fill", "fill not one return", "renamed", "unknown method"],
 )

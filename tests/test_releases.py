@@ -129,3 +129,17 @@ def test_readme_tables_are_current() -> None:
     assert {(c.package, c.release) for c in cells} == {
         (p, r) for p in ("verl", "sglang", "vllm_ascend", "slime") for r in matrix.releases(p).all_releases
     }
+
+
+def test_a_notice_above_a_run_fact() -> None:
+    """`above` in a notice's data: it applies when one of the run's facts exceeds its number, or
+    when the run is not known (no --script); the Megatron hooks' pipeline notice uses it."""
+    engine = next(p for p in load_catalogue() if p.id == "verl.megatron-engine")
+    notice = next(n for n in engine.notices if n.above)
+    assert dict(notice.above) == {"actor_pp": 1, "actor_vpp": 1}
+    release = Version("0.9.1")
+    assert notice.applies(release, None)
+    assert notice.applies(release, {"actor_pp": 2, "actor_vpp": None})
+    assert notice.applies(release, {"actor_pp": 1, "actor_vpp": 2})
+    assert not notice.applies(release, {"actor_pp": 1, "actor_vpp": None})
+    assert not notice.applies(release, {"actor_pp": True})  # a bool is not a size

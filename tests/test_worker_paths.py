@@ -143,3 +143,26 @@ def test_verify_with_the_script_catches_the_wrong_worker_path(real_tree, tmp_pat
     failed = [c for c in out["trees"][0]["checks"] if not c["ok"]]
     assert [c["check"] for c in failed] == ["worker path of run.sh"]
     assert "run.sh:6" in failed[0]["detail"] and "dump nothing" in failed[0]["detail"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "told"),
+    [
+        (None, True),  # no script: the run's PP is unknown, apply says what a step is on a pipeline
+        ("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1", False),
+        ("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", True),
+        ("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2", True),
+    ],
+)
+def test_the_pipeline_notice_reads_the_script(real_tree, tmp_path: Path, overrides: str | None, told: bool) -> None:
+    """With --script, apply explains the steps of pipeline stages only when the run has PP or VPP > 1."""
+    root = real_tree("0.9.1")
+    args = ["apply", "--verl-root", root, "--backend", "megatron", "--dry-run"]
+    if overrides is not None:
+        launch = "python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer "
+        (tmp_path / "run.sh").write_text(launch + overrides + "\n")
+        args += ["--script", tmp_path / "run.sh"]
+    code, out = cli_json(*args)
+    assert code == ExitCode.OK, out
+    notices = [n for p in out["patches"] for n in p.get("notices", [])]
+    assert any("virtual pipeline, a step holds one micro-batch" in n for n in notices) is told, notices

@@ -309,17 +309,21 @@ def install_wrappers(engine, recorder):
     if hasattr(type(engine), "_finish_dump_step") and "_finish_dump_step" not in vars(engine):
         orig_finish = type(engine)._finish_dump_step.__get__(engine)
 
-        def finish():
-            active = getattr(engine, "_dump_micro_batch", None) is not None
+        def finish(*args):
+            open_step = getattr(engine, "_dump_micro_batch", None)
+            if isinstance(open_step, dict) and "passes" in open_step:
+                open_step = open_step["batch"]  # revision 2 keeps the open step's micro-batch in a unit
+            # revision 2: a callback closes only its own step (`unit`), when it is the open one
+            active = open_step is not None and (not args or args[0] is getattr(engine, "_dump_micro_batch", None))
             ids = None
             if active:
                 try:  # as the hook reads them (NonTensorStack.tolist())
-                    raw = engine._dump_micro_batch.get("request_id")
+                    raw = open_step.get("request_id")
                     ids = [str(i) for i in (raw.tolist() if hasattr(raw, "tolist") else raw)]
                 except Exception:
                     ids = None
             recorder.rec("finish_dump_step", active=active, request_ids=ids, grad_enabled=torch.is_grad_enabled())
-            return orig_finish()
+            return orig_finish(*args)
 
         engine._finish_dump_step = finish
 

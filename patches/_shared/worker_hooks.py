@@ -125,43 +125,136 @@ class LoopSteps:
         self._debugger.step()
 
 
-class ScheduleSteps:
-    """Steps of Megatron's pipeline schedule (`verl.megatron-engine`, `verl.legacy-megatron-workers`):
-    opened when `forward_step` takes its micro-batch, closed when the loss is ready or after its backward."""
+class PipelineSteps:
+    """Steps of Megatron's pipeline schedule (`verl.megatron-engine`, `verl.legacy-megatron-workers`),
+    on every pipeline stage: one step per micro-batch per model chunk, opened when `forward_step`
+    takes its micro-batch, closed when the loss is ready (log-prob passes; on a stage before the
+    last, when the chunk's forward returns) or after that chunk's backward of it (training). A
+    stage before the last runs later forwards before an earlier backward (1F1B, interleaved):
+    there the backward is a step of its own. Its own `_should_dump` and `_log_update_actor_step`
+    (the line names the micro-batch, chunk, stage and passes of its step). Slots: `REQUEST_IDS`, `RANK`.
+    """
+
+    def _should_dump(self, forward_only):
+        # Decided once per forward_backward_batch call: forward-only calls are log-prob passes.
+        self._ensure_debugger()
+        if getattr(self, "_debugger", None) is None:
+            return False
+        dump_phase = os.environ.get("DUMP_PHASE", "log_prob")
+        phase = "log_prob" if forward_only else "update_actor"
+        self._dump_phase = phase
+        self._dump_counts = {}  # micro-batches taken so far in this call, per model chunk
+        return dump_phase in ("all", phase)
+
+    def _log_update_actor_step(self, unit):
+        if getattr(self, "_update_actor_logger_fp", None) is None:
+            return
+        import json
+        import time
+
+        rank = RANK
+        ranks = getattr(self._debugger.config, "rank", None)
+        if ranks and rank not in ranks:
+            return  # msprobe dumps nothing on a rank its config leaves out
+        micro_batch = unit["batch"]
+        request_ids = REQUEST_IDS
+        if request_ids is None:
+            request_ids = []
+        elif hasattr(request_ids, "tolist"):
+            request_ids = request_ids.tolist()
+        request_ids = [str(request_id) for request_id in request_ids]
+        try:
+            from megatron.core import parallel_state
+
+            pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        except Exception:
+            pp_rank = None
+        record = {
+            "source": "update_actor",
+            "timestamp": time.time(),
+            "pid": os.getpid(),
+            "rank": rank,
+            "step": self._debugger.service.current_iter,
+            "request_ids": request_ids,
+            "num_requests": len(request_ids),
+            "phase": getattr(self, "_dump_phase", None),
+            "micro_batch": unit["micro_batch"],
+            "pp_rank": pp_rank,
+            "vp_stage": unit["vp_stage"],
+            "passes": list(unit["passes"]),
+        }
+        self._update_actor_logger_fp.write(json.dumps(record) + "\n")
+        self._update_actor_logger_fp.flush()
 
     def _start_dump_step(self, model, batch):
-        if getattr(self, "_dump_micro_batch", None) is not None:
-            # A step left open (a pipeline stage that never sees the loss): close it first.
-            self._finish_dump_step()
+        # One step per micro-batch per model chunk. A step still open is closed first: on a
+        # pipeline stage before the last, 1F1B runs later micro-batches' forwards before an
+        # earlier one's backward, and that backward then gets a step of its own.
+        self._finish_dump_step()
         while isinstance(getattr(model, "module", None), torch.nn.Module):
             model = model.module  # unwrap DDP / Float16Module, as verl's unwrap_model does
-        self._dump_micro_batch = batch
-        self._debugger.start(model=model)
+        counts = getattr(self, "_dump_counts", {})
+        index = counts.get(id(model), 0)
+        counts[id(model)] = index + 1
+        unit = {"batch": batch, "model": model, "micro_batch": index, "vp_stage": getattr(model, "vp_stage", None)}
+        self._open_dump_step(unit, "forward")
+        training = torch.is_grad_enabled() and getattr(self, "_dump_phase", None) == "update_actor"
+        if training or getattr(model, "post_process", True) is False:
+
+            def _after_forward(module, args, output):
+                handle.remove()
+                if not training:
+                    # A stage before the last sees no loss: its forward is the whole step.
+                    self._finish_dump_step(unit)
+                    return
+                outputs = list(output.values()) if isinstance(output, dict) else output
+                for tensor in outputs if isinstance(outputs, (list, tuple)) else [outputs]:
+                    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                        # This chunk's backward of this micro-batch begins when the gradient
+                        # reaches its output (the received activation gradient before the last stage).
+                        tensor.register_hook(lambda grad: self._dump_backward_begins(unit))
+                        break
+
+            handle = model.register_forward_hook(_after_forward)
+
+    def _open_dump_step(self, unit, what):
+        unit["passes"] = [what]
+        self._dump_micro_batch = unit
+        self._debugger.start(model=unit["model"])
 
     def _dump_after_loss(self, loss, forward_only):
-        if getattr(self, "_dump_micro_batch", None) is None:
+        unit = getattr(self, "_dump_micro_batch", None)
+        if unit is None:
             return
         if forward_only or not (isinstance(loss, torch.Tensor) and loss.requires_grad):
             self._finish_dump_step()
             return
+        loss.register_hook(lambda grad: self._dump_backward_begins(unit))
 
-        def _finish_after_backward(grad):
-            # The hook fires when the loss's gradient is computed, at the start of backward;
-            # the queued callback runs once the whole backward pass has finished.
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_dump_step)
-            return grad
-
-        loss.register_hook(_finish_after_backward)
-
-    def _finish_dump_step(self):
-        if getattr(self, "_dump_micro_batch", None) is None:
+    def _dump_backward_begins(self, unit):
+        # Runs when the backward of `unit` starts on this chunk (from the loss on the last stage,
+        # else from the chunk's output); the queued callback runs once that backward has finished.
+        if unit.get("backward"):
             return
-        micro_batch, self._dump_micro_batch = self._dump_micro_batch, None
+        unit["backward"] = True
+        if getattr(self, "_dump_micro_batch", None) is unit:
+            unit["passes"].append("backward")
+        else:
+            self._finish_dump_step()
+            self._open_dump_step(unit, "backward")
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish_dump_step(unit))
+
+    def _finish_dump_step(self, unit=None):
+        current = getattr(self, "_dump_micro_batch", None)
+        if current is None or (unit is not None and unit is not current):
+            return
+        self._dump_micro_batch = None
         # Once msprobe has dumped every step its config asks for, it only has to be stopped.
         if not self._debugger.service.should_stop_service:
-            self._log_update_actor_step(micro_batch)
+            self._log_update_actor_step(current)
         self._debugger.stop()
         self._debugger.step()
+
 
 
 class PromptsOnly:

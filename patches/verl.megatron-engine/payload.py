@@ -23,17 +23,19 @@ the end (`REQUEST_IDS`, `RANK`) fill its slots for this class.
 """
 
 import torch
-from _shared.worker_hooks import DumpPhase, EngineDebugger, ScheduleSteps, UpdateActorLog
+from _shared.worker_hooks import EngineDebugger, PipelineSteps
 
 
 class MegatronEngine:
     # Added by rlprobe-patch (verl.megatron-engine); `rlprobe-patch revert` removes it.
     _ensure_debugger = EngineDebugger._ensure_debugger
-    _should_dump = DumpPhase._should_dump
-    _log_update_actor_step = UpdateActorLog._log_update_actor_step
-    _start_dump_step = ScheduleSteps._start_dump_step
-    _dump_after_loss = ScheduleSteps._dump_after_loss
-    _finish_dump_step = ScheduleSteps._finish_dump_step
+    _should_dump = PipelineSteps._should_dump
+    _log_update_actor_step = PipelineSteps._log_update_actor_step
+    _start_dump_step = PipelineSteps._start_dump_step
+    _open_dump_step = PipelineSteps._open_dump_step
+    _dump_after_loss = PipelineSteps._dump_after_loss
+    _dump_backward_begins = PipelineSteps._dump_backward_begins
+    _finish_dump_step = PipelineSteps._finish_dump_step
 
 
 def init_debugger_state(self):
@@ -71,7 +73,7 @@ def finish_after_loss(self, loss, forward_only):
         self._dump_after_loss(loss, forward_only)
 
 
-# Slots of UpdateActorLog._log_update_actor_step (patches/_shared/worker_hooks.py).
+# Slots of PipelineSteps._log_update_actor_step (patches/_shared/worker_hooks.py).
 def REQUEST_IDS(micro_batch):
     """The micro-batch's request ids, or None."""
     return micro_batch.get("request_id", None) if "request_id" in micro_batch.keys() else None

@@ -41,11 +41,20 @@ class Notice:
     warning: bool = False
     # Facts of the run (from `--script`, composed by Hydra) under which the notice does not apply.
     unless: tuple[tuple[str, Any], ...] = ()
+    # Facts of the run of which one must exceed its number for the notice to apply (`--script`
+    # read); without the run's facts the notice always applies.
+    above: tuple[tuple[str, int], ...] = ()
 
     def applies(self, version: Version, facts: dict[str, Any] | None) -> bool:
         if not self.versions.contains(version, prereleases=True):
             return False
+        if facts and self.above and not any(_exceeds(facts.get(k), v) for k, v in self.above):
+            return False
         return not (facts and self.unless and all(facts.get(k) == v for k, v in self.unless))
+
+
+def _exceeds(value: Any, limit: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > limit
 
 
 @dataclass(frozen=True)
@@ -142,12 +151,9 @@ class Patch:
         """Warnings for a tree of `version`; `facts` (the run's values, when a script was read) can rule some out."""
         return [n.text.format(version=version) for n in self.notices if n.warning and n.applies(version, facts)]
 
-    def notices_for(self, version: Version, root: Path) -> list[str]:
-        texts = [
-            n.text.format(version=version)
-            for n in self.notices
-            if not n.warning and n.versions.contains(version, prereleases=True)
-        ]
+    def notices_for(self, version: Version, root: Path, facts: dict[str, Any] | None = None) -> list[str]:
+        """Notices for a tree of `version`; `facts` (the run's values, when a script was read) can rule some out."""
+        texts = [n.text.format(version=version) for n in self.notices if not n.warning and n.applies(version, facts)]
         if self.overrides:
             texts += [
                 self.overrides["text"].format(cls=cls, file=file)
@@ -211,6 +217,7 @@ def _load(folder: Path) -> Patch:
                 " ".join(n["text"].split()),
                 n.get("warning", False),
                 tuple(n.get("unless", {}).items()),
+                tuple(n.get("above", {}).items()),
             )
             for n in meta.get("notice", [])
         ),

@@ -238,7 +238,7 @@ def plan_apply(
                 plan.reasons.append(f"unsupported release: {why}; supported: {tree.package} {patch.versions}")
                 continue
             plan.notices.append(f"--force: {why}; trying the anchors anyway")
-        plan.notices += patch.notices_for(tree.version, tree.root)
+        plan.notices += patch.notices_for(tree.version, tree.root, selection.facts)
         plan.warnings += patch.warnings_for(tree.version, selection.facts)
         if not plan.tested:
             plan.notices.append(

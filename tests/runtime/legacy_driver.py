@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import glob
 import json
 import os
@@ -474,6 +475,168 @@ def run_megatron(args: argparse.Namespace, result: dict) -> None:
     result["dump"] = collect_dump(dump_path_from_env())
 
 
+def run_megatron_pp(args: argparse.Namespace, result: dict) -> None:
+    """``--pp`` / ``--vpp``: the same hooks, one process per pipeline stage, through megatron-core's
+    1F1B (``forward_backward_pipelining_without_interleaving``) or interleaved schedule. The model
+    chunks, the CPU workaround for p2p and the per-step summary are ``megatron_driver``'s."""
+    import logging
+    from functools import partial
+
+    import megatron_driver as md
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from tensordict import TensorDict
+
+    ex = extract_megatron_hooks(Path(args.patched_file))
+    result["extracted"] = {k: (sorted(v) if isinstance(v, dict) else v) for k, v in ex.items()}
+    dist.init_process_group(
+        "gloo", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world_size, timeout=md.PG_TIMEOUT
+    )
+    R = md.Recorder()
+    R.chunk = None
+    try:
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=args.pp,
+            virtual_pipeline_model_parallel_size=args.vpp if args.vpp > 1 else None,
+        )
+        if os.environ.get("DUMP_ON"):
+            from msprobe.pytorch import PrecisionDebugger
+
+            for name in ("start", "stop", "step"):
+                orig = getattr(PrecisionDebugger, name).__func__
+
+                def wrapper(cls, *a, __orig=orig, __name=name, **k):
+                    service = getattr(cls._instance, "service", None)
+                    R.rec(f"debugger.{__name}", current_iter=getattr(service, "current_iter", None))
+                    return __orig(cls, *a, **k)
+
+                setattr(PrecisionDebugger, name, classmethod(wrapper))
+
+        class _CpuTorch:
+            def __getattr__(self, name):
+                return getattr(torch, name)
+
+            @staticmethod
+            def zeros(*a, **k):
+                if str(k.get("device", "")).startswith("cuda"):
+                    k["device"] = "cpu"
+                return torch.zeros(*a, **k)
+
+        if schedules.torch is torch:
+            schedules.torch = _CpuTorch()
+        result["workarounds"] = [
+            "megatron-core schedules: torch.zeros(device='cuda') -> cpu",
+            *md.cpu_p2p_workaround(torch),
+        ]
+
+        torch.manual_seed(args.seed)
+        tf_config = TransformerConfig(
+            num_layers=args.pp * args.vpp,
+            hidden_size=8,
+            num_attention_heads=1,
+            pipeline_model_parallel_size=args.pp,
+            virtual_pipeline_model_parallel_size=args.vpp if args.vpp > 1 else None,
+            pipeline_dtype=torch.float32,
+            variable_seq_lengths=True,
+            moe_token_dispatcher_type="alltoall",
+        )
+        chunks = md.build_chunks(torch, tf_config, ModelType.encoder_or_decoder, args, R)
+
+        class Wrapper(torch.nn.Module):
+            """Stands for megatron's DDP / Float16Module wrappers, which `_start_dump_step` unwraps."""
+
+            def __init__(self, module):
+                super().__init__()
+                self.module = module
+                self.config = module.config
+                self.model_type = module.model_type
+
+            def set_input_tensor(self, input_tensor):
+                self.module.set_input_tensor(input_tensor)
+
+            def forward(self, x):
+                return self.module(x)
+
+        wrapped = [Wrapper(c) for c in chunks]
+        params = torch.nn.ModuleList(chunks).parameters()
+        optimizer = torch.optim.SGD(params, lr=0.1)
+
+        class Iter:
+            def __init__(self, items, chunk):
+                self._items, self._pos, self._chunk = list(items), 0, chunk
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                if self._pos >= len(self._items):
+                    raise StopIteration
+                R.mb, R.chunk = self._pos, self._chunk
+                self._pos += 1
+                R.rec("batch_taken")
+                return self._items[self._pos - 1]
+
+        def make_batch_generator(batches, vpp_size):
+            if vpp_size > 1:
+                return [Iter(batches, c) for c in range(vpp_size)]
+            return Iter(batches, 0)
+
+        class Events:
+            def append(self, name):
+                R.rec(name)
+
+        n = args.micro_batches * args.micro_batch_size
+        x, y = torch.randn(n, 4), torch.randn(n, 1)
+
+        class Data:
+            def __init__(self):
+                self.batch = TensorDict({"input_ids": x.clone(), "labels": y.clone()}, batch_size=[n])
+                self.non_tensor_batch = {}
+                self.meta_info = {}
+
+        src = build_standin(ex)
+        src = src.replace("        self.actor_module = [module]\n", "        self.actor_module = module\n")
+        src = src.replace(
+            "data_iterator=iter(micro_batches),",
+            "data_iterator=MAKE_BATCH_GENERATOR(micro_batches, len(self.actor_module)),",
+        )
+        namespace = {
+            "__name__": "rlprobe_legacy_standin",
+            "torch": torch,
+            "os": os,
+            "logger": logging.getLogger(str(args.patched_file)),
+            "partial": partial,
+            "get_forward_backward_func": get_forward_backward_func,
+            "MICRO_BATCH_SIZE": args.micro_batch_size,
+            "EVENTS": Events(),
+            "MAKE_BATCH_GENERATOR": make_batch_generator,
+        }
+        exec(compile(src, f"<stand-in around hooks from {args.patched_file}>", "exec"), namespace)
+        actor = namespace["StandInActor"](wrapped, optimizer)
+        phases = ["log_prob", "update_actor"]
+        losses = []
+        for call, phase in enumerate(phases):
+            R.call, R.mb, R.chunk = call, None, None
+            out = actor.compute_log_prob(Data()) if phase == "log_prob" else actor.update_policy(Data())
+            # forward_step's outputs on the last stage: (loss, metrics) per micro-batch
+            losses.append([float(o[0]) if isinstance(o, tuple) else repr(o) for o in out])
+        result["losses"] = losses
+        result["param_checksum"] = float(sum(p.detach().double().sum() for c in chunks for p in c.parameters()))
+        result["open_step"] = actor._dump_micro_batch is not None
+        args.dump_path = None
+        result["events"] = R.events
+        result.update(md.summarize_pp(R.events, phases, args))
+    finally:
+        with contextlib.suppress(Exception):
+            mpu.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -485,6 +648,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--pp", type=int, default=1, help="megatron: pipeline-parallel size (one process per stage)")
+    parser.add_argument("--vpp", type=int, default=1, help="megatron: model chunks per rank (interleaved schedule)")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--store", help="file:// rendezvous shared by the ranks")
     return parser.parse_args(argv)
 
 
@@ -493,7 +661,12 @@ def main(argv=None) -> int:
     result: dict = {"ok": False, "error": None, "backend": args.backend}
     code = 0
     try:
-        (run_fsdp if args.backend == "fsdp" else run_megatron)(args, result)
+        if args.backend == "fsdp":
+            run_fsdp(args, result)
+        elif args.pp > 1 or args.vpp > 1:
+            run_megatron_pp(args, result)
+        else:
+            run_megatron(args, result)
         result["ok"] = True
     except ExtractError as exc:
         result["error"] = f"ExtractError: {exc}"

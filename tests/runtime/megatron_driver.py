@@ -49,6 +49,14 @@ Stand-in:
   ``TransformerConfig`` and ``model_type`` as megatron's schedule expects; the loss is a mean
   squared error.
 
+Pipeline parallelism: ``--pp 2 [--vpp 2] --rank R --world-size 2 --store FILE``, one process
+per rank, runs megatron-core's ``forward_backward_pipelining_without_interleaving`` (or, with
+``--vpp``, ``..._with_interleaving``) on gloo, with ``pp * vpp`` linear layers as model chunks
+(``build_chunks``) and one more CPU workaround (``P2P_WORKAROUND``); ``--phase-run both``
+alternates log-prob and update calls. The result then has ``pp_steps`` (what each msprobe step
+of this rank holds: its units, i.e. micro-batch and chunk, their passes, the dump and the log
+line), ``per_unit`` and the checks of ``summarize_pp`` (see ``megatron_venv.md``).
+
 The driver never sets msprobe's switches (DUMP_ON, DUMP_PHASE, MSPROBE_ACTOR_CONFIG): a test
 sets them in the environment. It finds the dump path by reading the msprobe config named by
 MSPROBE_ACTOR_CONFIG (``--dump-path`` overrides). ``--write-config PATH --dump-path DIR``
@@ -113,6 +121,8 @@ HOOK_METHODS = (
     "_dump_after_loss",
     "_finish_dump_step",
 )
+# Added by revision 2 of the patch (pipeline stages); extracted when the patched file has them.
+OPTIONAL_HOOK_METHODS = ("_open_dump_step", "_dump_backward_begins")
 INIT_ATTRS = ("_debugger", "_update_actor_logger_fp", "_dump_should_record", "_dump_micro_batch")
 GUARD_ATTR = "_dump_should_record"
 MSPROBE_SWITCHES = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG")
@@ -212,7 +222,8 @@ def extract_hooks(path: str | os.PathLike) -> dict:
     lm_head = _find_class(tree, "MegatronEngineWithLMHead")
 
     methods = {}
-    for name in HOOK_METHODS:
+    present = {n.name for n in engine.body if isinstance(n, ast.FunctionDef)}
+    for name in HOOK_METHODS + tuple(n for n in OPTIONAL_HOOK_METHODS if n in present):
         node = _find_method(engine, name)
         first_lineno = min([node.lineno] + [d.lineno for d in node.decorator_list])
         methods[name] = {
@@ -390,14 +401,14 @@ class StandInEngine:
 @@LOGITS_KW@@
             postprocess_micro_batch_func=postprocess_micro_batch_func,
         )
-        batch_generator = _rlp.RecordingIterator(micro_batches)
+        batch_generator = _rlp.make_batch_generator(micro_batches, vpp_size=len(self.module))
 
         losses_reduced = forward_backward_func(
             forward_step_func=forward_step,
             data_iterator=batch_generator,
             model=self.module,
             num_microbatches=n_micro_batch,
-            seq_length=1,
+            seq_length=1,  # the communication shape is obtained via p2p comm (variable_seq_lengths)
             micro_batch_size=1,
             forward_only=forward_only,
         )
@@ -492,6 +503,8 @@ class Recorder:
 
     def rec(self, event, **detail):
         entry = {"seq": len(self.events), "event": event, "call": self.call, "mb": self.mb}
+        if getattr(self, "chunk", None) is not None:
+            entry["chunk"] = self.chunk
         entry["t_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
         entry.update(detail)
         self.events.append(entry)
@@ -539,20 +552,28 @@ def run(args: argparse.Namespace, result: dict) -> None:
     torch.manual_seed(args.seed)
     workdir = Path(args.out).resolve().parent
     workdir.mkdir(parents=True, exist_ok=True)
-    store = workdir / f".pg_store_{os.getpid()}"
-    if store.exists():
+    store = Path(args.store) if args.store else workdir / f".pg_store_{os.getpid()}"
+    if args.world_size == 1 and store.exists():
         store.unlink()
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=args.rank, world_size=args.world_size, timeout=PG_TIMEOUT
+    )
+    pipelined = args.pp > 1 or args.vpp > 1
     try:
         from megatron.core import parallel_state as mpu
         from megatron.core.enums import ModelType
         from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
         from megatron.core.transformer.transformer_config import TransformerConfig
 
-        mpu.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=args.pp,
+            virtual_pipeline_model_parallel_size=args.vpp if args.vpp > 1 else None,
+        )
         timings["import_and_init"] = round(time.perf_counter() - t, 3)
 
         R = Recorder()
+        R.chunk = None
 
         # -- workaround: the one CUDA-only allocation in forward_backward_no_pipelining
         class _CpuTorch:
@@ -575,6 +596,8 @@ def run(args: argparse.Namespace, result: dict) -> None:
             return out
 
         schedules.backward_step = backward_step
+        if pipelined:
+            result["workarounds_pp"] = cpu_p2p_workaround(torch)
 
         # -- msprobe: record start/stop/step (classmethods, so wrap on the class)
         from msprobe.pytorch import PrecisionDebugger
@@ -607,11 +630,12 @@ def run(args: argparse.Namespace, result: dict) -> None:
         mb_index = {}
 
         class RecordingIterator:
-            """iter(micro_batches), recording which micro-batch the schedule takes."""
+            """iter(micro_batches), recording which micro-batch the schedule takes (for model chunk ``chunk``)."""
 
-            def __init__(self, items):
+            def __init__(self, items, chunk=None):
                 self._items = list(items)
                 self._pos = 0
+                self._chunk = chunk
                 for i, item in enumerate(self._items):
                     mb_index[id(item)] = i
 
@@ -622,7 +646,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
                 if self._pos >= len(self._items):
                     raise StopIteration
                 item = self._items[self._pos]
-                R.mb = self._pos
+                R.mb, R.chunk = self._pos, self._chunk
                 self._pos += 1
                 R.rec("batch_taken", request_ids=request_ids_of(item))
                 return item
@@ -663,6 +687,12 @@ def run(args: argparse.Namespace, result: dict) -> None:
         def num_tokens(data):
             return int(data["input_ids"].shape[0])
 
+        def make_batch_generator(micro_batches, vpp_size):
+            # verl's make_batch_generator: one iterator per model chunk under virtual pipelining
+            if vpp_size > 1:
+                return [RecordingIterator(micro_batches, chunk) for chunk in range(vpp_size)]
+            return RecordingIterator(micro_batches, 0 if pipelined else None)
+
         def schedule_returned():
             R.mb = None
             R.rec("forward_backward_func_returned")
@@ -671,14 +701,28 @@ def run(args: argparse.Namespace, result: dict) -> None:
             rec=R.rec,
             schedule_returned=schedule_returned,
             RecordingIterator=RecordingIterator,
+            make_batch_generator=make_batch_generator,
             split_micro_batches=split_micro_batches,
             assign_non_tensor=assign_non_tensor,
             num_tokens=num_tokens,
         )
 
         # -- the model: tiny MLP with a real TransformerConfig, instrumented
+        pp_kwargs = {}
+        if pipelined:
+            pp_kwargs = {
+                "pipeline_model_parallel_size": args.pp,
+                "virtual_pipeline_model_parallel_size": args.vpp if args.vpp > 1 else None,
+                "pipeline_dtype": torch.float32,
+                "variable_seq_lengths": True,  # as verl sets it: shapes travel with the activations
+                "moe_token_dispatcher_type": "alltoall",  # (no MoE here) the default refuses variable lengths
+            }
         config = TransformerConfig(
-            num_layers=1, hidden_size=8, num_attention_heads=1, calculate_per_token_loss=args.per_token_loss
+            num_layers=max(1, args.pp * args.vpp),
+            hidden_size=8,
+            num_attention_heads=1,
+            calculate_per_token_loss=args.per_token_loss,
+            **pp_kwargs,
         )
 
         class TinyModel(torch.nn.Module):
@@ -713,7 +757,12 @@ def run(args: argparse.Namespace, result: dict) -> None:
                     out.register_hook(self._backward_begin)
                 return out
 
-        model = TinyModel()
+        if pipelined:
+            chunks = build_chunks(torch, config, ModelType.encoder_or_decoder, args, R)
+            model = torch.nn.ModuleList(chunks)  # parameters of every chunk of this rank
+        else:
+            model = TinyModel()
+            chunks = [model]
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
         def loss_function(model_output, data, dp_group=None):
@@ -769,6 +818,8 @@ def run(args: argparse.Namespace, result: dict) -> None:
                 detail = {}
                 if closes:
                     open_batch = getattr(self, "_dump_micro_batch", None)
+                    if isinstance(open_batch, dict) and "batch" in open_batch and "passes" in open_batch:
+                        open_batch = open_batch["batch"]  # revision 2: the open step's unit
                     detail["active"] = open_batch is not None
                     detail["closes_mb"] = mb_index.get(id(open_batch)) if open_batch is not None else None
                 R.rec(f"hook.{name}", **detail)
@@ -781,7 +832,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
         _observe("_dump_after_loss", closes=False)
         _observe("_finish_dump_step", closes=True)
 
-        engine = StandIn([model], optimizer)
+        engine = StandIn(chunks, optimizer)
         result["init_attrs_after_init"] = {a: repr(getattr(engine, a, "<missing>")) for a in INIT_ATTRS}
         timings["build"] = round(time.perf_counter() - t - timings["import_and_init"], 3)
 
@@ -789,9 +840,13 @@ def run(args: argparse.Namespace, result: dict) -> None:
         forward_only = args.phase_run == "log_prob"
         losses = []
         t_calls = time.perf_counter()
+        phases = call_phases(args)
+        # every batch is made before the first call: msprobe's seed_all (when dumping) reseeds torch
+        batches = [make_batch(call) for call in range(args.calls)]
         for call in range(args.calls):
-            R.call, R.mb = call, None
-            data = make_batch(call)
+            forward_only = phases[call] == "log_prob"
+            R.call, R.mb, R.chunk = call, None, None
+            data = batches[call]
             R.rec("call_begin", forward_only=forward_only)
             if forward_only:
                 out = engine.infer_batch(data, loss_function)
@@ -811,7 +866,9 @@ def run(args: argparse.Namespace, result: dict) -> None:
             "megatron_core": md.version("megatron-core"),
             "schedule": f"{schedules.__name__}.{get_forward_backward_func().__name__}",
             "process_group": f"{dist.get_backend()} world_size={dist.get_world_size()}",
-            "model_parallel": "TP=1 PP=1 (parallel_state.initialize_model_parallel)",
+            "model_parallel": f"TP=1 PP={mpu.get_pipeline_model_parallel_world_size()} "
+            f"VPP={mpu.get_virtual_pipeline_model_parallel_world_size()} "
+            f"pp_rank={mpu.get_pipeline_model_parallel_rank()} (parallel_state.initialize_model_parallel)",
             "model_config": f"{type(config).__module__}.{type(config).__name__}",
             "msprobe": md.version("mindstudio-probe"),
             "torch": torch.__version__,
@@ -821,7 +878,10 @@ def run(args: argparse.Namespace, result: dict) -> None:
         }
         result["workarounds"] = WORKAROUNDS
         result["events"] = R.events
-        result.update(summarize(R.events, forward_only, args))
+        if pipelined:
+            result.update(summarize_pp(R.events, phases, args))
+        else:
+            result.update(summarize(R.events, forward_only, args))
     finally:
         try:
             from megatron.core import parallel_state
@@ -830,7 +890,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
         except Exception:
             pass
         dist.destroy_process_group()
-        if store.exists():
+        if args.world_size == 1 and store.exists():
             store.unlink()
 
 
@@ -980,6 +1040,257 @@ def summarize(events: list[dict], forward_only: bool, args) -> dict:
     }
 
 
+# --------------------------------------------------------------------------- pipeline parallelism (--pp, --vpp)
+
+# A rank that waits on a peer which died fails instead of hanging for gloo's 30 minutes.
+PG_TIMEOUT = __import__("datetime").timedelta(seconds=int(os.environ.get("RLPROBE_PG_TIMEOUT_S", "90")))
+P2P_WORKAROUND = (
+    "megatron.core.pipeline_parallel.p2p_communication allocates its receive buffers (and, with "
+    "variable_seq_lengths, the shape messages) on torch.cuda.current_device() and calls "
+    "torch.cuda.synchronize() after batched p2p. The driver replaces the name `torch` inside that one "
+    "module with a proxy whose cuda.current_device() is 'cpu' and cuda.synchronize() does nothing; "
+    "the sends and receives themselves are torch.distributed's, on gloo."
+)
+
+
+def call_phases(args: argparse.Namespace) -> list[str]:
+    """The phase of each call: ``--phase-run both`` alternates log_prob, update_actor."""
+    if args.phase_run == "both":
+        return [("log_prob", "update_actor")[i % 2] for i in range(args.calls)]
+    return [args.phase_run] * args.calls
+
+
+def cpu_p2p_workaround(torch) -> list[str]:
+    from megatron.core.pipeline_parallel import p2p_communication
+
+    class _CpuCuda:
+        def __getattr__(self, name):
+            return getattr(torch.cuda, name)
+
+        @staticmethod
+        def current_device():
+            return "cpu"
+
+        @staticmethod
+        def synchronize(*a, **k):
+            return None
+
+    class _P2pTorch:
+        cuda = _CpuCuda()
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    if p2p_communication.torch is torch:
+        p2p_communication.torch = _P2pTorch()
+    return [P2P_WORKAROUND]
+
+
+def build_chunks(torch, config, model_type, args: argparse.Namespace, R: Recorder) -> list:
+    """This rank's model chunks of a ``pp * vpp``-layer MLP, laid out as megatron lays out
+    virtual stages: chunk ``v`` of pipeline rank ``r`` is layer ``v * pp + r``. The first layer
+    takes the micro-batch (4 features), the last gives one value; in between, activations of
+    shape [1, micro-batch, 8] travel between ranks. Each chunk records its forward (``mb``,
+    ``chunk``), every gradient it accumulates and the end of its backward."""
+    layers = args.pp * args.vpp
+
+    class Chunk(torch.nn.Module):
+        def __init__(self, vp: int):
+            super().__init__()
+            index = vp * args.pp + args.rank
+            self.config = config
+            self.model_type = model_type
+            self.vp_stage = vp if args.vpp > 1 else None
+            self.pre_process = index == 0
+            self.post_process = index == layers - 1
+            self.layer_index = index
+            self.chunk = vp
+            self.fc = torch.nn.Linear(4 if self.pre_process else 8, 1 if self.post_process else 8)
+            self.input_tensor = None
+            self._pending: list[int] = []
+            for param in self.parameters():
+                param.register_post_accumulate_grad_hook(self._grad_accumulated)
+
+        def set_input_tensor(self, input_tensor):
+            if isinstance(input_tensor, (list, tuple)):
+                input_tensor = input_tensor[0]
+            self.input_tensor = input_tensor
+
+        def _grad_accumulated(self, param):
+            mb = self._pending[0] if self._pending else None
+            R.rec("model.grad", chunk=self.chunk, mb=mb)
+            self._left -= 1
+            if self._left == 0:
+                R.rec("model.backward_end", chunk=self.chunk, mb=mb)
+                self._pending.pop(0)
+
+        def forward(self, x):
+            h = x if self.pre_process else self.input_tensor.reshape(-1, 8)
+            out = self.fc(h)
+            if not self.post_process:
+                out = torch.tanh(out).reshape(1, -1, 8)  # [seq, micro-batch, hidden]
+            mb = R.mb
+            R.rec("model.forward", chunk=self.chunk, grad_enabled=torch.is_grad_enabled())
+            if out.requires_grad:
+
+                def begin(grad, mb=mb):
+                    self._pending.append(mb)
+                    self._left = sum(1 for _ in self.parameters())
+                    R.rec("model.backward_begin", chunk=self.chunk, mb=mb)
+
+                out.register_hook(begin)
+            return out
+
+    return [Chunk(vp) for vp in range(args.vpp)]
+
+
+WORK_EVENTS = {
+    "model.forward": "forward",
+    "loss": "forward",
+    "model.grad": "backward",
+    "model.backward_end": "backward",
+}
+
+
+def summarize_pp(events: list[dict], phases: list[str], args: argparse.Namespace) -> dict:
+    """What each msprobe step of this rank holds, and whether every micro-batch's work is in one.
+
+    A step is open from ``debugger.start`` to ``debugger.step``; the work events in between
+    (a chunk's forward, the loss, the gradients a chunk accumulates, the end of its backward)
+    are its content, each tagged with its micro-batch and chunk: a *unit*."""
+    steps: list[dict] = []
+    outside: list[dict] = []
+    current = None
+    for i, e in enumerate(events):
+        kind = e["event"]
+        if kind == "debugger.start" and current is None:
+            current = {"opened": i, "call": e["call"], "units": {}, "work": []}
+        elif kind == "debugger.step" and current is not None:
+            current.update(closed=i, step=e["current_iter"])
+            steps.append(current)
+            current = None
+        elif kind in WORK_EVENTS:
+            unit = (e["call"], e["mb"], e.get("chunk"))
+            if current is None:
+                outside.append(
+                    {"seq": e["seq"], "event": kind, "call": e["call"], "mb": e["mb"], "chunk": e.get("chunk")}
+                )
+            else:
+                passes = current["units"].setdefault(unit, [])
+                if WORK_EVENTS[kind] not in passes:
+                    passes.append(WORK_EVENTS[kind])
+                current["work"].append(i)
+    units = sorted({(e["call"], e["mb"], e.get("chunk")) for e in events if e["event"] == "model.forward"})
+    per_unit = []
+    for call, mb, chunk in units:
+        mine = [s for s in steps if (call, mb, chunk) in s["units"]]
+        forward_end = max(
+            i
+            for i, e in enumerate(events)
+            if e["event"] in ("model.forward", "loss") and (e["call"], e["mb"], e.get("chunk")) == (call, mb, chunk)
+        )
+        bwd_end = next(
+            (
+                i
+                for i, e in enumerate(events)
+                if e["event"] == "model.backward_end" and (e["call"], e["mb"], e.get("chunk")) == (call, mb, chunk)
+            ),
+            None,
+        )
+        last = bwd_end if bwd_end is not None else forward_end
+        # the next thing the schedule does on this rank after this unit's last work
+        next_action = next(
+            (i for i in range(last + 1, len(events)) if events[i]["event"] in ("batch_taken", "model.backward_begin")),
+            len(events),
+        )
+        closing = next((s for s in mine if s["opened"] <= last <= s["closed"]), None)
+        per_unit.append(
+            {
+                "call": call,
+                "phase": phases[call],
+                "mb": mb,
+                "chunk": chunk,
+                "steps": [s["step"] for s in mine],
+                "passes": [s["units"][(call, mb, chunk)] for s in mine],
+                "backward_seen": bwd_end is not None,
+                # the step holding the unit's last work closes after it, before the schedule moves on
+                "closed_after_last_work": closing is not None and closing["closed"] > last,
+                "closed_before_next_action": closing is not None and closing["closed"] < next_action,
+            }
+        )
+    dump_path = dump_path_from_env(args)
+    rank_dir = f"rank{args.rank}"
+    dumped = {}
+    if dump_path and os.path.isdir(dump_path):
+        for step_dir in glob.glob(os.path.join(dump_path, "step*")):
+            number = step_dir.rsplit("step", 1)[1]
+            dump_json = os.path.join(step_dir, rank_dir, "dump.json")
+            if number.isdigit() and os.path.isfile(dump_json):
+                try:
+                    data = json.loads(Path(dump_json).read_text()).get("data", {})
+                except ValueError:
+                    data = {}
+                dumped[int(number)] = {
+                    "data_keys": len(data),
+                    "forward_keys": sum(1 for k in data if ".forward" in k),
+                    "backward_keys": sum(1 for k in data if ".backward" in k),
+                }
+    log_path = os.path.join(dump_path, str(os.getpid()), "update_actor_log.jsonl") if dump_path else None
+    log_lines = []
+    if log_path and os.path.isfile(log_path):
+        log_lines = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
+    by_step = {line.get("step"): line for line in log_lines}
+    step_rows = []
+    for s in steps:
+        (unit, passes), *more = list(s["units"].items()) or [((None, None, None), [])]
+        line = by_step.get(s["step"], {})
+        step_rows.append(
+            {
+                "step": s["step"],
+                "call": s["call"],
+                "units": [list(u) for u in s["units"]],
+                "passes": passes,
+                "dump": dumped.get(s["step"]),
+                "log": {k: line.get(k) for k in ("micro_batch", "vp_stage", "pp_rank", "phase", "passes", "rank")}
+                if line
+                else None,
+                "log_matches": bool(line)
+                and not more
+                and line.get("micro_batch") == unit[1]
+                and line.get("passes") == passes
+                and line.get("phase") == phases[s["call"]]
+                and line.get("pp_rank") == args.rank
+                and line.get("vp_stage") == (unit[2] if args.vpp > 1 else None),
+            }
+        )
+    dumped_calls = {s["call"] for s in steps}
+    checks = {
+        "dumped": bool(steps),
+        "one_unit_per_step": bool(steps) and all(len(s["units"]) == 1 for s in steps),
+        "no_work_outside_steps": not [o for o in outside if o["call"] in dumped_calls],
+        "every_unit_dumped": bool(per_unit) and all(u["steps"] for u in per_unit if u["call"] in dumped_calls),
+        "backward_in_a_step": all(
+            any("backward" in p for p in u["passes"])
+            for u in per_unit
+            if u["call"] in dumped_calls and u["backward_seen"]
+        ),
+        "closed_after_last_work": all(u["closed_after_last_work"] for u in per_unit if u["call"] in dumped_calls),
+        "closed_before_next_action": all(u["closed_before_next_action"] for u in per_unit if u["call"] in dumped_calls),
+        "one_step_per_unit": all(len(u["steps"]) == 1 for u in per_unit if u["call"] in dumped_calls),
+        "dump_json_per_step": bool(steps) and all(r["dump"] and r["dump"]["data_keys"] > 0 for r in step_rows),
+        "log_line_per_step": sorted(line.get("step") for line in log_lines) == sorted(s["step"] for s in steps),
+        "log_lines_match": bool(step_rows) and all(r["log_matches"] for r in step_rows),
+        "steps_distinct": len({s["step"] for s in steps}) == len(steps),
+    }
+    return {
+        "pp_steps": step_rows,
+        "per_unit": per_unit,
+        "work_outside_steps": outside,
+        "update_actor_log": {"path": log_path, "lines": log_lines},
+        "checks": checks,
+    }
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -988,9 +1299,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--patched-file", type=Path, help="a patched verl megatron transformer_impl.py")
     parser.add_argument(
         "--phase-run",
-        choices=["log_prob", "update_actor"],
+        choices=["log_prob", "update_actor", "both"],
         default="update_actor",
-        help="log_prob: forward_only=True under no_grad; update_actor: forward_only=False + optimizer step",
+        help="log_prob: forward_only=True under no_grad; update_actor: forward_only=False + optimizer step; "
+        "both: calls alternate log_prob, update_actor",
     )
     parser.add_argument("--micro-batches", type=int, default=2)
     parser.add_argument("--micro-batch-size", type=int, default=2)
@@ -1003,6 +1315,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-kind", choices=["auto", "tensordict", "dict"], default="auto")
     parser.add_argument("--dump-path", type=Path, help="where msprobe dumps (default: read from $MSPROBE_ACTOR_CONFIG)")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (one process per stage)")
+    parser.add_argument("--vpp", type=int, default=1, help="virtual pipeline size: model chunks per rank")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--store", type=Path, help="file:// rendezvous shared by the ranks (--world-size > 1)")
     parser.add_argument("--out", type=Path, help="result JSON")
     parser.add_argument(
         "--write-config",
@@ -1044,6 +1361,9 @@ def main(argv=None) -> int:
         "micro_batch_size": args.micro_batch_size,
         "calls": args.calls,
         "per_token_loss": args.per_token_loss,
+        "rank": args.rank,
+        "pp": args.pp,
+        "vpp": args.vpp,
         "msprobe_env": {name: os.environ.get(name) for name in MSPROBE_SWITCHES},
         "timings_s": {},
     }

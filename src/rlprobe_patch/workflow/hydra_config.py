@@ -90,6 +90,7 @@ FACT_KEYS: dict[str, tuple[str, ...]] = {
     "actor_tp": _engine_keys(_ACTOR, "tp"),
     "actor_pp": _engine_keys(_ACTOR, "pp"),
     "actor_ep": _engine_keys(_ACTOR, "ep"),
+    "actor_vpp": (f"{_ACTOR}.megatron.virtual_pipeline_model_parallel_size",),
     "ref_tp": _engine_keys(_REF, "tp"),
     "ref_pp": _engine_keys(_REF, "pp"),
     "rollout_tp": (f"{_ROLLOUT}.tensor_model_parallel_size",),
