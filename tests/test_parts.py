@@ -6,6 +6,7 @@ That the assembled payloads insert exactly the text of before is proven by the c
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -44,11 +45,50 @@ def test_no_inserted_method_is_written_twice() -> None:
 def test_worker_hooks_take_their_helpers_from_the_shared_parts() -> None:
     for patch_id in WORKER_HOOKS:
         payload = Payload(patches_dir() / patch_id / "payload.py")
-        assert payload.sources[1:] == (SHARED / "worker_hooks.py",), patch_id
+        assert payload.sources[1:] == (SHARED / "switches.py", SHARED / "worker_hooks.py"), patch_id
         (cls,) = [s for s in payload.module.body if isinstance(s, cst.ClassDef)]
         methods = payload.methods(cls.name.value)
         assert {"_ensure_debugger", "_log_update_actor_step", "_finish_dump_step"} <= {f.name.value for f in methods}
         assert "REQUEST_IDS" not in payload.module.code_for_node(cls)
+
+
+SWITCH_READS = re.compile(r"""os\.(environ\.get|getenv)\(\s*"(DUMP_ON|DUMP_PHASE|PROMPTS_ONLY)\"""")
+READERS = [
+    *WORKER_HOOKS,
+    "verl.prompts-only",
+    "verl.debug-metrics",
+    "verl.rollout-correction",
+    "sglang.model-runner",
+]
+
+
+@pytest.mark.parametrize("patch_id", READERS)
+def test_every_hook_reads_the_switches_with_the_one_reader(patch_id: str) -> None:
+    """Issue 15: no payload reads DUMP_ON / DUMP_PHASE / PROMPTS_ONLY itself; each takes the shared
+    reader (spliced from patches/_shared/switches.py), and names its own patch and revision."""
+    (patch,) = [p for p in load_catalogue() if p.id == patch_id]
+    payload = Payload(patch.folder / "payload.py")
+    assert SHARED / "switches.py" in payload.sources, patch_id
+    code = payload.module.code
+    assert not SWITCH_READS.search(code), patch_id
+    reader = {fn.name.value: payload.module.code_for_node(fn) for fn in _all_methods(payload.module)}
+    shared = _methods(cst.parse_module((SHARED / "switches.py").read_bytes()))
+    for name in ("_rlprobe_switch", "_rlprobe_switches", "_rlprobe_run_switches"):
+        assert reader[name] == shared[f"Switches.{name}"], (patch_id, name)
+    announced = re.findall(r'_rlprobe_announce\("([^"]+)"', code)
+    assert set(announced) <= {f"{patch.id} r{patch.revision}"}, (patch_id, announced)
+    if "_rlprobe_debugger(" in code:
+        assert announced, patch_id
+
+
+def _all_methods(module: cst.Module) -> list[cst.FunctionDef]:
+    return [
+        fn
+        for cls in module.body
+        if isinstance(cls, cst.ClassDef)
+        for fn in cst.ensure_type(cls.body, cst.IndentedBlock).body
+        if isinstance(fn, cst.FunctionDef)
+    ]
 
 
 @pytest.fixture

@@ -21,39 +21,39 @@ switches = shared_switches()
 @pytest.mark.parametrize("word", ["1", "true", "TRUE", "yes", "On", " on "])
 @pytest.mark.parametrize("name", ["DUMP_ON", "PROMPTS_ONLY"])
 def test_on_spellings(name: str, word: str) -> None:
-    assert switches.rlprobe_switch(name, {name: word}) is True
+    assert switches._rlprobe_switch(name, {name: word}) is True
 
 
 @pytest.mark.parametrize("word", [None, "", "0", "false", "No", "OFF", " 0 "])
 @pytest.mark.parametrize("name", ["DUMP_ON", "PROMPTS_ONLY"])
 def test_off_spellings(name: str, word: str | None) -> None:
     env = {} if word is None else {name: word}
-    assert switches.rlprobe_switch(name, env) is False
+    assert switches._rlprobe_switch(name, env) is False
 
 
 @pytest.mark.parametrize("word", ["2", "y", "enable", "tru", "1 1", "-1"])
 @pytest.mark.parametrize("name", ["DUMP_ON", "PROMPTS_ONLY"])
 def test_other_values_are_errors_naming_variable_value_allowed_and_rank(name: str, word: str) -> None:
     with pytest.raises(ValueError) as caught:
-        switches.rlprobe_switch(name, {name: word, "RANK": "3"})
+        switches._rlprobe_switch(name, {name: word, "RANK": "3"})
     message = str(caught.value)
     assert f"{name}={word!r}" in message and "on rank 3" in message
     assert "1, true, yes, on" in message and "0, false, no, off" in message
 
 
 def test_phase() -> None:
-    assert switches.rlprobe_switches({})["phase"] == "log_prob"
+    assert switches._rlprobe_switches({})["phase"] == "log_prob"
     for phase in ("log_prob", "update_actor", "all", "ALL "):
-        assert switches.rlprobe_switches({"DUMP_PHASE": phase})["phase"] == phase.strip().lower()
+        assert switches._rlprobe_switches({"DUMP_PHASE": phase})["phase"] == phase.strip().lower()
     with pytest.raises(ValueError, match=r"DUMP_PHASE='bogus' on rank 0 is not a phase: use one of log_prob"):
-        switches.rlprobe_switches({"DUMP_PHASE": "bogus", "RANK": "0"})
+        switches._rlprobe_switches({"DUMP_PHASE": "bogus", "RANK": "0"})
 
 
 def test_warnings_say_what_will_happen() -> None:
-    assert switches.rlprobe_switches({"DUMP_ON": "1", "PROMPTS_ONLY": "1"})["warnings"] == []
-    (warning,) = switches.rlprobe_switches({"PROMPTS_ONLY": "yes"})["warnings"]
+    assert switches._rlprobe_switches({"DUMP_ON": "1", "PROMPTS_ONLY": "1"})["warnings"] == []
+    (warning,) = switches._rlprobe_switches({"PROMPTS_ONLY": "yes"})["warnings"]
     assert "DUMP_ON is off" in warning and "nothing is dumped" in warning
-    (warning,) = switches.rlprobe_switches({"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "all"})["warnings"]
+    (warning,) = switches._rlprobe_switches({"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "all"})["warnings"]
     assert "DUMP_PHASE=all under PROMPTS_ONLY" in warning
 
 
@@ -61,23 +61,23 @@ def test_config_path(tmp_path: Path) -> None:
     good = tmp_path / "config.json"
     good.write_text(json.dumps({"task": "statistics"}))
     var = "MSPROBE_ACTOR_CONFIG"
-    assert switches.rlprobe_config_path(var, "/nowhere.json", {var: str(good)}) == str(good)
-    assert switches.rlprobe_config_path(var, str(good), {}) == str(good)
+    assert switches._rlprobe_config_path(var, "/nowhere.json", {var: str(good)}) == str(good)
+    assert switches._rlprobe_config_path(var, str(good), {}) == str(good)
     with pytest.raises(ValueError, match=rf"{var}=/missing.json on rank 1: no such file"):
-        switches.rlprobe_config_path(var, str(good), {var: "/missing.json", "RANK": "1"})
+        switches._rlprobe_config_path(var, str(good), {var: "/missing.json", "RANK": "1"})
     with pytest.raises(ValueError, match=rf"/missing.json \({var} is not set; this is the hook's default\)"):
-        switches.rlprobe_config_path(var, "/missing.json", {})
+        switches._rlprobe_config_path(var, "/missing.json", {})
     bad = tmp_path / "bad.json"
     bad.write_text("{task: 1")
     with pytest.raises(ValueError, match="not JSON"):
-        switches.rlprobe_config_path(var, "", {var: str(bad)})
+        switches._rlprobe_config_path(var, "", {var: str(bad)})
     bad.write_text("[1]")
     with pytest.raises(ValueError, match="not a JSON object"):
-        switches.rlprobe_config_path(var, "", {var: str(bad)})
+        switches._rlprobe_config_path(var, "", {var: str(bad)})
     if os.getuid() != 0:  # root reads everything
         good.chmod(0)
         with pytest.raises(ValueError, match="not readable"):
-            switches.rlprobe_config_path(var, "", {var: str(good)})
+            switches._rlprobe_config_path(var, "", {var: str(good)})
 
 
 # -- check-script on a collection script derived from verl's own example ------------------------

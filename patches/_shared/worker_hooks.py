@@ -25,20 +25,22 @@ logger = logging.getLogger(__file__)
 
 
 class EngineDebugger:
-    """The debugger of an engine (`verl.fsdp-engine`, `verl.megatron-engine`): the ref engine never dumps."""
+    """The debugger of an engine (`verl.fsdp-engine`, `verl.megatron-engine`): the ref engine never dumps.
+
+    Takes the methods of `switches.Switches`. Slots: `PATCH` (the patch id and revision in the line
+    it prints when dumping is on) and `RANK`.
+    """
 
     def _ensure_debugger(self):
-        # Lazy: nothing is imported or opened until DUMP_ON asks for it.
-        if getattr(self, "_debugger", None) is not None or self.engine_config.forward_only:
+        # Lazy: nothing is imported or opened until DUMP_ON asks for it. The switches are read
+        # once per process (patches/_shared/switches.py): a wrong value stops the run here.
+        if getattr(self, "_debugger", None) is not None:
             return
-        if not int(os.environ.get("DUMP_ON", "0")):
+        if not self._rlprobe_run_switches()["dump_on"] or self.engine_config.forward_only:
             return
-        from msprobe.pytorch import PrecisionDebugger, seed_all
-
-        seed_all(mode=True)
-        self._debugger = PrecisionDebugger(
-            config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
-        )
+        config_path = self._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
+        self._debugger = self._rlprobe_debugger("MSPROBE_ACTOR_CONFIG", config_path)
+        self._rlprobe_announce(PATCH, RANK, config_path, self._debugger.config.dump_path)
         try:
             log_dir = os.path.join(self._debugger.config.dump_path, str(os.getpid()))
             os.makedirs(log_dir, exist_ok=True)
@@ -48,20 +50,22 @@ class EngineDebugger:
 
 
 class ActorDebugger:
-    """The debugger of a legacy PPO actor (`verl.legacy-*-workers`): the ref policy (no optimizer) never dumps."""
+    """The debugger of a legacy PPO actor (`verl.legacy-*-workers`): the ref policy (no optimizer) never dumps.
+
+    Takes the methods of `switches.Switches`. Slots: `PATCH` and `RANK`, as `EngineDebugger`.
+    """
 
     def _ensure_debugger(self):
         # Lazy: nothing is imported or opened until DUMP_ON asks for it; the ref policy never dumps.
-        if getattr(self, "_debugger", None) is not None or self.actor_optimizer is None:
+        # The switches are read once per process (patches/_shared/switches.py): a wrong value stops
+        # the run here.
+        if getattr(self, "_debugger", None) is not None:
             return
-        if not int(os.environ.get("DUMP_ON", "0")):
+        if not self._rlprobe_run_switches()["dump_on"] or self.actor_optimizer is None:
             return
-        from msprobe.pytorch import PrecisionDebugger, seed_all
-
-        seed_all(mode=True)
-        self._debugger = PrecisionDebugger(
-            config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
-        )
+        config_path = self._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
+        self._debugger = self._rlprobe_debugger("MSPROBE_ACTOR_CONFIG", config_path)
+        self._rlprobe_announce(PATCH, RANK, config_path, self._debugger.config.dump_path)
         try:
             log_dir = os.path.join(self._debugger.config.dump_path, str(os.getpid()))
             os.makedirs(log_dir, exist_ok=True)
@@ -78,7 +82,7 @@ class DumpPhase:
         self._ensure_debugger()
         if getattr(self, "_debugger", None) is None:
             return False
-        dump_phase = os.environ.get("DUMP_PHASE", "log_prob")
+        dump_phase = self._rlprobe_run_switches()["phase"]
         phase = "log_prob" if forward_only else "update_actor"
         return dump_phase in ("all", phase)
 
@@ -140,7 +144,7 @@ class PipelineSteps:
         self._ensure_debugger()
         if getattr(self, "_debugger", None) is None:
             return False
-        dump_phase = os.environ.get("DUMP_PHASE", "log_prob")
+        dump_phase = self._rlprobe_run_switches()["phase"]
         phase = "log_prob" if forward_only else "update_actor"
         self._dump_phase = phase
         self._dump_counts = {}  # micro-batches taken so far in this call, per model chunk
@@ -264,7 +268,7 @@ class PromptsOnly:
         # PROMPTS_ONLY=1: the log-prob pass covers the prompts only, like the rollout engine's
         # prefill. A batch the trainer already cut (verl.prompts-only) has width-0 responses
         # and is returned as it is.
-        if not int(os.environ.get("PROMPTS_ONLY", "0")):
+        if not self._rlprobe_run_switches()["prompts_only"]:
             return data
         batch = data.batch
         if batch is None or "responses" not in batch.keys() or batch["responses"].size(1) == 0:

@@ -20,6 +20,7 @@ a line `name = Part.name` in the class takes one, verbatim, and the functions in
 the end (`REQUEST_IDS`, `RANK`) fill its slots for this class.
 """
 
+from _shared.switches import Switches
 from _shared.worker_hooks import DumpPhase, EngineDebugger, LoopSteps, UpdateActorLog
 
 
@@ -29,6 +30,15 @@ class FSDPEngine:
     _should_dump = DumpPhase._should_dump
     _log_update_actor_step = UpdateActorLog._log_update_actor_step
     _finish_dump_step = LoopSteps._finish_dump_step
+
+    # The switch reader (patches/_shared/switches.py).
+    _rlprobe_on_rank = Switches._rlprobe_on_rank
+    _rlprobe_switch = Switches._rlprobe_switch
+    _rlprobe_switches = Switches._rlprobe_switches
+    _rlprobe_config_path = Switches._rlprobe_config_path
+    _rlprobe_run_switches = Switches._rlprobe_run_switches
+    _rlprobe_debugger = Switches._rlprobe_debugger
+    _rlprobe_announce = Switches._rlprobe_announce
 
 
 def init_debugger_state(self):
@@ -63,3 +73,8 @@ def REQUEST_IDS(micro_batch):
 def RANK(self):
     """The rank in the log line."""
     return self.rank
+
+
+def PATCH():
+    """The patch and revision in the line the hooks print when dumping is on."""
+    return "verl.fsdp-engine r2"

@@ -23,9 +23,9 @@ a line `name = Part.name` in the class takes one, verbatim, and the functions in
 the end (`REQUEST_IDS`, `RANK`) fill its slots for this class.
 """
 
-import os
 
 import torch
+from _shared.switches import Switches
 from _shared.worker_hooks import ActorDebugger, LoopSteps, PromptsOnly, UpdateActorLog
 
 
@@ -38,7 +38,7 @@ class DataParallelPPOActor:
         self._ensure_debugger()
         if getattr(self, "_debugger", None) is None:
             return False
-        dump_phase = os.environ.get("DUMP_PHASE", "log_prob")
+        dump_phase = self._rlprobe_run_switches()["phase"]
         phase = "log_prob" if forward_only else "update_actor"
         return dump_phase in ("all", phase)
 
@@ -52,6 +52,15 @@ class DataParallelPPOActor:
         return non_tensor_keys
 
     _prompts_only_batch = PromptsOnly._prompts_only_batch
+
+    # The switch reader (patches/_shared/switches.py).
+    _rlprobe_on_rank = Switches._rlprobe_on_rank
+    _rlprobe_switch = Switches._rlprobe_switch
+    _rlprobe_switches = Switches._rlprobe_switches
+    _rlprobe_config_path = Switches._rlprobe_config_path
+    _rlprobe_run_switches = Switches._rlprobe_run_switches
+    _rlprobe_debugger = Switches._rlprobe_debugger
+    _rlprobe_announce = Switches._rlprobe_announce
 
 
 def init_debugger_state(self):
@@ -102,3 +111,8 @@ def RANK():
     """The rank in the log line."""
     # DataParallelPPOActor has no self.rank.
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def PATCH():
+    """The patch and revision in the line the hooks print when dumping is on."""
+    return "verl.legacy-fsdp-workers r2"

@@ -26,6 +26,7 @@ the end (`REQUEST_IDS`, `RANK`) fill its slots for this class.
 """
 
 import torch
+from _shared.switches import Switches
 from _shared.worker_hooks import ActorDebugger, PipelineSteps, PromptsOnly
 
 
@@ -40,6 +41,15 @@ class MegatronPPOActor:
     _dump_backward_begins = PipelineSteps._dump_backward_begins
     _finish_dump_step = PipelineSteps._finish_dump_step
     _prompts_only_batch = PromptsOnly._prompts_only_batch
+
+    # The switch reader (patches/_shared/switches.py).
+    _rlprobe_on_rank = Switches._rlprobe_on_rank
+    _rlprobe_switch = Switches._rlprobe_switch
+    _rlprobe_switches = Switches._rlprobe_switches
+    _rlprobe_config_path = Switches._rlprobe_config_path
+    _rlprobe_run_switches = Switches._rlprobe_run_switches
+    _rlprobe_debugger = Switches._rlprobe_debugger
+    _rlprobe_announce = Switches._rlprobe_announce
 
 
 def init_debugger_state(self):
@@ -93,3 +103,8 @@ def RANK():
     """The rank in the log line."""
     # MegatronPPOActor has no self.rank.
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def PATCH():
+    """The patch and revision in the line the hooks print when dumping is on."""
+    return "verl.legacy-megatron-workers r2"

@@ -37,7 +37,6 @@ def sets_temperature(stmt: cst.BaseStatement) -> bool:
 
 class RayTrainer(PatchCodemod):
     DESCRIPTION = "PROMPTS_ONLY trimming before RayPPOTrainer.fit's old-log-prob pass"
-    REQUIRES_MODULE_NAMES = ("os",)
     OPERATIONS = (
         AddMethods("RayPPOTrainer"),
         Hook(
@@ -54,7 +53,6 @@ class RayTrainer(PatchCodemod):
 
 class FullyAsyncTrainer(PatchCodemod):
     DESCRIPTION = "PROMPTS_ONLY trimming of the samples FullyAsyncTrainer._fit_generate takes"
-    REQUIRES_MODULE_NAMES = ("os",)
     OPERATIONS = (
         AddMethods("FullyAsyncTrainer", payload_cls="RayPPOTrainer"),
         Hook(
@@ -71,7 +69,7 @@ class FullyAsyncTrainer(PatchCodemod):
 
 class V1Trainer(PatchCodemod):
     DESCRIPTION = "PROMPTS_ONLY trimming of the TransferQueue rows before PPOTrainer._step_once's old-log-prob pass"
-    REQUIRES_MODULE_NAMES = ("os", "tq", "tu")
+    REQUIRES_MODULE_NAMES = ("tq", "tu")
     OPERATIONS = (
         AddMethods("PPOTrainer"),
         Hook(

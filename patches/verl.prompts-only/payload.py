@@ -1,6 +1,6 @@
 """What `verl.prompts-only` inserts into verl's PPO trainers.
 
-With `PROMPTS_ONLY=1`, the batch is cut down to its prompts just before the old-log-prob
+With `PROMPTS_ONLY` on (`1`, `true`, `yes`, `on`: the shared switch reader), the batch is cut down to its prompts just before the old-log-prob
 pass, so that the training side computes log-probs over exactly the tokens the rollout
 engine prefilled: `input_ids`, `attention_mask` and `position_ids` (2-D, or 3-D for mrope)
 lose their response columns; `responses`, `rollout_log_probs` and `response_mask` become
@@ -17,7 +17,7 @@ The skill's `check-consistency-patch` looks for `PROMPTS_ONLY`, `compute_prompts
 `responses_len` in ray_trainer.py: those names are kept.
 """
 
-import os
+from _shared.switches import Switches
 
 
 class RayPPOTrainer:
@@ -33,6 +33,12 @@ class RayPPOTrainer:
             if key in data.batch.keys():
                 data.batch[key] = data.batch[key][:, :0]
         return data
+
+    # The switch reader (patches/_shared/switches.py): PROMPTS_ONLY read once per process.
+    _rlprobe_on_rank = Switches._rlprobe_on_rank
+    _rlprobe_switch = Switches._rlprobe_switch
+    _rlprobe_switches = Switches._rlprobe_switches
+    _rlprobe_run_switches = Switches._rlprobe_run_switches
 
 
 class PPOTrainer:
@@ -55,17 +61,23 @@ class PPOTrainer:
         tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=tu.list_of_dict_to_tensordict(rows))
         return batch
 
+    # The switch reader (patches/_shared/switches.py): PROMPTS_ONLY read once per process.
+    _rlprobe_on_rank = Switches._rlprobe_on_rank
+    _rlprobe_switch = Switches._rlprobe_switch
+    _rlprobe_switches = Switches._rlprobe_switches
+    _rlprobe_run_switches = Switches._rlprobe_run_switches
+
 
 def trim_before_old_log_prob(self, batch):
     """In `RayPPOTrainer.fit`, right before the `with marked_timer("old_log_prob", ...)` block."""
-    compute_prompts_only = int(os.getenv("PROMPTS_ONLY", "0"))  # rlprobe-patch
+    compute_prompts_only = self._rlprobe_run_switches()["prompts_only"]  # rlprobe-patch: PROMPTS_ONLY
     if compute_prompts_only:
         batch = self._prompts_only_batch(batch)
 
 
 def trim_after_samples(self, batch):
     """In `FullyAsyncTrainer._fit_generate`, right before `batch.meta_info["temperature"] = ...`."""
-    compute_prompts_only = int(os.getenv("PROMPTS_ONLY", "0"))  # rlprobe-patch
+    compute_prompts_only = self._rlprobe_run_switches()["prompts_only"]  # rlprobe-patch: PROMPTS_ONLY
     if compute_prompts_only and "responses" in batch.batch.keys():
         batch = self._prompts_only_batch(batch)
 
@@ -73,9 +85,7 @@ def trim_after_samples(self, batch):
 def trim_before_separate_old_log_prob(self, batch):
     """In `SeparateRayPPOTrainer._fit_compute_log_prob` (0.7.1+), right before the
     `with marked_timer("old_log_prob", ...)` block."""
-    import os  # rlprobe-patch: separation/ray_trainer.py does not import os
-
-    compute_prompts_only = int(os.getenv("PROMPTS_ONLY", "0"))  # rlprobe-patch
+    compute_prompts_only = self._rlprobe_run_switches()["prompts_only"]  # rlprobe-patch: PROMPTS_ONLY
     if compute_prompts_only:
         batch = self._prompts_only_batch(batch)
 
@@ -83,6 +93,6 @@ def trim_before_separate_old_log_prob(self, batch):
 def trim_kv_batch_before_old_log_prob(self, batch):
     """In `PPOTrainer._step_once` (V1 trainer, 0.9.0+), after `_balance_batch`, right before the
     `with marked_timer("old_log_prob", ...)` block."""
-    compute_prompts_only = int(os.getenv("PROMPTS_ONLY", "0"))  # rlprobe-patch
+    compute_prompts_only = self._rlprobe_run_switches()["prompts_only"]  # rlprobe-patch: PROMPTS_ONLY
     if compute_prompts_only:
         batch = self._prompts_only_kv_batch(batch)

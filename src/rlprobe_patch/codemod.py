@@ -698,7 +698,10 @@ def first_returned(stmt: Statement) -> cst.BaseExpression:
 
 
 class ConfigPathParam(PatchCodemod):
-    """Patches whose payload reads `os.environ.get("<ENV_VAR>", "<default>")`.
+    """Patches whose payload reads `self._rlprobe_config_path("<ENV_VAR>", "<default>")` (the shared
+    switch reader, `patches/_shared/switches.py`; SGLang's `self._msprobe_config_path`, which calls
+    it), or `os.environ.get("<ENV_VAR>", "<default>")`
+    (the revisions before it, still read back from trees they patched).
 
     `apply --msprobe-config PATH` (or the patch's own option, PARAM) bakes PATH in as the
     default; `read_params` reads it back from a patched tree so that its state can be decided
@@ -711,7 +714,8 @@ class ConfigPathParam(PatchCodemod):
 
     def _env_get(self) -> m.Call:
         return m.Call(
-            func=m.Attribute(value=m.Attribute(value=m.Name("os"), attr=m.Name("environ")), attr=m.Name("get")),
+            func=m.Attribute(value=m.Attribute(value=m.Name("os"), attr=m.Name("environ")), attr=m.Name("get"))
+            | m.Attribute(value=m.Name("self"), attr=m.Name("_rlprobe_config_path") | m.Name("_msprobe_config_path")),
             args=[m.Arg(m.SimpleString(f'"{self.ENV_VAR}"')), m.Arg(m.SimpleString())],
         )
 

@@ -144,14 +144,22 @@ def _slots(code: str) -> list[tuple[int, int, str]]:
 
 def _fill_slots(code: str, slots: list[tuple[int, int, str]], fills: dict[str, Fill], where: str) -> str:
     lines = [line.encode() for line in code.splitlines(keepends=True)]
-    # Bottom-up, right to left: the positions not yet edited stay valid.
-    for row, column, name in sorted(slots, reverse=True):
+    rows: dict[int, list[tuple[int, str]]] = {}
+    for row, column, name in slots:
         if name not in fills:
             raise PartError(f"{where}: the payload has no fill for the slot {name} (a function `def {name}`)")
-        fill, line = fills[name], lines[row - 1]
+        rows.setdefault(row, []).append((column, name))
+    # Bottom-up, and right to left on a line: the positions not yet edited stay valid. The
+    # comments of every fill on a line go above it once the line is filled.
+    for row in sorted(rows, reverse=True):
+        line = lines[row - 1]
         indent = line[: len(line) - len(line.lstrip())]
-        lines[row - 1] = line[:column] + fill.expression.encode() + line[column + len(name) :]
-        lines[row - 1 : row - 1] = [indent + comment.encode() + b"\n" for comment in fill.comments]
+        comments: list[str] = []
+        for column, name in sorted(rows[row], reverse=True):
+            fill = fills[name]
+            line = line[:column] + fill.expression.encode() + line[column + len(name) :]
+            comments[:0] = fill.comments
+        lines[row - 1 : row] = [*(indent + comment.encode() + b"\n" for comment in comments), line]
     return b"".join(lines).decode()
 
 

@@ -25,7 +25,6 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -540,14 +539,15 @@ def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
 
 
 @functools.cache
-def shared_switches() -> ModuleType:
-    """`patches/_shared/switches.py`: the switch reader the hooks run, run here on the script's values."""
+def shared_switches() -> Any:
+    """The switch reader the hooks run (`Switches` of `patches/_shared/switches.py`, whose methods
+    are spliced into every hook), as an instance: run here on the script's values."""
     path = patches_dir() / "_shared" / "switches.py"
     spec = importlib.util.spec_from_file_location("rlprobe_patch_shared_switches", path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    return module.Switches()
 
 
 SWITCH_NAMES = ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE")
@@ -568,28 +568,28 @@ def _switch_checks(script: Script) -> list[ScriptCheck]:
     for name, s in known.items():
         try:
             if name == "DUMP_PHASE":
-                reader.rlprobe_switches({name: values[name]})
+                reader._rlprobe_switches({name: values[name]})
             else:
-                reader.rlprobe_switch(name, {name: values[name]})
+                reader._rlprobe_switch(name, {name: values[name]})
         except ValueError as exc:
             bad.append(name)
             checks.append(ScriptCheck(f"{name} value", False, f"{s.source}: {_plain(exc)}"))
     if not bad and known:
-        switches = reader.rlprobe_switches(values)
+        switches = reader._rlprobe_switches(values)
         checks += [ScriptCheck("switches", True, _plain(w), warning=True) for w in switches["warnings"]]
         if switches["dump_on"] and "MSPROBE_ACTOR_CONFIG" in script.env and _exact_env(script, "MSPROBE_ACTOR_CONFIG"):
             checks.extend(_actor_config_check(script, reader))
     return checks
 
 
-def _actor_config_check(script: Script, reader: ModuleType) -> list[ScriptCheck]:
+def _actor_config_check(script: Script, reader: Any) -> list[ScriptCheck]:
     setting = script.env["MSPROBE_ACTOR_CONFIG"]
     path = str(setting.value)
     resolved = path if Path(path).is_absolute() else str(script.path.parent / path)
     if not Path(resolved).exists():
         return []  # _config_checks says it is not on this machine
     try:
-        reader.rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "", {"MSPROBE_ACTOR_CONFIG": resolved})
+        reader._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "", {"MSPROBE_ACTOR_CONFIG": resolved})
     except ValueError as exc:
         return [ScriptCheck("MSPROBE_ACTOR_CONFIG", False, f"{setting.source}: {_plain(exc)}")]
     return []

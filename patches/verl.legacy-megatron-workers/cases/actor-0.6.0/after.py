@@ -91,16 +91,16 @@ class MegatronPPOActor(BasePPOActor):
     # Added by rlprobe-patch (verl.legacy-megatron-workers); `rlprobe-patch revert` removes it.
     def _ensure_debugger(self):
         # Lazy: nothing is imported or opened until DUMP_ON asks for it; the ref policy never dumps.
-        if getattr(self, "_debugger", None) is not None or self.actor_optimizer is None:
+        # The switches are read once per process (patches/_shared/switches.py): a wrong value stops
+        # the run here.
+        if getattr(self, "_debugger", None) is not None:
             return
-        if not int(os.environ.get("DUMP_ON", "0")):
+        if not self._rlprobe_run_switches()["dump_on"] or self.actor_optimizer is None:
             return
-        from msprobe.pytorch import PrecisionDebugger, seed_all
-
-        seed_all(mode=True)
-        self._debugger = PrecisionDebugger(
-            config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
-        )
+        config_path = self._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
+        self._debugger = self._rlprobe_debugger("MSPROBE_ACTOR_CONFIG", config_path)
+        # MegatronPPOActor has no self.rank.
+        self._rlprobe_announce("verl.legacy-megatron-workers r2", torch.distributed.get_rank() if torch.distributed.is_initialized() else 0, config_path, self._debugger.config.dump_path)
         try:
             log_dir = os.path.join(self._debugger.config.dump_path, str(os.getpid()))
             os.makedirs(log_dir, exist_ok=True)
@@ -113,7 +113,7 @@ class MegatronPPOActor(BasePPOActor):
         self._ensure_debugger()
         if getattr(self, "_debugger", None) is None:
             return False
-        dump_phase = os.environ.get("DUMP_PHASE", "log_prob")
+        dump_phase = self._rlprobe_run_switches()["phase"]
         phase = "log_prob" if forward_only else "update_actor"
         self._dump_phase = phase
         self._dump_counts = {}  # micro-batches taken so far in this call, per model chunk
@@ -234,7 +234,7 @@ class MegatronPPOActor(BasePPOActor):
         # PROMPTS_ONLY=1: the log-prob pass covers the prompts only, like the rollout engine's
         # prefill. A batch the trainer already cut (verl.prompts-only) has width-0 responses
         # and is returned as it is.
-        if not int(os.environ.get("PROMPTS_ONLY", "0")):
+        if not self._rlprobe_run_switches()["prompts_only"]:
             return data
         batch = data.batch
         if batch is None or "responses" not in batch.keys() or batch["responses"].size(1) == 0:
@@ -249,3 +249,134 @@ class MegatronPPOActor(BasePPOActor):
             if key in batch.keys():
                 trimmed[key] = batch[key][:, :0]
         return type(data)(batch=trimmed, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+
+    # The switch reader (patches/_shared/switches.py).
+    def _rlprobe_on_rank(self, environ=None):
+        # " on rank N", N the rank the launcher set (RANK, else LOCAL_RANK); "" without one.
+        import os
+
+        env = os.environ if environ is None else environ
+        rank = env.get("RANK") or env.get("LOCAL_RANK")
+        return f" on rank {rank}" if rank else ""
+
+    def _rlprobe_switch(self, name, environ=None):
+        # True or False for the switch `name`; ValueError naming it for any other value.
+        import os
+
+        env = os.environ if environ is None else environ
+        raw = env.get(name, "")
+        word = raw.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("", "0", "false", "no", "off"):
+            return False
+        raise ValueError(
+            f"rlprobe-patch: {name}={raw!r}{self._rlprobe_on_rank(env)} is not a switch value: "
+            "on is one of 1, true, yes, on; off is one of 0, false, no, off, empty or unset (any case)"
+        )
+
+    def _rlprobe_switches(self, environ=None):
+        # The run's switches: {"dump_on", "prompts_only", "phase", "warnings"}; ValueError naming
+        # the variable for a value that is not allowed.
+        import os
+
+        env = os.environ if environ is None else environ
+        dump_on = self._rlprobe_switch("DUMP_ON", env)
+        prompts_only = self._rlprobe_switch("PROMPTS_ONLY", env)
+        raw_phase = env.get("DUMP_PHASE", "")
+        phase = raw_phase.strip().lower() or "log_prob"
+        if phase not in ("log_prob", "update_actor", "all"):
+            raise ValueError(
+                f"rlprobe-patch: DUMP_PHASE={raw_phase!r}{self._rlprobe_on_rank(env)} is not a phase: "
+                "use one of log_prob, update_actor, all (log_prob when unset)"
+            )
+        warnings = []
+        if prompts_only and not dump_on:
+            warnings.append(
+                "rlprobe-patch: PROMPTS_ONLY is on and DUMP_ON is off: batches are cut to their prompts "
+                "before the log-prob pass and nothing is dumped"
+            )
+        if prompts_only and phase != "log_prob":
+            warnings.append(
+                f"rlprobe-patch: DUMP_PHASE={phase} under PROMPTS_ONLY: only the log-prob pass sees the "
+                "prompts the rollout prefilled; update_actor steps run on prompt-only batches and pair "
+                "with nothing on the rollout side"
+            )
+        return {"dump_on": dump_on, "prompts_only": prompts_only, "phase": phase, "warnings": warnings}
+
+    def _rlprobe_config_path(self, variable, default, environ=None):
+        # The msprobe config a hook loads: `variable`'s value, else `default`; ValueError when it
+        # is not a readable JSON object (msprobe's own checks come after, in _rlprobe_debugger).
+        import os
+
+        env = os.environ if environ is None else environ
+        path = env.get(variable, "").strip()
+        named = f"{variable}={path}" if path else f"{default} ({variable} is not set; this is the hook's default)"
+        path = path or default
+        where = f"rlprobe-patch: msprobe config {named}{self._rlprobe_on_rank(env)}"
+        if not path or not os.path.isfile(path):
+            raise ValueError(f"{where}: no such file; set {variable} to the config.json of this side")
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{where}: not readable by this process (uid {os.getuid()})")
+        import json
+
+        try:
+            with open(path, encoding="utf-8") as config:
+                data = json.load(config)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{where}: cannot be read: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{where}: not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: not a JSON object")
+        return path
+
+    def _rlprobe_run_switches(self):
+        # The switches of this process, read at the first hook call and kept for every hook of
+        # the process: a wrong value stops the run there; warnings are printed once.
+        import sys
+
+        run = sys.modules.get("_rlprobe_patch_run")
+        if run is None:
+            import types
+
+            switches = self._rlprobe_switches()
+            for warning in switches["warnings"]:
+                print(warning, file=sys.stderr, flush=True)
+            run = types.ModuleType("_rlprobe_patch_run", "rlprobe-patch: the switches this process runs with")
+            run.switches = switches
+            run.announced = set()
+            sys.modules["_rlprobe_patch_run"] = run
+        return run.switches
+
+    def _rlprobe_debugger(self, variable, config_path):
+        # msprobe's debugger for `config_path`; its loader's refusal names the variable and the file.
+        from msprobe.pytorch import PrecisionDebugger, seed_all
+
+        seed_all(mode=True)
+        try:
+            return PrecisionDebugger(config_path=config_path)
+        except Exception as exc:
+            # msprobe marks its one instance initialized before checking: never leave a half-made one.
+            PrecisionDebugger._instance = None
+            raise ValueError(
+                f"rlprobe-patch: msprobe config {variable}={config_path}{self._rlprobe_on_rank()}: "
+                f"msprobe refuses it: {exc}"
+            ) from exc
+
+    def _rlprobe_announce(self, patch, rank, config_path, dump_path):
+        # One line per patch and process when dumping is on, from rank 0 only, at the first hook call.
+        import sys
+
+        switches = self._rlprobe_run_switches()
+        run = sys.modules["_rlprobe_patch_run"]
+        if patch in run.announced or rank not in (0, "0", None):
+            return
+        run.announced.add(patch)
+        print(
+            f"rlprobe-patch: {patch} hooks active (rank {rank}): DUMP_PHASE={switches['phase']}, "
+            f"config {config_path}, dump path {dump_path}, "
+            f"PROMPTS_ONLY {'on' if switches['prompts_only'] else 'off'}",
+            file=sys.stderr,
+            flush=True,
+        )
