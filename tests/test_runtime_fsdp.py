@@ -28,9 +28,10 @@ MICRO_BATCHES = 2
 IDS = [["req-0", "req-1"], ["req-2", "req-3"]]
 
 
-def run_driver(python: Path, tmp: Path, name: str, **env: str) -> dict:
+def run_driver(python: Path, tmp: Path, name: str, *extra: str, **env: str) -> dict:
     out = tmp / f"{name}.json"
-    clean = {k: v for k, v in os.environ.items() if k not in ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG")}
+    switches = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG", "PROMPTS_ONLY")
+    clean = {k: v for k, v in os.environ.items() if k not in switches}
     proc = subprocess.run(
         [
             str(python),
@@ -41,6 +42,7 @@ def run_driver(python: Path, tmp: Path, name: str, **env: str) -> dict:
             str(MICRO_BATCHES),
             "--out",
             str(out),
+            *extra,
         ],
         env={**clean, **env},
         capture_output=True,
@@ -50,6 +52,7 @@ def run_driver(python: Path, tmp: Path, name: str, **env: str) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["ok"], result
+    result["stderr"] = proc.stderr
     return result
 
 
@@ -100,6 +103,9 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     assert off["losses"] == baseline["losses"] and off["grad_norms"] == baseline["grad_norms"]
     assert off["log_probs_sha256"] == baseline["log_probs_sha256"]
     assert not dump.exists()
+    assert off["msprobe_imported"] is False and "rlprobe-patch" not in off["stderr"]  # issue 15
+    if version == "0.9.1":
+        check_switches(python, tmp_path, baseline)
 
     # DUMP_ON=1, one phase at a time: one msprobe step and one log line per micro-batch.
     for phase, forward_only in (("update_actor", False), ("log_prob", True)):
@@ -130,3 +136,53 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     code, out = cli_json("revert", "--python", python)
     assert code == ExitCode.OK, out
     assert snapshot(site / "verl") == pristine
+
+
+def check_switches(python: Path, tmp_path: Path, baseline: dict) -> None:
+    """Issue 15 on the real patched engine: a wrong switch or config stops the first call with an
+    error naming the variable, before any micro-batch runs; every bad case in one driver process."""
+    good, _ = msprobe_config(tmp_path, "switch-cases")
+    not_json = tmp_path / "not-json.json"
+    not_json.write_text("{task: statistics")
+    refused = tmp_path / "refused.json"
+    refused.write_text(json.dumps({"task": "bogus", "dump_path": str(tmp_path / "dump-refused")}))
+    cfg = {"MSPROBE_ACTOR_CONFIG": str(good)}
+    cases = {
+        "DUMP_ON=yess": ({"DUMP_ON": "yess", **cfg}, "DUMP_ON='yess' on rank 0 is not a switch value"),
+        "DUMP_PHASE=bogus": ({"DUMP_ON": "1", "DUMP_PHASE": "bogus", **cfg}, "DUMP_PHASE='bogus' on rank 0"),
+        "PROMPTS_ONLY=2": ({"PROMPTS_ONLY": "2"}, "PROMPTS_ONLY='2' on rank 0 is not a switch value"),
+        "missing config": (
+            {"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": "/missing.json"},
+            "MSPROBE_ACTOR_CONFIG=/missing.json on rank 0: no such file",
+        ),
+        "default missing": ({"DUMP_ON": "on"}, "/home/config_actor.json (MSPROBE_ACTOR_CONFIG is not set"),
+        "not JSON": ({"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(not_json)}, "not JSON"),
+        # last: msprobe's own loader refuses it (its singleton is reset by the hook, not reused)
+        "msprobe refuses": ({"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(refused)}, "msprobe refuses it"),
+    }
+    spec = tmp_path / "switch-cases.json"
+    spec.write_text(json.dumps({name: env for name, (env, _) in cases.items()}))
+    result = run_driver(python, tmp_path, "switch-cases", "--switch-cases", str(spec))
+    for name, (_, expected) in cases.items():
+        outcome = result["switch_cases"][name]
+        assert outcome["error"] and outcome["error"].startswith("ValueError: rlprobe-patch: "), (name, outcome)
+        assert expected in outcome["error"], (name, outcome)
+        assert outcome["loss_calls"] == 0 and not outcome["debugger"], (name, outcome)  # no step ran
+    assert str(refused) in result["switch_cases"]["msprobe refuses"]["error"]
+
+    # A spelling that dumped nothing before (DUMP_ON=yes): it dumps, with one line from rank 0.
+    config, dump = msprobe_config(tmp_path, "yes")
+    on = run_driver(python, tmp_path, "patched-yes", DUMP_ON="yes", MSPROBE_ACTOR_CONFIG=str(config))
+    assert on["losses"] == baseline["losses"]
+    assert sorted(dumped_steps(dump)) == list(range(MICRO_BATCHES))
+    lines = [line for line in on["stderr"].splitlines() if line.startswith("rlprobe-patch: ")]
+    assert lines == [
+        f"rlprobe-patch: verl.fsdp-engine r2 hooks active (rank 0): DUMP_PHASE=log_prob, config {config}, "
+        f"dump path {dump}, PROMPTS_ONLY off"
+    ], lines
+
+    # PROMPTS_ONLY without DUMP_ON: the run goes on, with one warning saying what will happen.
+    warned = run_driver(python, tmp_path, "prompts-only-alone", PROMPTS_ONLY="TRUE")
+    assert warned["losses"] == baseline["losses"] and warned["msprobe_imported"] is False
+    warnings = [line for line in warned["stderr"].splitlines() if "DUMP_ON is off" in line]
+    assert len(warnings) == 1, warned["stderr"][-2000:]

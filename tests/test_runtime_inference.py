@@ -73,6 +73,39 @@ def test_sglang_forward_dumps_once_per_pass(python: Path, sglang_tree, tmp_path:
         assert any(key.startswith("Module.") for key in json.loads(dump_json.read_text())["data"])
 
 
+def test_sglang_config_errors_name_the_variable(python: Path, sglang_tree, tmp_path: Path) -> None:
+    """Issue 15: an explicit config that does not exist, or a wrong switch, stops ModelRunner.__init__
+    with an error naming the variable (it dumped nothing, silently, before); none of the variables
+    and no default file: no debugger, as before."""
+    root = sglang_tree("0.5.8")
+    assert cli_json("apply", "--sglang-root", root)[0] == ExitCode.OK
+    patched = str(root / "sglang/srt/model_executor/model_runner.py")
+    cases = {
+        "MSPROBE_SGLANG_CONFIG": ({"MSPROBE_SGLANG_CONFIG": "/missing/sglang.json"}, "null"),
+        "MSPROBE_SGLANG_DECODE_CONFIG": ({"MSPROBE_SGLANG_DECODE_CONFIG": "/missing/decode.json"}, "decode"),
+        "DUMP_ON": ({"DUMP_ON": "yess"}, "null"),
+    }
+    for variable, (env, mode) in cases.items():
+        args = ("--patched-file", patched, "--disaggregation-mode", mode)
+        result = drive_failing(python, tmp_path, "sglang", *args, **env)
+        last = result["error"].strip().splitlines()[-1]
+        assert last.startswith("ValueError: rlprobe-patch: ") and f"{variable}=" in last, last
+        if variable != "DUMP_ON":
+            assert f"{env[variable]}: no such file" in last, last
+    assert drive(python, tmp_path, "sglang", "--patched-file", patched, "--forwards", "1")["debugger"] is False
+
+
+def drive_failing(python: Path, tmp: Path, *args: str, **env: str) -> dict:
+    out = tmp / "result.json"
+    clean = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    proc = subprocess.run(
+        [str(python), str(DRIVER), *args, "--out", str(out)], env={**clean, **env}, cwd=tmp, timeout=300
+    )
+    result = json.loads(out.read_text())
+    assert proc.returncode == 1 and not result["ok"], result
+    return result
+
+
 def test_sglang_data_parallel_and_pd_roles(python: Path, sglang_tree, tmp_path: Path) -> None:
     root = sglang_tree("0.5.8")
     assert cli_json("apply", "--sglang-root", root)[0] == ExitCode.OK

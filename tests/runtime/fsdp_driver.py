@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--remove-padding", action="store_true", help="use_remove_padding=True (packed sequences)")
     parser.add_argument("--out", required=True, type=Path, help="result JSON")
+    parser.add_argument(
+        "--switch-cases",
+        type=Path,
+        help="JSON {name: env}: for each, with env set, one training forward_backward_batch; "
+        "the error it raises and the micro-batches its loss saw are recorded (no optimizer step)",
+    )
     args = parser.parse_args(argv)
     if args.micro_batches < 1 or args.micro_batch_size < 1 or args.steps < 0:
         parser.error("--micro-batches and --micro-batch-size must be >= 1, --steps >= 0")
@@ -339,6 +345,10 @@ def run(args: argparse.Namespace, result: dict) -> None:
         def loss_fn(model_output, data, dp_group=None):
             return sft_loss(config=None, model_output=model_output, data=data, dp_group=dp_group)
 
+        if args.switch_cases:
+            result["switch_cases"] = run_switch_cases(engine, samples, args, loss_fn)
+            return
+
         steps = []
         result["steps"] = steps
         for step in range(args.steps):
@@ -372,12 +382,47 @@ def run(args: argparse.Namespace, result: dict) -> None:
                 seen = record[f"{phase}_micro_batch_request_ids"]
                 if seen != expected_ids:
                     raise AssertionError(f"step {step} {phase}: micro-batches carried {seen}, expected {expected_ids}")
+        result["msprobe_imported"] = any(name.split(".")[0] == "msprobe" for name in sys.modules)
         result["grad_norms"] = [s["grad_norm"] for s in steps]
         result["losses"] = [s["losses"] for s in steps]
         result["log_probs_sha256"] = [s["log_probs"]["sha256"] for s in steps]
     finally:
         dist.destroy_process_group()
     result["wall_seconds"] = round(time.perf_counter() - wall_start, 3)
+
+
+def run_switch_cases(engine, samples: list[dict], args: argparse.Namespace, loss_fn) -> dict:
+    """Each case's env, then one training call: what it raised, and how many micro-batches reached
+    the loss (0: no step ran). The switches are read once per process, so their cache
+    (`sys.modules["_rlprobe_patch_run"]`) is dropped before each case."""
+    cases = json.loads(args.switch_cases.read_text())
+    outcomes = {}
+    for name, env in cases.items():
+        for key in MSPROBE_SWITCHES:
+            os.environ.pop(key, None)
+        os.environ.update(env)
+        sys.modules.pop("_rlprobe_patch_run", None)
+        engine._debugger = None
+        calls = []
+
+        def counting_loss(*a, calls=calls, **k):
+            calls.append(1)
+            return loss_fn(*a, **k)
+
+        error = None
+        with engine.train_mode():
+            engine.optimizer_zero_grad()
+            try:
+                batch = make_batch(samples, args)
+                engine.forward_backward_batch(batch, loss_function=counting_loss, forward_only=False)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        outcomes[name] = {
+            "error": error,
+            "loss_calls": len(calls),
+            "debugger": getattr(engine, "_debugger", None) is not None,
+        }
+    return outcomes
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,7 +98,13 @@ def run_sglang(args: argparse.Namespace) -> dict:
     namespace = {"os": os, "logger": logger, "torch": torch, "TinyModel": TinyModel}
     exec(compile(source, f"<stand-in ModelRunner with statements from {path}>", "exec"), namespace)
     cls = namespace["StandInModelRunner"]
-    _bind(cls, path, [_method(runner, "_init_msprobe_debugger"), _method(runner, "_msprobe_rank_id")], namespace)
+    # Every method the patch adds: the debugger's, and the shared switch reader's (`_rlprobe_*`).
+    added = [
+        fn
+        for fn in runner.body
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith(("_init_msprobe", "_msprobe_", "_rlprobe_"))
+    ]
+    _bind(cls, path, added, namespace)
     server_args = types.SimpleNamespace(dp_size=args.dp_size, disaggregation_mode=args.disaggregation_mode)
     model_runner = cls(server_args, gpu_id=args.gpu_id)
     outputs = [model_runner.forward(torch.tensor([[1, 2, 3, 4]])).sum().item() for _ in range(args.forwards)]
