@@ -103,7 +103,7 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     assert off["losses"] == baseline["losses"] and off["grad_norms"] == baseline["grad_norms"]
     assert off["log_probs_sha256"] == baseline["log_probs_sha256"]
     assert not dump.exists()
-    assert off["msprobe_imported"] is False and "rlprobe-patch" not in off["stderr"]  # issue 15
+    assert off["msprobe_imported"] is False and "rlprobe-patch: " not in off["stderr"]  # issue 15
     if version == "0.9.1":
         check_switches(python, tmp_path, baseline)
 
