@@ -23,7 +23,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import ClassVar, TypeVar, cast
 
 import libcst as cst
 import libcst.helpers
@@ -168,7 +168,13 @@ def _same_body(xs: Sequence[Statement], ys: Sequence[Statement]) -> bool:
     if i == len(xs) or i == len(ys):
         return i == len(xs) == len(ys)  # the longer list holds statements the other lacks
     # `a; b` against two lines (never produced by a patch): compare the rest as a whole.
-    return syntax_key(cst.Module(body=xs[i:]).code) == syntax_key(cst.Module(body=ys[i:]).code)
+    return syntax_key(module_of(xs[i:]).code) == syntax_key(module_of(ys[i:]).code)
+
+
+def module_of(stmts: Sequence[Statement]) -> cst.Module:
+    """A module holding `stmts` (a statement is a line or a compound statement; LibCST types the
+    module body with those two)."""
+    return cst.Module(body=cast("Sequence[cst.SimpleStatementLine | cst.BaseCompoundStatement]", stmts))
 
 
 _PASS_BODY = cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
@@ -249,7 +255,7 @@ class Payload:
         raise KeyError(f"{self.path}: no class {cls}")
 
     def definitions(self, names: Sequence[str]) -> list[Statement]:
-        found = [stmt for stmt in self.module.body if defined_name(stmt) in names]
+        found: list[Statement] = [stmt for stmt in self.module.body if defined_name(stmt) in names]
         if missing := set(names) - {defined_name(stmt) for stmt in found}:
             raise KeyError(f"{self.path}: no module-level definition of {sorted(missing)}")
         return found
@@ -266,8 +272,10 @@ def defined_name(stmt: Statement) -> str | None:
     """The name a module-level `def`, `class` or single-target `name = ...` statement defines."""
     if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
         return stmt.name.value
-    if m.matches(stmt, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])):
-        return stmt.body[0].targets[0].target.value  # type: ignore[attr-defined]
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+            return small.targets[0].target.value
     return None
 
 
@@ -286,6 +294,18 @@ def _scope_name(op: Hook | HoistKeyword) -> str:
 
 
 @functools.lru_cache(maxsize=1024)  # the same payload method gives the same node: compared by identity
+def _statement(node: cst.CSTNode) -> Statement:
+    assert isinstance(node, cst.BaseStatement), node
+    return node
+
+
+def _bound_name(alias: cst.ImportAlias) -> str:
+    """The name an import binds (`import a.b` binds `a.b`'s first part; `as x` binds x)."""
+    name = cst.helpers.get_full_name_for_node(alias.asname.name if alias.asname else alias.name)
+    assert name is not None
+    return name
+
+
 def _with_blank_line(fn: cst.CSTNode) -> cst.CSTNode:
     if isinstance(fn, cst.FunctionDef) and not any(not line.comment for line in fn.leading_lines[:1]):
         return fn.with_changes(leading_lines=[cst.EmptyLine(indent=False), *fn.leading_lines])
@@ -330,7 +350,9 @@ class _BlockEditor:
     def _block(self, block: cst.BaseSuite, owner: cst.CSTNode) -> cst.BaseSuite:
         if not isinstance(block, cst.IndentedBlock):
             return block  # a one-line block (`if x: y`) holds no anchors of ours
-        stmts = [_map_blocks(s, self._block) if _holds_method_blocks(s) else s for s in block.body]
+        stmts: list[Statement] = [
+            _statement(_map_blocks(s, self._block)) if _holds_method_blocks(s) else s for s in block.body
+        ]
         changed = any(a is not b for a, b in zip(stmts, block.body))
         if self._selected(block, owner):
             self.blocks_matched += 1
@@ -362,8 +384,8 @@ def _replaced(owner: _Owner, body: Sequence[Statement], index: int, edit: Callab
         return owner
     items = [*body[:index], new, *body[index + 1 :]]
     if isinstance(owner, cst.Module):
-        return owner.with_changes(body=items)  # type: ignore[return-value]
-    return owner.with_changes(body=owner.body.with_changes(body=items))  # type: ignore[return-value]
+        return owner.with_changes(body=items)
+    return owner.with_changes(body=owner.body.with_changes(body=items))
 
 
 class PatchCodemod:
@@ -437,14 +459,9 @@ class PatchCodemod:
         for line in module.body:
             for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
                 if isinstance(small, cst.Import):
-                    defined.update(
-                        cst.helpers.get_full_name_for_node(a.asname.name if a.asname else a.name).split(".")[0]
-                        for a in small.names
-                    )
+                    defined.update(_bound_name(a).split(".")[0] for a in small.names)
                 elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                    defined.update(
-                        cst.helpers.get_full_name_for_node(a.asname.name if a.asname else a.name) for a in small.names
-                    )
+                    defined.update(_bound_name(a) for a in small.names)
                 elif isinstance(small, (cst.Assign, cst.AnnAssign)):
                     targets = small.targets if isinstance(small, cst.Assign) else [small]
                     defined.update(t.target.value for t in targets if isinstance(t.target, cst.Name))
@@ -470,22 +487,25 @@ class PatchCodemod:
             edit = self._in_nested_function(op, edit)
         if op.cls is None:
             return self._edit_function(module, op.method, edit)
-        return self._edit_class(module, op.cls, lambda cls: self._edit_method(cls, op, edit))
+        return self._edit_class(module, op.cls, lambda cls: self._edit_method(cls, op.method, edit))
 
     def _in_nested_function(
         self, op: Hook, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
     ) -> Callable[[cst.FunctionDef], cst.FunctionDef]:
         """Apply `edit` to the one function named `op.inner` defined inside the method."""
 
+        inner_name = op.inner
+        assert inner_name is not None
+
         def edit_outer(outer: cst.FunctionDef) -> cst.FunctionDef:
-            found = m.findall(outer.body, m.FunctionDef(name=m.Name(op.inner)))
+            found = m.findall(outer.body, m.FunctionDef(name=m.Name(inner_name)))
             if len(found) != 1:
                 raise AnchorError(
                     f"{self.target}: {_scope_name(op)}", f"one nested function `{op.inner}`", f"{len(found)}"
                 )
             inner = found[0]
             assert isinstance(inner, cst.FunctionDef)
-            return outer.deep_replace(inner, edit(inner))  # type: ignore[return-value]
+            return cst.ensure_type(outer.deep_replace(inner, edit(inner)), cst.FunctionDef)
 
         return edit_outer
 
@@ -521,13 +541,15 @@ class PatchCodemod:
                     pattern = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(op.name))])])
                     if named and prev is not None and m.matches(prev, pattern):
                         out.pop()
-                        value = prev.body[0].value  # type: ignore[attr-defined]
-                        stmt = stmt.deep_replace(arg, arg.with_changes(value=value))  # type: ignore[assignment]
+                        assignment = cst.ensure_type(prev, cst.SimpleStatementLine).body[0]
+                        value = cst.ensure_type(assignment, cst.Assign).value
+                        stmt = _statement(stmt.deep_replace(arg, arg.with_changes(value=value)))
                     out.append(stmt)
                     continue
                 hoisted = cst.parse_statement(f"{op.name} = _  # rlprobe-patch")
                 hoisted = hoisted.visit(_Substitute({"_": arg.value}))  # type: ignore[assignment]
-                out += [hoisted, stmt.deep_replace(arg, arg.with_changes(value=cst.Name(op.name)))]  # type: ignore[list-item]
+                named_stmt = stmt.deep_replace(arg, arg.with_changes(value=cst.Name(op.name)))
+                out += [hoisted, _statement(named_stmt)]
             return out
 
         new_fn = _BlockEditor(fn, ANY, edit).run()
@@ -543,13 +565,13 @@ class PatchCodemod:
         return _replaced(module, module.body, found[0], edit)
 
     def _edit_method(
-        self, cls: cst.ClassDef, op: Hook, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
+        self, cls: cst.ClassDef, method: str, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
     ) -> cst.ClassDef:
         assert isinstance(cls.body, cst.IndentedBlock)
-        found = [i for i, s in enumerate(cls.body.body) if m.matches(s, m.FunctionDef(name=m.Name(op.method)))]
+        found = [i for i, s in enumerate(cls.body.body) if m.matches(s, m.FunctionDef(name=m.Name(method)))]
         if len(found) != 1:
             raise AnchorError(
-                f"{self.target}: class {op.cls}", f"one method `{op.method}`", f"{len(found)} such methods"
+                f"{self.target}: class {cls.name.value}", f"one method `{method}`", f"{len(found)} such methods"
             )
         return _replaced(cls, cls.body.body, found[0], edit)
 
@@ -568,7 +590,7 @@ class PatchCodemod:
                     "no method named " + ", ".join(f"`{n}`" for n in sorted(names)),
                     "upstream (or a hand edit) already defines " + ", ".join(f"`{n}`" for n in clash),
                 )
-            body += [_with_blank_line(fn) for fn in ours]  # type: ignore[arg-type]
+            body += [cst.ensure_type(_with_blank_line(fn), cst.FunctionDef) for fn in ours]
         return cls.with_changes(body=cls.body.with_changes(body=body))
 
     def _add_definitions(
@@ -578,7 +600,7 @@ class PatchCodemod:
         if strip:
             return module if len(body) == len(module.body) else module.with_changes(body=body)
         if len(body) != len(module.body):
-            clash = sorted({defined_name(s) for s in module.body} & set(op.names))  # type: ignore[arg-type]
+            clash = sorted({name for s in module.body if (name := defined_name(s))} & set(op.names))
             raise AnchorError(
                 f"{self.target} (module level)",
                 "no definition named " + ", ".join(f"`{n}`" for n in op.names),
@@ -670,7 +692,7 @@ def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
     return bool(m.findall(node, matcher))
 
 
-def assigns_call(target: str, call: m.BaseMatcherNode) -> StatementPredicate:
+def assigns_call(target: str, call: m.Call) -> StatementPredicate:
     """`target = <call>` or `target: T = <call>` as a statement line."""
     pattern = m.SimpleStatementLine(
         body=[
@@ -694,7 +716,8 @@ def returns_tuple(min_elements: int = 2) -> StatementPredicate:
 
 
 def first_returned(stmt: Statement) -> cst.BaseExpression:
-    return stmt.body[0].value.elements[0].value  # type: ignore[attr-defined]
+    returned = cst.ensure_type(cst.ensure_type(stmt, cst.SimpleStatementLine).body[0], cst.Return).value
+    return cst.ensure_type(returned, cst.Tuple).elements[0].value
 
 
 class ConfigPathParam(PatchCodemod):
@@ -723,16 +746,19 @@ class ConfigPathParam(PatchCodemod):
         path = params[self.PARAM]
         if path == self.PARAMS[self.PARAM]:
             return stmt
-        return m.replace(
-            stmt,
-            self._env_get(),
-            lambda call, _: call.with_deep_changes(call.args[1], value=cst.SimpleString(_quote(path))),
-        )
+
+        def with_path(call: cst.CSTNode, _: object) -> cst.CSTNode:
+            default = cst.ensure_type(call, cst.Call).args[1]
+            return call.with_deep_changes(default, value=cst.SimpleString(_quote(path)))
+
+        baked = m.replace(stmt, self._env_get(), with_path)
+        assert isinstance(baked, cst.CSTNode)
+        return baked
 
     def read_params(self, module: cst.Module) -> dict[str, str]:
         for call in m.findall(_added_methods_of(self, module), self._env_get()):
-            value = call.args[1].value  # type: ignore[attr-defined]
-            return {self.PARAM: value.evaluated_value}
+            value = cst.ensure_type(call, cst.Call).args[1].value
+            return {self.PARAM: str(cst.ensure_type(value, cst.SimpleString).evaluated_value)}
         return dict(self.PARAMS)
 
 
@@ -751,9 +777,10 @@ def _added_methods_of(codemod: PatchCodemod, module: cst.Module) -> cst.Module:
             continue
         names = {fn.name.value for fn in codemod.payload.methods(op.payload_cls or op.cls)}
         for stmt in module.body:
-            if m.matches(stmt, m.ClassDef(name=m.Name(op.cls))):
+            ours = isinstance(stmt, cst.ClassDef) and stmt.name.value == op.cls
+            if ours and isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
                 found += [s for s in stmt.body.body if isinstance(s, cst.FunctionDef) and s.name.value in names]
-    return cst.Module(body=found)
+    return module_of(found)
 
 
 class CreateFile:
