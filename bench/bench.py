@@ -31,10 +31,13 @@ from pathlib import Path
 
 import libcst as cst
 
-from rlprobe_patch.cli import Roots
+from rlprobe_patch.apply import apply
+from rlprobe_patch.cli_base import Roots
 from rlprobe_patch.demo import fetch_verl_wheel
-from rlprobe_patch.engine import Selection, apply, plan_apply, revert, verify
+from rlprobe_patch.plan import Selection, plan_apply
+from rlprobe_patch.revert import revert
 from rlprobe_patch.trees import find_verl_tree
+from rlprobe_patch.verify import verify
 
 SETS = {
     "consistency": [Selection("fsdp", "consistency", worker_impl="engine")],

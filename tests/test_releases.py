@@ -13,8 +13,8 @@ from packaging.version import Version
 from rlprobe_patch import catalogue, matrix
 from rlprobe_patch import releases as releases_module
 from rlprobe_patch.catalogue import load_catalogue
-from rlprobe_patch.engine import resolve_worker_impl
 from rlprobe_patch.releases import PACKAGE_FILES, releases
+from rlprobe_patch.rules import resolve_worker_impl
 from rlprobe_patch.trees import Tree
 
 PACKAGES = tuple(PACKAGE_FILES)

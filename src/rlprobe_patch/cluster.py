@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import click
 
 from rlprobe_patch import cluster_node
-from rlprobe_patch.cli import Out, command, more_roots, tree_options
+from rlprobe_patch.cli_base import Out, command, more_roots, tree_options
 from rlprobe_patch.errors import ExitCode, RefusedError
 from rlprobe_patch.trees import BACKENDS, MODES, ROOT_OPTIONS, WORKER_IMPLS
 

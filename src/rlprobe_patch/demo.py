@@ -18,11 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.apply import apply
 from rlprobe_patch.diffs import diffstat
-from rlprobe_patch.engine import apply, revert, verify
 from rlprobe_patch.fsio import sha256
+from rlprobe_patch.revert import revert
 from rlprobe_patch.state import STATE_DIR_NAME
 from rlprobe_patch.trees import find_verl_tree
+from rlprobe_patch.verify import verify
 
 
 def fixtures_dir() -> Path:
@@ -119,7 +121,7 @@ def run_demo(
             result = apply(tree, backend, progress=progress)
             assert result.record is not None
             applied.append(result.record.id)
-            say(f"apply --backend {backend}: {', '.join(p['id'] for p in result.record.patches)}", fg="green")
+            say(f"apply --backend {backend}: {', '.join(p.id for p in result.record.patches)}", fg="green")
             for path, added, removed in diffstat(result.diff):
                 say(f"    {path} | +{added} -{removed}")
             for plan in result.plan.patches:

@@ -171,7 +171,10 @@ def releases_of(package: str) -> list[str]:
 
 def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[str, str]]:
     """One apply/verify/re-apply/revert cycle; {patch id: (outcome, detail)} for `patches`."""
-    from rlprobe_patch.engine import Selection, apply, revert, verify
+    from rlprobe_patch.apply import apply
+    from rlprobe_patch.plan import Selection
+    from rlprobe_patch.revert import revert
+    from rlprobe_patch.verify import verify
 
     tree = find_tree(patches[0].package, root)
     if group == "consistency":

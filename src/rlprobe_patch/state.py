@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import git
 from git.index import IndexFile
 from git.index.typ import BaseIndexEntry
-from gitdb import IStream
+from gitdb import IStream  # type: ignore[import-untyped]
 
 from rlprobe_patch.errors import RefusedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, create_new, locked, remove_stale_temp_files, sha256
@@ -61,6 +61,14 @@ class FileRecord:
     after_blob: str
 
 
+@dataclass(frozen=True)
+class PatchRef:
+    """A patch as a record names it: its id and the revision that was applied."""
+
+    id: str
+    revision: int
+
+
 @dataclass
 class Record:
     id: str
@@ -70,7 +78,7 @@ class Record:
     created: str
     backend: str
     mode: str  # "" when only the backend's engine hook was asked for
-    patches: list[dict[str, Any]]  # {"id", "revision"}
+    patches: list[PatchRef]
     params: dict[str, str]
     files: list[FileRecord]
     diff: str  # path of the diff, relative to the state folder
@@ -81,7 +89,16 @@ class Record:
     def from_json(cls, data: dict[str, Any]) -> Record:
         data = dict(data)
         data["files"] = [FileRecord(**f) for f in data["files"]]
+        data["patches"] = [PatchRef(str(p["id"]), int(p["revision"])) for p in data["patches"]]
         return cls(**data)
+
+    @property
+    def patch_ids(self) -> list[str]:
+        return [p.id for p in self.patches]
+
+    @property
+    def paths(self) -> set[str]:
+        return {f.path for f in self.files}
 
 
 @dataclass
@@ -98,7 +115,60 @@ class Ledger:
         return cls(root=data["root"], records=[Record.from_json(r) for r in data["records"]], schema=data["schema"])
 
     def patch_ids(self, package: str) -> list[str]:
-        return [p["id"] for r in self.records if r.package == package for p in r.patches]
+        return [p.id for r in self.records if r.package == package for p in r.patches]
+
+    def without(self, ids: set[str]) -> Ledger:
+        return Ledger(self.root, [r for r in self.records if r.id not in ids], self.schema)
+
+
+@dataclass(frozen=True)
+class JournalFile:
+    """One file a journaled write sets: from the bytes of sha256 `before` to `after` (blob `blob`).
+
+    "" stands for an absent file (a file a patch adds, or a revert removes)."""
+
+    path: str
+    mode: int
+    before: str
+    after: str
+    blob: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "mode": self.mode, "from": self.before, "to": self.after, "blob": self.blob}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JournalFile:
+        return cls(str(data["path"]), int(data["mode"]), str(data["from"]), str(data["to"]), str(data["blob"]))
+
+
+@dataclass(frozen=True)
+class Journal:
+    """What a write in flight must leave: the files, the ledger and the branch heads after it."""
+
+    op: str  # "apply" or "revert"
+    record: str  # the record id(s) it writes, for messages
+    files: tuple[JournalFile, ...]
+    ledger: Ledger
+    branches: dict[str, str]  # package -> commit of history.git
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "record": self.record,
+            "files": [f.to_json() for f in self.files],
+            "ledger": self.ledger.to_json(),
+            "branches": dict(self.branches),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Journal:
+        return cls(
+            op=str(data["op"]),
+            record=str(data["record"]),
+            files=tuple(JournalFile.from_json(f) for f in data["files"]),
+            ledger=Ledger.from_json(data["ledger"]),
+            branches={str(k): str(v) for k, v in data["branches"].items()},
+        )
 
 
 CHECKED_LIMIT = 4096
@@ -307,21 +377,22 @@ class StateDir:
         atomic_write(self.ledger_path, _dump(ledger.to_json()))
 
     # -- journal ----------------------------------------------------------------------------
-    def read_journal(self) -> dict[str, Any] | None:
+    def read_journal(self) -> Journal | None:
         self.check()
         if not self.journal_path.is_file():
             return None
         try:
-            journal = json.loads(self.journal_path.read_text(encoding="utf-8"))
-            paths = [f["path"] for f in journal["files"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            data = json.loads(self.journal_path.read_text(encoding="utf-8"))
+            paths = [f["path"] for f in data["files"]]
+            outside = [p for p in paths if not isinstance(p, str) or _outside(p)]
+            journal = None if outside else Journal.from_json(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise RefusedError(
                 f"{self.journal_path} is unreadable ({exc}); the interrupted write it records cannot be finished",
                 hint="it was edited by hand or damaged; `rlprobe-patch revert` cannot help: restore the tree's files "
                 "from history.git or reinstall the package, then delete the journal",
             ) from None
-        outside = [p for p in paths if not isinstance(p, str) or _outside(p)]
-        if outside:
+        if journal is None:
             raise RefusedError(
                 f"{self.journal_path} names a path outside its tree: {', '.join(map(str, outside))}; "
                 "nothing was written",
@@ -329,8 +400,8 @@ class StateDir:
             )
         return journal
 
-    def write_journal(self, journal: dict[str, Any]) -> None:
-        atomic_write(self.journal_path, _dump(journal))
+    def write_journal(self, journal: Journal) -> None:
+        atomic_write(self.journal_path, _dump(journal.to_json()))
 
     def clear_journal(self) -> None:
         self.journal_path.unlink(missing_ok=True)
@@ -382,10 +453,12 @@ class StateDir:
 
     def store_blob(self, data: bytes) -> str:
         with _git_errors():
-            return self.repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data))).hexsha.decode()
+            stored: bytes = self.repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data))).hexsha
+            return stored.decode()
 
     def read_blob(self, hexsha: str) -> bytes:
-        return self.repo.odb.stream(bytes.fromhex(hexsha)).read()
+        data: bytes = self.repo.odb.stream(bytes.fromhex(hexsha)).read()
+        return data
 
     def commit_files(self, files: dict[str, tuple[str, int]], message: str, parent: str | None) -> str:
         """Commit {path: (blob, mode)} to history.git; returns the commit id."""
@@ -407,6 +480,34 @@ class StateDir:
     def set_branch(self, package: str, commit: str) -> None:
         with _git_errors():
             self.repo.git.update_ref(f"refs/heads/{package}", commit)
+
+    def branch_head(self, package: str) -> str | None:
+        """The last commit of `package`'s branch in history.git, None before the first record."""
+        if not (self.path / "history.git").is_dir():
+            return None
+        try:
+            head: str = self.repo.git.rev_parse("--verify", "--quiet", f"refs/heads/{package}")
+            return head
+        except git.GitCommandError:
+            return None
+
+    # -- diffs --------------------------------------------------------------------------------
+    @staticmethod
+    def diff_name(record_id: str) -> str:
+        """Where a record's diff lives, relative to the state folder (as the ledger names it)."""
+        return f"diffs/{record_id}.diff"
+
+    def write_diff(self, record_id: str, text: str) -> str:
+        rel = self.diff_name(record_id)
+        (self.path / "diffs").mkdir(exist_ok=True)
+        atomic_write(self.path / rel, text.encode("utf-8", errors="surrogateescape"))
+        return rel
+
+    def read_diff(self, rel: str) -> str | None:
+        path = self.path / rel
+        if not path.is_file():
+            return None
+        return path.read_text(encoding="utf-8", errors="surrogateescape")
 
 
 @contextlib.contextmanager

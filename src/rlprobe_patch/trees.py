@@ -16,7 +16,7 @@ from rlprobe_patch.errors import NotATreeError
 from rlprobe_patch.releases import releases
 
 BACKENDS = ("fsdp", "fsdp2", "megatron")
-WORKER_IMPLS = ("auto", "engine", "legacy")  # which verl worker path apply hooks (engine.resolve_worker_impl)
+WORKER_IMPLS = ("auto", "engine", "legacy")  # which verl worker path apply hooks (rules.resolve_worker_impl)
 MODES = ("inference", "consistency")  # collection modes that need source patches
 
 

@@ -1,7 +1,7 @@
 """The workflow commands: detect, doctor, config, script, check-script, check-dump.
 
-`register(main)` adds them to the `rlprobe-patch` click group; they use the group's `command`
-decorator (`--json`, PatchError -> message and exit code) like the patch commands.
+`cli.py`'s registry names them; they use `cli_base.command` (`--json`, PatchError -> message
+and exit code) like the patch commands.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from rlprobe_patch.cli import Out, command
+from rlprobe_patch.cli_base import Out, command
 from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 from rlprobe_patch.workflow.config import LEVELS, TASKS
 from rlprobe_patch.workflow.detect import MODES, STAGES
@@ -26,11 +26,6 @@ class WorkflowUsageError(PatchError):
     """A bad combination of options, found inside the command (exit 2, like click's own)."""
 
     exit_code = ExitCode.USAGE
-
-
-def register(main: click.Group) -> None:
-    for cmd in (detect_cmd, doctor_cmd, config_cmd, script_cmd, check_script_cmd, check_dump_cmd):
-        main.add_command(cmd)
 
 
 # -- how the script is read (detect, script, check-script) ---------------------------------------

@@ -75,7 +75,7 @@ def run_doctor(
         tree = find_verl_tree(None, python)
         verl = {"found": True, **tree.to_json()}
         try:
-            from rlprobe_patch.engine import status
+            from rlprobe_patch.status import status
 
             result = status(tree)
             patches = [{"id": p.patch.id, "state": p.state_name, "skipped": p.skipped or None} for p in result.patches]

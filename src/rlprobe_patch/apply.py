@@ -1,0 +1,152 @@
+"""Apply: a plan (plan.py) written as one journaled transaction (transaction.py), one new record."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlprobe_patch import __version__
+from rlprobe_patch.codemod import State
+from rlprobe_patch.diffs import provenance_header
+from rlprobe_patch.plan import Plan, Selection, plan_apply, raise_if_refused, show_params
+from rlprobe_patch.sites import digest
+from rlprobe_patch.state import FileRecord, Journal, JournalFile, PatchRef, Record, StateDir
+from rlprobe_patch.transaction import recover, run_journal, write_phase
+from rlprobe_patch.trees import Tree
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class ApplyResult:
+    plan: Plan
+    record: Record | None
+    recovered: list[str]
+    dry_run: bool
+    diff: str
+
+    @property
+    def already_applied(self) -> bool:
+        return not self.plan.changes
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def apply(
+    tree: Tree,
+    selection: Selection | str,
+    params: dict[str, str] | None = None,
+    *,
+    force: bool = False,
+    dry_run: bool = False,
+    lock_timeout: float = 10.0,
+    progress: Progress = _quiet,
+    plan: Plan | None = None,
+    trust_record: bool = False,
+) -> ApplyResult:
+    """Apply `selection` to `tree`. `plan`: one made already (by `plan_apply` with the same
+    arguments); it is used if the tree has no pending journal and its inputs did not change."""
+    params = params or {}
+    if isinstance(selection, str):
+        selection = Selection(selection)
+    state = StateDir(tree.root, trust_record)
+    state.read_ledger()  # a damaged record is refused before any answer, "already applied" included
+
+    def make_plan() -> Plan:
+        return plan_apply(tree, selection, params, force)
+
+    if dry_run:
+        progress(f"planning {tree.package} {tree.version} at {tree.root}")
+        plan = plan or make_plan()
+        raise_if_refused(plan)
+        return ApplyResult(plan, None, [], True, plan.diff())
+    # Plan before taking the lock, so that a refusal or a no-op leaves no trace in the tree.
+    if state.read_journal() is not None:
+        plan = None  # planned again once the interrupted write is finished
+    else:
+        if plan is None:
+            progress(f"planning {tree.package} {tree.version} at {tree.root}")
+            plan = make_plan()
+        raise_if_refused(plan)
+        if not plan.changes:
+            return ApplyResult(plan, None, [], False, "")
+    with state.lock(lock_timeout):
+        with write_phase(state, f"finishing an interrupted write in {tree.root}"):
+            recovered = recover(state)
+        if plan is None or not plan.inputs_unchanged() or recovered:
+            progress(f"planning {tree.package} {tree.version} at {tree.root} again (it changed meanwhile)")
+            plan = make_plan()
+            raise_if_refused(plan)
+        if not plan.changes:
+            return ApplyResult(plan, None, recovered, False, "")
+        progress(f"writing {len(plan.changes)} file(s)")
+        with write_phase(state, f"apply on {tree.root}"):
+            record, diff = _write_apply(state, plan)
+        state.remember_checked(plan.checked)
+    return ApplyResult(plan, record, recovered, False, diff)
+
+
+def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
+    tree = plan.tree
+    ledger = state.read_ledger()
+    ledger.root = str(tree.root)  # a tree moved after an earlier apply: the record follows it
+    applied = [p for p in plan.patches if p.state is State.APPLICABLE]
+    record_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    files = []
+    before_tree, after_tree = {}, {}
+    for rel, change in sorted(plan.changes.items()):
+        before_blob = "" if change.before is None else state.store_blob(change.before)
+        after_blob = state.store_blob(change.after)
+        fr = FileRecord(rel, change.mode, digest(change.before), digest(change.after), before_blob, after_blob)
+        files.append(fr)
+        if change.before is not None:  # a file the patch adds is absent from the "before" commit
+            before_tree[rel] = (fr.before_blob, change.mode)
+        after_tree[rel] = (fr.after_blob, change.mode)
+    params = {k: v for p in applied for k, v in p.params.items()}
+    patch_list = [PatchRef(p.patch.id, p.patch.revision) for p in applied]
+    header = provenance_header(
+        [
+            ("rlprobe-patch record", record_id),
+            ("Tool", f"rlprobe-patch {__version__}"),
+            ("Patches", ", ".join(f"{p.id} r{p.revision}" for p in patch_list)),
+            ("Package", f"{tree.package} {tree.version} ({tree.version_source})"),
+            ("Tree", str(tree.root)),
+            ("Backend", plan.backend + (f", mode {plan.mode}" if plan.mode else "")),
+            ("Params", show_params(params)),
+            ("Created", _now()),
+        ]
+        + [("File", f"{f.path} mode={f.mode:o} before=sha256:{f.before} after=sha256:{f.after}") for f in files]
+    )
+    diff = header + plan.diff()
+    diff_rel = state.write_diff(record_id, diff)
+    parent = state.branch_head(tree.package)
+    commit_before = state.commit_files(before_tree, f"{tree.package} {tree.version}: before {record_id}", parent)
+    commit_after = state.commit_files(
+        after_tree, f"rlprobe-patch apply {', '.join(p.id for p in patch_list)}\n\n{header}", commit_before
+    )
+    record = Record(
+        id=record_id,
+        package=tree.package,
+        version=str(tree.version),
+        tool_version=__version__,
+        created=_now(),
+        backend=plan.backend,
+        mode=plan.mode or "",
+        patches=patch_list,
+        params=params,
+        files=files,
+        diff=diff_rel,
+        commit_before=commit_before,
+        commit_after=commit_after,
+    )
+    ledger.records.append(record)
+    writes = tuple(JournalFile(f.path, f.mode, f.before, f.after, f.after_blob) for f in files)
+    run_journal(state, Journal("apply", record_id, writes, ledger, {tree.package: commit_after}))
+    return record, diff

@@ -1,0 +1,286 @@
+"""Plan: every change decided in memory before anything is written.
+
+Each patch of the selection is decided site by site (`sites.site_state`): applied, applicable
+or drifted. Applicable sites are transformed in memory, each transformed file's code is
+generated once and compiled, and every patch is checked again on the final content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlprobe_patch.catalogue import Patch, load_catalogue, select
+from rlprobe_patch.codemod import CreateFile, PatchCodemod, State
+from rlprobe_patch.diffs import unified_diff
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.sites import Workspace, digest, read_or_none, site_present, site_state
+from rlprobe_patch.state import checked_key
+from rlprobe_patch.trees import BACKENDS, Tree
+
+NOT_FOR_THIS_RELEASE = "not for this release"
+
+
+@dataclass
+class PatchPlan:
+    patch: Patch
+    state: State | None  # None: the patch does not apply to this release (skipped, see reasons)
+    reasons: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # the patch alone does not do the job: say it loudly
+    tested: bool = True
+    params: dict[str, str] = field(default_factory=dict)
+    targets: list[str] = field(default_factory=list)
+    skipped: str = ""  # why a patch of a --mode set does not apply to this release
+    native: str = ""  # the release does this itself: how to switch it on
+
+    @property
+    def state_name(self) -> str:
+        if self.state:
+            return self.state.value
+        return "native" if self.native else NOT_FOR_THIS_RELEASE
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.patch.id,
+            "revision": self.patch.revision,
+            "targets": self.targets,
+            "state": self.state_name,
+            "reasons": self.reasons,
+            "skipped": self.skipped,
+            "native": self.native,
+            "notices": self.notices,
+            "warnings": self.warnings,
+            "tested_release": self.tested,
+            "params": self.params,
+        }
+
+
+@dataclass(frozen=True)
+class Change:
+    """One file of a plan: from `before` (None: a file the patch adds) to `after`, with its mode."""
+
+    path: str
+    before: bytes | None
+    after: bytes
+    mode: int
+
+
+@dataclass
+class Plan:
+    tree: Tree
+    backend: str
+    mode: str | None
+    params: dict[str, str]
+    patches: list[PatchPlan]
+    changes: dict[str, Change]  # the files the plan writes (and the record holds)
+    inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256 of what was read
+    checked: set[str] = field(default_factory=set)  # `checked_key`s of the final files found APPLIED
+
+    @property
+    def refused(self) -> list[PatchPlan]:
+        return [p for p in self.patches if p.reasons]
+
+    def diff(self) -> str:
+        return unified_diff({rel: (c.before, c.after) for rel, c in self.changes.items()})
+
+    def inputs_unchanged(self) -> bool:
+        return all(digest(read_or_none(self.tree.root / rel)) == seen for rel, seen in self.inputs.items())
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the user asked for: a backend, optionally a mode's patch set, narrowed by --only/--skip."""
+
+    backend: str
+    mode: str | None = None
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    refuse_off_range: bool | None = None  # default: refuse when patches were named one by one
+    worker_impl: str = "engine"  # the worker path to hook: "engine" or "legacy" (see rules.resolve_worker_impl)
+    facts: dict[str, Any] | None = None  # the run's values, when `--script` was read (rules notices out)
+
+    def patches(self, package: str) -> list[Patch]:
+        known = {p.id: p for p in load_catalogue()}
+        unknown = [i for i in (*self.only, *self.skip) if i not in known]
+        if unknown:
+            raise RefusedError(f"unknown patch id: {', '.join(unknown)}", hint="`rlprobe-patch list` shows them")
+        if self.only:
+            chosen = [known[i] for i in self.only]
+        elif self.mode is None and all("any" in p.backends for p in known.values() if p.package == package):
+            chosen = [p for p in known.values() if p.package == package]  # no backend hooks (inference): its patches
+        else:
+            chosen = select(package, self.backend, self.mode, self.worker_impl)
+        chosen = [p for p in chosen if p.id not in self.skip and p.package == package]
+        if not chosen:
+            raise RefusedError(
+                f"no {package} patch selected for backend {self.backend!r}"
+                + (f" in mode {self.mode!r}" if self.mode else ""),
+                hint=f"backends: {', '.join(BACKENDS)}; `rlprobe-patch list` shows the patches",
+            )
+        return chosen
+
+    @property
+    def explicit(self) -> bool:
+        """Patches named one by one (or the bare engine hook) are refused, not skipped, off-range."""
+        if self.refuse_off_range is not None:
+            return self.refuse_off_range
+        return bool(self.only) or self.mode is None
+
+
+def plan_apply(
+    tree: Tree, selection: Selection, params: dict[str, str], force: bool = False, check: bool = True
+) -> Plan:
+    """Decide every patch of `selection` on `tree` and make the changes in memory."""
+    ws = Workspace(tree)
+    plans: list[PatchPlan] = []
+    hooked: list[tuple[Patch, PatchCodemod]] = []  # the LibCST sites applied or to apply
+    for patch in selection.patches(tree.package):
+        plan = PatchPlan(patch, State.APPLICABLE, tested=patch.is_tested(tree.version))
+        plans.append(plan)
+        _plan_patch(ws, plan, selection, params, force, hooked)
+    return _finish(tree, selection, params, ws, plans, hooked, check)
+
+
+def _plan_patch(
+    ws: Workspace,
+    plan: PatchPlan,
+    selection: Selection,
+    params: dict[str, str],
+    force: bool,
+    hooked: list[tuple[Patch, PatchCodemod]],
+) -> None:
+    tree, patch = ws.tree, plan.patch
+    if patch.is_native(tree.version):
+        plan.state, plan.native = None, patch.native_how.format(version=tree.version)
+        return
+    if not patch.supports(tree.version):
+        why = patch.refused_why.format(version=tree.version)
+        if not force and not selection.explicit:
+            plan.state, plan.skipped = None, why
+            return
+        if not force:
+            plan.state = State.DRIFTED
+            plan.reasons.append(f"unsupported release: {why}; supported: {tree.package} {patch.versions}")
+            return
+        plan.notices.append(f"--force: {why}; trying the anchors anyway")
+    plan.notices += patch.notices_for(tree.version, tree.root, selection.facts)
+    plan.warnings += patch.warnings_for(tree.version, selection.facts)
+    if not plan.tested:
+        plan.notices.append(
+            f"{tree.package} {tree.version} is not a tested release of {patch.id} "
+            f"(tested: {', '.join(patch.tested)}); its anchors matched"
+        )
+    sites = patch.sites_for(tree.version) or list(patch.sites[-1:])  # --force: the newest layout
+    states: list[State] = []
+    for site in sites:
+        if not site_present(tree, site):
+            continue  # an optional part of the package this tree does not have
+        plan.targets.append(site.target)
+        st = site_state(ws, patch, site)
+        states.append(st.state)
+        codemod = patch.codemod(site)
+        if isinstance(codemod, CreateFile):
+            plan.reasons += st.reasons
+            if st.state is State.APPLICABLE:
+                ws.file(site.target).content = codemod.content
+            continue
+        if st.state is State.DRIFTED and ws.file(site.target).error is not None:
+            plan.reasons += st.reasons
+            continue
+        want = {**codemod.PARAMS, **{k: v for k, v in params.items() if k in codemod.PARAMS}}
+        plan.params.update(want)
+        if st.state is State.DRIFTED:
+            plan.reasons += st.reasons
+        elif st.state is State.APPLIED:
+            plan.params.update(st.params)
+            if st.params != want:
+                plan.reasons.append(
+                    f"{site.target}: already applied with {show_params(st.params)}, not "
+                    f"{show_params(want)}; revert first to change it"
+                )
+            hooked.append((patch, codemod))
+        else:
+            new = st.expected if st.params == want else codemod.insert(ws.module(site.target), want)
+            assert new is not None
+            f = ws.file(site.target)
+            f.module, f.edited = new, True  # its code is generated once, when every patch is in
+            hooked.append((patch, codemod))
+    if State.DRIFTED in states:
+        plan.state = State.DRIFTED
+        plan.reasons.append(drift_hint(patch))
+    elif states and all(s is State.APPLIED for s in states):
+        plan.state = State.APPLIED
+    elif not plan.reasons:
+        plan.state = State.APPLICABLE
+
+
+def _finish(
+    tree: Tree,
+    selection: Selection,
+    params: dict[str, str],
+    ws: Workspace,
+    plans: list[PatchPlan],
+    hooked: list[tuple[Patch, PatchCodemod]],
+    check: bool,
+) -> Plan:
+    finals: dict[str, bytes | None] = {}
+    for rel, f in ws.files.items():  # generate the code of each transformed file once
+        if f.edited:
+            assert f.module is not None
+            code = f.module.code
+            if check:
+                compile_in_memory(tree, rel, code)
+            finals[rel] = code.encode(f.module.encoding)
+        else:
+            finals[rel] = f.content if f.content is not None else f.base
+    checked: set[str] = set()
+    for patch, codemod in hooked if check and not any(p.reasons for p in plans) else ():
+        f = ws.files[codemod.target]
+        data = finals[codemod.target]
+        if f.edited:
+            # Each patch again on the final file, once all the plan's patches are in: each must be
+            # recognised as APPLIED (a second patch on a file must not upset the first).
+            assert f.module is not None
+            again = codemod.state(f.module)
+            if again.state is not State.APPLIED:
+                raise RuntimeError(
+                    f"{patch.id}: {codemod.target} is not recognised as applied after the transform: {again.reasons}"
+                )
+        assert data is not None
+        checked.add(checked_key(patch.id, codemod.target, patch.fingerprint, data))
+    changes, inputs = {}, {}
+    for rel, f in ws.files.items():
+        inputs[rel] = digest(f.disk)
+        after = finals[rel]
+        if after is not None and after != f.disk:
+            changes[rel] = Change(rel, f.disk, after, f.mode)
+    return Plan(tree, selection.backend, selection.mode, params, plans, changes, inputs, checked)
+
+
+def raise_if_refused(plan: Plan) -> None:
+    refused = plan.refused
+    if refused:
+        raise RefusedError(
+            f"refused to patch {plan.tree.package} {plan.tree.version} at {plan.tree.root}; nothing was written",
+            details=[f"{p.patch.id}: {reason}" for p in refused for reason in p.reasons],
+        )
+
+
+def drift_hint(patch: Patch) -> str:
+    return (
+        f"nothing was written; if this release moved code, {patch.id} needs a new anchor "
+        "(report it with this message); if you edited the file, restore it first"
+    )
+
+
+def show_params(params: dict[str, str]) -> str:
+    return ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in params.items()) or "default parameters"
+
+
+def compile_in_memory(tree: Tree, target: str, code: str) -> None:
+    """The transformed file must compile before anything is written."""
+    try:
+        compile(code, str(tree.root / target), "exec", dont_inherit=True)
+    except SyntaxError as exc:  # a bug in a codemod, never the user's fault
+        raise RuntimeError(f"{target}: the patched code does not compile: {exc}") from exc

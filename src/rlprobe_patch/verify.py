@@ -1,0 +1,178 @@
+"""Verify: our per-site checks, compile checks, the records against the tree and their history,
+and the package's own rules (rules.py: worker paths, the skill's checkers).
+
+A file whose bytes this patch's code already found APPLIED (before apply wrote it, or in an
+earlier verify) is not parsed again unless `recheck` (`StateDir.checked`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlprobe_patch.catalogue import get_patch
+from rlprobe_patch.codemod import CreateFile, State
+from rlprobe_patch.diffs import diff_paths
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.fsio import sha256
+from rlprobe_patch.gitsafe import run_git
+from rlprobe_patch.state import Record, StateDir
+from rlprobe_patch.trees import Tree
+
+if TYPE_CHECKING:
+    from rlprobe_patch.plan import Selection
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+    warning: bool = False  # passes, but the user must read it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.name, "ok": self.ok, "detail": self.detail, "warning": self.warning}
+
+
+@dataclass
+class VerifyResult:
+    tree: Tree
+    checks: list[Check]
+    skill_output: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def verify(
+    tree: Tree,
+    selection: Selection | None = None,
+    vllm_ascend_root: Path | None = None,
+    recheck: bool = False,
+    run: tuple[Path, dict[str, tuple[Any, str]]] | None = None,
+    trust_record: bool = False,
+) -> VerifyResult:
+    """Our syntax-tree checks, compile checks, recorded post-images, and the package's rules.
+
+    `run`: the training script and its facts (`rules.read_run_facts`): the worker path it takes
+    must be the one hooked."""
+    from rlprobe_patch.rules import package_checks
+    from rlprobe_patch.sites import Workspace, site_present, site_state
+
+    state = StateDir(tree.root, trust_record)
+    checks: list[Check] = []
+    if state.read_journal() is not None:
+        checks.append(
+            Check("journal", False, "an interrupted apply/revert is pending; run `rlprobe-patch status` to finish it")
+        )
+    ledger = state.read_ledger()
+    records = [r for r in ledger.records if r.package == tree.package]
+    patch_ids = [i for r in records for i in r.patch_ids]
+    if selection is not None:
+        patch_ids += [p.id for p in selection.patches(tree.package) if p.supports(tree.version)]
+    patches = [get_patch(i) for i in dict.fromkeys(patch_ids)]
+    if not patches:
+        checks.append(Check("recorded", False, f"nothing recorded for {tree.root}; apply first or name --backend"))
+    if records and ledger.root != str(tree.root):
+        checks.append(moved_check(ledger.root, tree.root))
+    for record in records:
+        checks.append(check_diff(state, record))
+        hashes = hash_problems(state, record)
+        checks.append(Check(f"ledger matches history.git: {record.id}", not hashes, "; ".join(hashes)))
+        for f in record.files:
+            path = tree.root / f.path
+            if not path.is_file():
+                checks.append(Check(f"unchanged since apply: {f.path}", False, "file is missing"))
+                continue
+            changed = sha256(path.read_bytes()) != f.after
+            detail = "edited after apply (drift); `rlprobe-patch revert` will show the edit" if changed else ""
+            checks.append(Check(f"unchanged since apply: {f.path}", not changed, detail))
+    ws = Workspace(tree)
+    compiled: set[str] = set()
+    known = set() if recheck else state.checked()
+    found: set[str] = set()
+    for patch in patches:
+        for site in patch.sites_for(tree.version):
+            if not site_present(tree, site):
+                continue
+            st = site_state(ws, patch, site, known)
+            work = ws.file(site.target)
+            applied = st.state is State.APPLIED
+            detail = "file unchanged since its syntax-tree check" if st.remembered else ""
+            detail = detail if applied else f"{st.state.value}: {'; '.join(st.reasons)}"
+            if isinstance(patch.codemod(site), CreateFile):
+                checks.append(Check(f"{patch.id}: {site.target} added", applied, detail))
+                if work.base is not None:
+                    checks.append(compile_check(site.target, work.base, tree.root))
+                continue
+            checks.append(Check(f"{patch.id}: hooks in place in {site.target}", applied, detail))
+            if applied and st.key and not st.remembered:
+                found.add(st.key)
+            if work.base is not None and work.error is None and site.target not in compiled:
+                compiled.add(site.target)
+                checks.append(compile_check(site.target, work.base, tree.root))
+        facts = {k: v for k, (v, _) in run[1].items()} if run else None
+        warnings = patch.warnings_for(tree.version, facts)
+        checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in warnings]
+    state.remember_checked(found)
+    more, skill_lines = package_checks(tree, patches, records, run, vllm_ascend_root)
+    return VerifyResult(tree, checks + more, skill_lines)
+
+
+def moved_check(recorded: str, root: Path) -> Check:
+    return Check(
+        "recorded root",
+        True,
+        f"the record names {recorded}, the tree is now at {root} (moved or copied after apply); "
+        "its paths are relative to the tree and still apply",
+        warning=True,
+    )
+
+
+def compile_check(target: str, data: bytes, root: Path) -> Check:
+    try:
+        compile(data, str(root / target), "exec", dont_inherit=True)
+        return Check(f"compiles: {target}", True)
+    except SyntaxError as exc:
+        return Check(f"compiles: {target}", False, str(exc))
+
+
+def diff_problem(state: StateDir, record: Record) -> str:
+    """Why the record's diff cannot be trusted ("" when it can): missing, outside the tree, other files."""
+    text = state.read_diff(record.diff)
+    if text is None:
+        return f"{record.diff}: the diff file is missing"
+    try:
+        paths = diff_paths(text)
+    except RefusedError as exc:
+        return f"{record.diff}: {exc.message}"
+    if sorted(paths) != sorted(f.path for f in record.files):
+        return f"{record.diff}: the diff and the ledger name different files"
+    return ""
+
+
+def hash_problems(state: StateDir, record: Record) -> list[str]:
+    """Files whose hashes in ledger.json do not match the blobs history.git holds for them."""
+    problems = []
+    for f in record.files:
+        for side, blob, want in (("before", f.before_blob, f.before), ("after", f.after_blob, f.after)):
+            if not want and not blob:
+                continue  # a file the patch added has no "before"
+            try:
+                ok = sha256(state.read_blob(blob)) == want
+            except Exception:  # not a blob id, or absent from history.git
+                ok = False
+            if not ok:
+                problems.append(f"{f.path}: the {side} hash in ledger.json does not match history.git")
+    return problems
+
+
+def check_diff(state: StateDir, record: Record) -> Check:
+    name = f"recorded diff reverse-applies: {record.diff}"
+    problem = diff_problem(state, record)
+    if problem:
+        return Check(name, False, problem)
+    proc = run_git(["apply", "--check", "-R", str(state.path / record.diff)], cwd=state.root, text=True)
+    return Check(name, proc.returncode == 0, proc.stderr.strip())
