@@ -1,4 +1,10 @@
-"""Apply: a plan (plan.py) written as one journaled transaction (transaction.py), one new record."""
+"""Apply: a plan (plan.py) written as one journaled transaction (transaction.py), one new record.
+
+An upgrade (a patch recorded at an older revision) is the same transaction: the files go from
+what the tree holds to the current revision's content, the new record keeps the original
+content as its "before" (so revert restores it), and the records it replaces leave the ledger.
+Records superseded by an upgrade of the package leave the ledger too, their files untouched.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ class ApplyResult:
 
     @property
     def already_applied(self) -> bool:
-        return not self.plan.changes
+        return not self.plan.needs_write
 
 
 def _now() -> str:
@@ -46,13 +52,15 @@ def apply(
     *,
     force: bool = False,
     dry_run: bool = False,
+    merge: bool = False,
     lock_timeout: float = 10.0,
     progress: Progress = _quiet,
     plan: Plan | None = None,
     trust_record: bool = False,
 ) -> ApplyResult:
     """Apply `selection` to `tree`. `plan`: one made already (by `plan_apply` with the same
-    arguments); it is used if the tree has no pending journal and its inputs did not change."""
+    arguments); it is used if the tree has no pending journal and its inputs did not change.
+    `merge`: an upgrade keeps edits made after the older revision was applied (three-way)."""
     params = params or {}
     if isinstance(selection, str):
         selection = Selection(selection)
@@ -60,7 +68,7 @@ def apply(
     state.read_ledger()  # a damaged record is refused before any answer, "already applied" included
 
     def make_plan() -> Plan:
-        return plan_apply(tree, selection, params, force)
+        return plan_apply(tree, selection, params, force, merge=merge, state=state)
 
     if dry_run:
         progress(f"planning {tree.package} {tree.version} at {tree.root}")
@@ -75,7 +83,7 @@ def apply(
             progress(f"planning {tree.package} {tree.version} at {tree.root}")
             plan = make_plan()
         raise_if_refused(plan)
-        if not plan.changes:
+        if not plan.needs_write:
             return ApplyResult(plan, None, [], False, "")
     with state.lock(lock_timeout):
         with write_phase(state, f"finishing an interrupted write in {tree.root}"):
@@ -84,69 +92,84 @@ def apply(
             progress(f"planning {tree.package} {tree.version} at {tree.root} again (it changed meanwhile)")
             plan = make_plan()
             raise_if_refused(plan)
-        if not plan.changes:
+        if not plan.needs_write:
             return ApplyResult(plan, None, recovered, False, "")
-        progress(f"writing {len(plan.changes)} file(s)")
+        progress(f"writing {len(plan.writes)} file(s)")
         with write_phase(state, f"apply on {tree.root}"):
             record, diff = _write_apply(state, plan)
         state.remember_checked(plan.checked)
     return ApplyResult(plan, record, recovered, False, diff)
 
 
-def _write_apply(state: StateDir, plan: Plan) -> tuple[Record, str]:
+def _write_apply(state: StateDir, plan: Plan) -> tuple[Record | None, str]:
     tree = plan.tree
-    ledger = state.read_ledger()
+    ledger = state.read_ledger().without({r.id for r in plan.replaces} | {s.record.id for s in plan.superseded})
     ledger.root = str(tree.root)  # a tree moved after an earlier apply: the record follows it
     applied = [p for p in plan.patches if p.state is State.APPLICABLE]
     record_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     files = []
     before_tree, after_tree = {}, {}
-    for rel, change in sorted(plan.changes.items()):
+    blobs: dict[str, str] = {}  # path -> blob of the planned content
+    for rel, change in sorted(plan.files.items()):
+        blobs[rel] = "" if change.after is None else state.store_blob(change.after)
+        if not change.recorded:
+            continue
+        assert change.after is not None  # a record adds or patches files; it never removes one
         before_blob = "" if change.before is None else state.store_blob(change.before)
-        after_blob = state.store_blob(change.after)
-        fr = FileRecord(rel, change.mode, digest(change.before), digest(change.after), before_blob, after_blob)
+        fr = FileRecord(rel, change.mode, digest(change.before), digest(change.after), before_blob, blobs[rel])
         files.append(fr)
         if change.before is not None:  # a file the patch adds is absent from the "before" commit
             before_tree[rel] = (fr.before_blob, change.mode)
         after_tree[rel] = (fr.after_blob, change.mode)
-    params = {k: v for p in applied for k, v in p.params.items()}
-    patch_list = [PatchRef(p.patch.id, p.patch.revision) for p in applied]
-    header = provenance_header(
-        [
-            ("rlprobe-patch record", record_id),
-            ("Tool", f"rlprobe-patch {__version__}"),
-            ("Patches", ", ".join(f"{p.id} r{p.revision}" for p in patch_list)),
-            ("Package", f"{tree.package} {tree.version} ({tree.version_source})"),
-            ("Tree", str(tree.root)),
-            ("Backend", plan.backend + (f", mode {plan.mode}" if plan.mode else "")),
-            ("Params", show_params(params)),
-            ("Created", _now()),
-        ]
-        + [("File", f"{f.path} mode={f.mode:o} before=sha256:{f.before} after=sha256:{f.after}") for f in files]
+    record: Record | None = None
+    diff = ""
+    branches: dict[str, str] = {}
+    head = state.branch_head(tree.package)
+    if files:
+        params = {k: v for p in applied for k, v in p.params.items()}
+        patch_list = [PatchRef(p.patch.id, p.patch.revision) for p in applied]
+        replaced = [r.id for r in plan.replaces]
+        header = provenance_header(
+            [
+                ("rlprobe-patch record", record_id),
+                ("Tool", f"rlprobe-patch {__version__}"),
+                ("Patches", ", ".join(f"{p.id} r{p.revision}" for p in patch_list)),
+                ("Package", f"{tree.package} {tree.version} ({tree.version_source})"),
+                ("Tree", str(tree.root)),
+                ("Backend", plan.backend + (f", mode {plan.mode}" if plan.mode else "")),
+                ("Params", show_params(params)),
+                ("Created", _now()),
+            ]
+            + ([("Replaces", ", ".join(replaced))] if replaced else [])
+            + [("File", f"{f.path} mode={f.mode:o} before=sha256:{f.before} after=sha256:{f.after}") for f in files]
+        )
+        diff = header + plan.record_diff()
+        diff_rel = state.write_diff(record_id, diff)
+        commit_before = state.commit_files(before_tree, f"{tree.package} {tree.version}: before {record_id}", head)
+        message = f"rlprobe-patch {'upgrade' if replaced else 'apply'} {', '.join(p.id for p in patch_list)}"
+        head = state.commit_files(after_tree, f"{message}\n\n{header}", commit_before)
+        record = Record(
+            id=record_id,
+            package=tree.package,
+            version=str(tree.version),
+            tool_version=__version__,
+            created=_now(),
+            backend=plan.backend,
+            mode=plan.mode or next((r.mode for r in plan.replaces if r.mode), ""),  # an upgrade keeps the set
+            patches=patch_list,
+            params=params,
+            files=files,
+            diff=diff_rel,
+            commit_before=commit_before,
+            commit_after=head,
+        )
+        ledger.records.append(record)
+    if head is not None:
+        branches[tree.package] = head
+    writes = tuple(
+        JournalFile(rel, c.mode, digest(c.current), digest(c.after), blobs[rel])
+        for rel, c in sorted(plan.writes.items())
     )
-    diff = header + plan.diff()
-    diff_rel = state.write_diff(record_id, diff)
-    parent = state.branch_head(tree.package)
-    commit_before = state.commit_files(before_tree, f"{tree.package} {tree.version}: before {record_id}", parent)
-    commit_after = state.commit_files(
-        after_tree, f"rlprobe-patch apply {', '.join(p.id for p in patch_list)}\n\n{header}", commit_before
-    )
-    record = Record(
-        id=record_id,
-        package=tree.package,
-        version=str(tree.version),
-        tool_version=__version__,
-        created=_now(),
-        backend=plan.backend,
-        mode=plan.mode or "",
-        patches=patch_list,
-        params=params,
-        files=files,
-        diff=diff_rel,
-        commit_before=commit_before,
-        commit_after=commit_after,
-    )
-    ledger.records.append(record)
-    writes = tuple(JournalFile(f.path, f.mode, f.before, f.after, f.after_blob) for f in files)
-    run_journal(state, Journal("apply", record_id, writes, ledger, {tree.package: commit_after}))
+    dropped = [r.id for r in plan.replaces] + [s.record.id for s in plan.superseded]
+    run_journal(state, Journal("apply", record_id if record else ",".join(dropped), writes, ledger, branches))
     return record, diff

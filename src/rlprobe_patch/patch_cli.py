@@ -61,6 +61,12 @@ from rlprobe_patch.workflow.options import read_options, reader_options
 @reader_options
 @click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the verl hooks.")
 @click.option("--sglang-config", metavar="PATH", help="Default msprobe config.json baked into the SGLang hook.")
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="Upgrading a patch applied at an older revision: keep edits made to its files since (three-way merge) "
+    "instead of stopping.",
+)
 @click.option("--lock-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for another run.")
 @command
 def apply_cmd(
@@ -79,6 +85,7 @@ def apply_cmd(
     script: Path | None,
     msprobe_config: str | None,
     sglang_config: str | None,
+    merge: bool,
     lock_timeout: float,
     trust_record: bool,
     **reader: Any,
@@ -118,7 +125,7 @@ def apply_cmd(
     if len(selections) > 1 and not dry_run:
         for tree, selection in selections:  # refuse everything before writing anything
             out.progress(f"planning {tree.package} {tree.version} at {tree.root}")
-            plans[tree.root] = plan_apply(tree, selection, params, force)
+            plans[tree.root] = plan_apply(tree, selection, params, force, merge=merge, trust_record=trust_record)
             raise_if_refused(plans[tree.root])
     results = [
         (
@@ -129,6 +136,7 @@ def apply_cmd(
                 params,
                 force=force,
                 dry_run=dry_run,
+                merge=merge,
                 lock_timeout=lock_timeout,
                 progress=out.progress,
                 plan=plans.get(tree.root),
@@ -147,8 +155,14 @@ def apply_cmd(
                 "backend": backend,
                 "mode": mode,
                 "patches": [p.to_json() for p in plan.patches],
-                "files": sorted(plan.changes),
+                "files": sorted(plan.files),
                 "record": result.record.id if result.record else None,
+                "upgraded": [
+                    {"id": p.patch.id, "from": p.recorded_revision, "to": p.patch.revision} for p in plan.upgraded
+                ],
+                "replaced": [r.id for r in plan.replaces],
+                "superseded": [s.to_json() for s in plan.superseded],
+                "merged": plan.merged,
                 "diff_file": str(tree.root / ".rlprobe-patch" / result.record.diff) if result.record else None,
                 "diff": result.diff if dry_run else None,
                 "recovered": result.recovered,
@@ -165,14 +179,21 @@ def apply_cmd(
             out.line(f"worker path hooked: {hooked['impl']} ({hooked['why']})")
         for message in result.recovered:
             out.line(f"recovered: {message}", fg="yellow")
+        for s in plan.superseded:
+            word = "drops" if dry_run else "dropped"
+            out.line(f"{word} record {s.record.id}: superseded, {s.reason}; no file touched", fg="yellow")
         for p in plan.patches:
             after = {"applicable": "would apply" if dry_run else "applied", "applied": "already applied"}
             word = after.get(p.state_name, p.state_name)
+            if p in plan.upgraded:
+                word = f"{'would upgrade' if dry_run else 'upgraded'} r{p.recorded_revision} -> r{p.patch.revision}"
             out.line(f"  {p.patch.id:<28} {word:<20} {', '.join(p.targets)}")
             for text in (p.skipped, p.native):
                 if text:
                     out.line(f"      {text}", fg="yellow")
         print_notices(out, plan.patches)
+        for path in plan.merged:
+            out.line(f"  kept your edits in {path} (three-way merge)", fg="yellow")
         skipped = [p.patch.id for p in plan.patches if p.skipped]
         if skipped:
             still = [p.patch.id for p in plan.patches if not p.skipped and not p.native]
@@ -184,9 +205,13 @@ def apply_cmd(
                 "already applied: nothing written" if any(p.state for p in plan.patches) else "nothing to write",
                 fg="green",
             )
+        elif result.record is None:
+            out.line("record(s) dropped: no file written", fg="green")
         else:
             for path, added, removed in diffstat(result.diff):
                 out.line(f"  {path} | +{added} -{removed}")
+            if plan.replaces:
+                out.line(f"replaces record(s) {', '.join(r.id for r in plan.replaces)}", fg="green")
             out.line(f"recorded: {document['diff_file']}", fg="green")
     if not dry_run and any(r.record for _, r in results):
         out.line("next: rlprobe-patch verify    (undo: rlprobe-patch revert)")
@@ -233,13 +258,12 @@ def verify_cmd(
     selection = Selection(backend or "fsdp", mode) if backend or mode else None
     roots = Roots(verl_root, sglang_root, vllm_ascend_root, python)
     trees = roots.for_records()
-    vllm = next((t.root for t in trees if t.package == "vllm_ascend"), None)
     reading = read_options(reader)
     results = [
         verify(
             tree,
             selection if tree.package == "verl" else None,
-            vllm if tree.package == "verl" else None,
+            {t.package: t.root for t in trees if t is not tree},
             recheck=recheck,
             run=(script, read_run_facts(script, tree, **reading)) if script and tree.package == "verl" else None,
             trust_record=trust_record,
@@ -358,6 +382,7 @@ def revert_cmd(
                     "dry_run": r.dry_run,
                     "diff": r.diff if r.dry_run else None,
                     "moved_from": r.moved_from or None,
+                    "superseded": [s.to_json() for s in r.superseded],
                 }
                 for r in results
             ],
@@ -370,6 +395,9 @@ def revert_cmd(
             out.line(f"notice: the record names {r.moved_from}; the tree moved here after apply", fg="yellow")
         for message in r.recovered:
             out.line(f"recovered: {message}", fg="yellow")
+        for s in r.superseded:
+            word = "would drop" if r.dry_run else "dropped"
+            out.line(f"  {word} record {s.record.id}: superseded, {s.reason}; no file touched", fg="yellow")
         if not r.reverted:
             out.line("  nothing applied: nothing to revert")
             continue
@@ -423,6 +451,7 @@ def status_cmd(
                         {"id": rec.id, "patches": [asdict(p) for p in rec.patches], "backend": rec.backend}
                         for rec in r.records
                     ],
+                    "superseded": [s.to_json() for s in r.superseded],
                     "recovered": r.recovered,
                     "worker_paths": r.worker_paths,
                     "pending_journal": r.pending_journal,
@@ -439,11 +468,14 @@ def status_cmd(
             out.line(f"  worker path hooked: {', '.join(r.worker_paths) or 'none'}")
         for message in r.recovered:
             out.line(f"recovered: {message}", fg="yellow")
+        for s in r.superseded:
+            out.line(f"  record {s.record.id}: superseded, {s.reason}; the next apply or revert drops it", fg="yellow")
         recorded = {i for rec in r.records for i in rec.patch_ids}
         for p in r.patches:
             mark = " (recorded)" if p.patch.id in recorded else ""
             colour = {"applied": "green", "applicable": None, "drifted": "red"}.get(p.state_name, "yellow")
-            out.line(f"  {p.patch.id:<28} {p.state_name}{mark}", fg=colour)
+            shown = f"{p.revision_text}: `rlprobe-patch apply` upgrades it" if p.outdated else p.state_name
+            out.line(f"  {p.patch.id:<28} {shown}{mark}", fg=colour)
             for text in (p.skipped, p.native, *p.reasons):
                 if text:
                     out.line(f"      {text}")

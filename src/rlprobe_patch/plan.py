@@ -2,7 +2,10 @@
 
 Each patch of the selection is decided site by site (`sites.site_state`): applied, applicable
 or drifted. Applicable sites are transformed in memory, each transformed file's code is
-generated once and compiled, and every patch is checked again on the final content.
+generated once and compiled, and every patch is checked again on the final content. A tree
+holding a patch at an older revision is planned as an upgrade: its record reversed in memory
+(revert's rules: edits made after apply stop it, `merge` keeps them) and the current
+revisions applied on top, to be written as one transaction with one new record.
 """
 
 from __future__ import annotations
@@ -10,15 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlprobe_patch.catalogue import Patch, load_catalogue, select
+from rlprobe_patch.catalogue import Patch, get_patch, load_catalogue, select
 from rlprobe_patch.codemod import CreateFile, PatchCodemod, State
 from rlprobe_patch.diffs import unified_diff
 from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.records import Superseded, TreeRecords, sort_records
 from rlprobe_patch.sites import Workspace, digest, read_or_none, site_present, site_state
-from rlprobe_patch.state import checked_key
+from rlprobe_patch.state import Record, StateDir, checked_key
 from rlprobe_patch.trees import BACKENDS, Tree
 
 NOT_FOR_THIS_RELEASE = "not for this release"
+OUTDATED = "outdated"
 
 
 @dataclass
@@ -33,17 +38,33 @@ class PatchPlan:
     targets: list[str] = field(default_factory=list)
     skipped: str = ""  # why a patch of a --mode set does not apply to this release
     native: str = ""  # the release does this itself: how to switch it on
+    recorded_revision: int | None = None  # an older revision the tree holds (status) or held (an upgrade)
+
+    @property
+    def outdated(self) -> bool:
+        """The tree holds an older revision, not upgraded by this plan (status)."""
+        return self.recorded_revision is not None and self.state is None and not self.skipped and not self.native
 
     @property
     def state_name(self) -> str:
+        if self.outdated:
+            return OUTDATED
         if self.state:
             return self.state.value
         return "native" if self.native else NOT_FOR_THIS_RELEASE
+
+    @property
+    def revision_text(self) -> str:
+        """`applied r1, current r2` for an outdated patch; "" otherwise."""
+        if self.recorded_revision is None:
+            return ""
+        return f"applied r{self.recorded_revision}, current r{self.patch.revision}"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.patch.id,
             "revision": self.patch.revision,
+            "recorded_revision": self.recorded_revision,
             "targets": self.targets,
             "state": self.state_name,
             "reasons": self.reasons,
@@ -58,12 +79,24 @@ class PatchPlan:
 
 @dataclass(frozen=True)
 class Change:
-    """One file of a plan: from `before` (None: a file the patch adds) to `after`, with its mode."""
+    """One file of a plan: recorded from `before` to `after`, written from `current` to `after`.
+
+    None stands for an absent file. `before` is `current` except in an upgrade, where it is the
+    content once the replaced records are reversed (what a later revert restores)."""
 
     path: str
     before: bytes | None
-    after: bytes
+    after: bytes | None
     mode: int
+    current: bytes | None
+
+    @property
+    def recorded(self) -> bool:
+        return self.before != self.after
+
+    @property
+    def written(self) -> bool:
+        return self.after != self.current
 
 
 @dataclass
@@ -73,15 +106,40 @@ class Plan:
     mode: str | None
     params: dict[str, str]
     patches: list[PatchPlan]
-    changes: dict[str, Change]  # the files the plan writes (and the record holds)
+    files: dict[str, Change]  # every file the plan records or writes
     inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256 of what was read
     checked: set[str] = field(default_factory=set)  # `checked_key`s of the final files found APPLIED
+    replaces: list[Record] = field(default_factory=list)  # records an upgrade reverses (one new record instead)
+    superseded: list[Superseded] = field(default_factory=list)  # dropped from the ledger, files untouched
+    merged: list[str] = field(default_factory=list)  # files whose edits made after apply an upgrade keeps
 
     @property
     def refused(self) -> list[PatchPlan]:
         return [p for p in self.patches if p.reasons]
 
+    @property
+    def changes(self) -> dict[str, Change]:
+        """The files the new record holds (original -> patched)."""
+        return {rel: c for rel, c in self.files.items() if c.recorded}
+
+    @property
+    def writes(self) -> dict[str, Change]:
+        return {rel: c for rel, c in self.files.items() if c.written}
+
+    @property
+    def needs_write(self) -> bool:
+        return bool(self.files or self.replaces or self.superseded)
+
+    @property
+    def upgraded(self) -> list[PatchPlan]:
+        return [p for p in self.patches if p.recorded_revision is not None and p.state is State.APPLICABLE]
+
     def diff(self) -> str:
+        """What the write does to the tree (current -> planned)."""
+        return unified_diff({rel: (c.current, c.after) for rel, c in self.writes.items()})
+
+    def record_diff(self) -> str:
+        """What the new record holds (original -> patched)."""
         return unified_diff({rel: (c.before, c.after) for rel, c in self.changes.items()})
 
     def inputs_unchanged(self) -> bool:
@@ -129,17 +187,65 @@ class Selection:
 
 
 def plan_apply(
-    tree: Tree, selection: Selection, params: dict[str, str], force: bool = False, check: bool = True
+    tree: Tree,
+    selection: Selection,
+    params: dict[str, str],
+    force: bool = False,
+    check: bool = True,
+    *,
+    merge: bool = False,
+    upgrade: bool = True,
+    trust_record: bool = False,
+    state: StateDir | None = None,
 ) -> Plan:
-    """Decide every patch of `selection` on `tree` and make the changes in memory."""
-    ws = Workspace(tree)
+    """Decide every patch of `selection` on `tree` and make the changes in memory.
+
+    `upgrade`: plan the upgrade of records holding older revisions (apply); without it such
+    patches are reported as outdated and not decided (status). `merge`: an upgrade keeps edits
+    made after apply (three-way), as `revert --merge` does."""
+    state = state or StateDir(tree.root, trust_record)
+    records = sort_records(tree, state.read_ledger()) if state.exists() else TreeRecords()
+    outdated = records.outdated
+    replaced: list[Record] = []
+    bases: dict[str, tuple[bytes | None, int]] = {}
+    merged: list[str] = []
+    wanted = selection.patches(tree.package)
+    if upgrade and outdated:
+        from rlprobe_patch.revert import plan_reversal, refuse_damaged
+
+        replaced = records.to_upgrade()
+        refuse_damaged(state, replaced)
+        ids = [o.patch_id for o in outdated.values()]
+        reversal = plan_reversal(
+            state,
+            replaced,
+            merge,
+            what=f"the upgrade of {', '.join(ids)}",
+            hint="" if merge else "rerun apply with --merge to keep your edits and upgrade the patch (three-way merge)",
+        )
+        bases, merged = dict(reversal.contents), reversal.merged
+        # The records reversed come back at the current revision, with their parameters.
+        ids_wanted = [p.id for p in wanted]
+        for record in replaced:
+            ids_wanted += [i for i in record.patch_ids if i not in ids_wanted]
+        wanted = [get_patch(i) for i in ids_wanted]
+        params = {**{k: v for r in replaced for k, v in r.params.items()}, **params}
+    ws = Workspace(tree, bases)
+    for rel in bases:  # every file the reversal sets is written, patched again or not
+        ws.file(rel)
     plans: list[PatchPlan] = []
     hooked: list[tuple[Patch, PatchCodemod]] = []  # the LibCST sites applied or to apply
-    for patch in selection.patches(tree.package):
+    for patch in wanted:
         plan = PatchPlan(patch, State.APPLICABLE, tested=patch.is_tested(tree.version))
         plans.append(plan)
+        if patch.id in outdated:
+            plan.recorded_revision = outdated[patch.id].recorded
+            if not upgrade:
+                plan.state = None
+                plan.targets = [s.target for s in patch.sites_for(tree.version) if site_present(tree, s)]
+                continue
         _plan_patch(ws, plan, selection, params, force, hooked)
-    return _finish(tree, selection, params, ws, plans, hooked, check)
+    return _finish(tree, selection, params, ws, plans, hooked, check, replaced, records.superseded, merged)
 
 
 def _plan_patch(
@@ -223,6 +329,9 @@ def _finish(
     plans: list[PatchPlan],
     hooked: list[tuple[Patch, PatchCodemod]],
     check: bool,
+    replaced: list[Record],
+    superseded: list[Superseded],
+    merged: list[str],
 ) -> Plan:
     finals: dict[str, bytes | None] = {}
     for rel, f in ws.files.items():  # generate the code of each transformed file once
@@ -249,13 +358,15 @@ def _finish(
                 )
         assert data is not None
         checked.add(checked_key(patch.id, codemod.target, patch.fingerprint, data))
-    changes, inputs = {}, {}
+    files, inputs = {}, {}
     for rel, f in ws.files.items():
         inputs[rel] = digest(f.disk)
-        after = finals[rel]
-        if after is not None and after != f.disk:
-            changes[rel] = Change(rel, f.disk, after, f.mode)
-    return Plan(tree, selection.backend, selection.mode, params, plans, changes, inputs, checked)
+        change = Change(rel, f.base, finals[rel], f.mode, f.disk)
+        if change.recorded or change.written:
+            files[rel] = change
+    return Plan(
+        tree, selection.backend, selection.mode, params, plans, files, inputs, checked, replaced, superseded, merged
+    )
 
 
 def raise_if_refused(plan: Plan) -> None:

@@ -13,6 +13,7 @@ Kept free of LibCST so that the script reader can use it without loading the cod
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +50,17 @@ KNOWN_KEYS = {
 }
 
 
+CATALOGUE_ENV = "RLPROBE_PATCH_CATALOGUE"
+
+
 def patches_dir() -> Path:
-    """`patches/` inside the installed wheel, else the source checkout's top-level folder."""
+    """`patches/` inside the installed wheel, else the source checkout's top-level folder.
+
+    `$RLPROBE_PATCH_CATALOGUE` names another catalogue folder (the tests' edited copies, to
+    prove upgrades from one revision of a patch to the next)."""
+    override = os.environ.get(CATALOGUE_ENV)
+    if override:
+        return Path(override)
     here = Path(__file__).resolve().parent
     for candidate in (here / "patches", here.parents[1] / "patches"):
         if candidate.is_dir():

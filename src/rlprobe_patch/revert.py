@@ -1,7 +1,9 @@
-"""Revert: restore, byte for byte, what the records of a tree changed; never lose a later edit.
+"""Revert: restore, byte for byte, what the live records of a tree changed; never lose a later edit.
 
 A file edited after apply stops the revert and shows the edit (exit 5, nothing written);
-`merge` keeps the edit and removes only the patch (three-way, `git merge-file`).
+`merge` keeps the edit and removes only the patch (three-way, `git merge-file`). A record
+superseded by an upgrade of the package (records.py) is dropped from the ledger, its files
+untouched. An upgrade of a patch's revision (`apply`) plans the reversal of its record here.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlprobe_patch.diffs import unified_diff
-from rlprobe_patch.errors import RefusedError, RevertBlockedError
+from rlprobe_patch.errors import PatchError, RefusedError, RevertBlockedError
 from rlprobe_patch.gitsafe import run_git
+from rlprobe_patch.records import Superseded, superseded_reason
 from rlprobe_patch.sites import digest, read_or_none
 from rlprobe_patch.state import Journal, JournalFile, Ledger, Record, StateDir
 from rlprobe_patch.transaction import recover, run_journal, write_phase
-from rlprobe_patch.trees import Tree
+from rlprobe_patch.trees import Tree, find_tree
 from rlprobe_patch.verify import diff_problem, hash_problems
 
 Progress = Callable[[str], None]
@@ -125,6 +128,26 @@ def refuse_damaged(state: StateDir, records: list[Record]) -> None:
         )
 
 
+def superseded_at(root: Path, ledger: Ledger, tree: Tree | None) -> list[Superseded]:
+    """The records at `root` whose package was replaced by another release since apply."""
+    trees: dict[str, Tree | None] = {}
+    found = []
+    for record in ledger.records:
+        if record.package not in trees:
+            if tree is not None and tree.package == record.package and tree.root == root:
+                trees[record.package] = tree
+            else:
+                try:
+                    trees[record.package] = find_tree(record.package, root)
+                except PatchError:
+                    trees[record.package] = None  # gone: its files are reported as deleted
+        here = trees[record.package]
+        reason = superseded_reason(here, record) if here is not None else ""
+        if reason:
+            found.append(Superseded(record, reason))
+    return found
+
+
 @dataclass
 class RevertResult:
     tree: Tree | None
@@ -136,6 +159,7 @@ class RevertResult:
     dry_run: bool
     diff: str
     moved_from: str = ""  # the root the record names, when the tree was moved after apply
+    superseded: list[Superseded] = field(default_factory=list)  # dropped, files untouched
 
 
 def revert(
@@ -157,7 +181,8 @@ def revert(
         moved_from = ledger.root if ledger.records and ledger.root != str(root) else ""
         if not ledger.records:
             return RevertResult(tree, root, [], [], [], recovered, dry_run, "")
-        live = ledger.records
+        superseded = superseded_at(root, ledger, tree)
+        live = ledger.without({s.record.id for s in superseded}).records
         refuse_damaged(state, live)
         progress(f"planning the revert of {len(live)} record(s)")
         reversal = plan_reversal(state, live, merge)
@@ -165,7 +190,7 @@ def revert(
         diff = unified_diff({rel: (t.current, t.reverted) for rel, t in targets.items()})
         reverted = list(reversed(live))
         result = RevertResult(
-            tree, root, reverted, sorted(targets), reversal.merged, recovered, dry_run, diff, moved_from
+            tree, root, reverted, sorted(targets), reversal.merged, recovered, dry_run, diff, moved_from, superseded
         )
         if dry_run:
             return result
@@ -175,10 +200,15 @@ def revert(
             tree_files = {rel: (t.blob, t.mode) for rel, t in targets.items() if t.blob and rel in package_files}
             message = f"rlprobe-patch revert {', '.join(r.id for r in reverted if r.package == package)}"
             branches[package] = state.commit_files(tree_files, message, state.branch_head(package))
+        for s in superseded:  # dropped: its package is unregistered with the rest
+            head = state.branch_head(s.record.package)
+            if head is not None:
+                branches.setdefault(s.record.package, head)
         files = tuple(
             JournalFile(rel, t.mode, digest(t.current), digest(t.reverted), t.blob)
             for rel, t in sorted(targets.items())
         )
         progress(f"writing {len(files)} file(s)")
-        run_journal(state, Journal("revert", ",".join(r.id for r in reverted), files, Ledger(root=str(root)), branches))
+        ids = [r.id for r in reverted] + [s.record.id for s in superseded]
+        run_journal(state, Journal("revert", ",".join(ids), files, Ledger(root=str(root)), branches))
     return result

@@ -11,7 +11,7 @@ package lives here and in `patches/`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +83,13 @@ def worker_path_checks(tree: Tree, records: list[Record], run: tuple[Path, RunFa
     return checks
 
 
-SkillRule = Callable[[Tree, list[Patch], "Path | None"], tuple[list[Check], list[str]]]
+SkillRule = Callable[[Tree, list[Patch], Mapping[str, Path]], tuple[list[Check], list[str]]]
 
 
-def _trainer_rules(tree: Tree, patches: list[Patch], vllm_ascend_root: Path | None) -> tuple[list[Check], list[str]]:
-    """The skill's check-engine-patch and, when the consistency set is applied, check-consistency-patch."""
+def _trainer_rules(tree: Tree, patches: list[Patch], others: Mapping[str, Path]) -> tuple[list[Check], list[str]]:
+    """The skill's check-engine-patch and, when the consistency set is applied, check-consistency-patch
+    (which also reads the vLLM-Ascend tree verified with it, if any)."""
+    vllm_ascend_root = others.get("vllm_ascend")
     from rlprobe_patch.skill_checks import check_consistency_patch, check_engine_patch, engine_target
 
     checks: list[Check] = []
@@ -127,7 +129,7 @@ def _trainer_rules(tree: Tree, patches: list[Patch], vllm_ascend_root: Path | No
 
 
 def _dispatch_logger_rules(
-    tree: Tree, patches: list[Patch], vllm_ascend_root: Path | None
+    tree: Tree, patches: list[Patch], others: Mapping[str, Path]
 ) -> tuple[list[Check], list[str]]:
     from rlprobe_patch.skill_checks import check_vllm_rules
 
@@ -146,12 +148,12 @@ def package_checks(
     patches: list[Patch],
     records: list[Record],
     run: tuple[Path, RunFacts] | None,
-    vllm_ascend_root: Path | None,
+    others: Mapping[str, Path],
 ) -> tuple[list[Check], list[str]]:
     """The checks verify runs beyond our own for this tree's package: worker paths, the skill's rules."""
     checks = worker_path_checks(tree, records, run)
     rule = SKILL_RULES.get(tree.package)
     if rule is None:
         return checks, []
-    more, lines = rule(tree, patches, vllm_ascend_root)
+    more, lines = rule(tree, patches, others)
     return checks + more, lines

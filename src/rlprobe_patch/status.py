@@ -1,4 +1,4 @@
-"""Status: every catalogue patch of a tree's package and its state, and the records."""
+"""Status: every catalogue patch of a tree's package and its state, the live and superseded records."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rlprobe_patch.catalogue import load_catalogue
 from rlprobe_patch.plan import PatchPlan, Selection, plan_apply
+from rlprobe_patch.records import Superseded, sort_records
 from rlprobe_patch.rules import hooked_worker_paths
 from rlprobe_patch.state import Record, StateDir
 from rlprobe_patch.transaction import recover, write_phase
@@ -17,10 +18,11 @@ from rlprobe_patch.trees import Tree
 class StatusResult:
     tree: Tree
     patches: list[PatchPlan]
-    records: list[Record]
+    records: list[Record]  # the live records
     recovered: list[str]
     pending_journal: bool
     worker_paths: list[str] = field(default_factory=list)  # worker paths whose hooks are applied
+    superseded: list[Superseded] = field(default_factory=list)
 
 
 def status(tree: Tree, backend: str | None = None, trust_record: bool = False) -> StatusResult:
@@ -30,10 +32,16 @@ def status(tree: Tree, backend: str | None = None, trust_record: bool = False) -
     if state.read_journal() is not None and os.access(state.path, os.W_OK):
         with state.lock(10.0), write_phase(state, f"finishing an interrupted write in {tree.root}"):
             recovered = recover(state)
-    records = [r for r in state.read_ledger().records if r.package == tree.package]
+    records = sort_records(tree, state.read_ledger())
     ids = tuple(p.id for p in load_catalogue() if p.package == tree.package and (backend is None or p.serves(backend)))
     selection = Selection(backend or "any", only=ids, refuse_off_range=False)
-    plan = plan_apply(tree, selection, {}, check=False)
+    plan = plan_apply(tree, selection, {}, check=False, upgrade=False, state=state)
     return StatusResult(
-        tree, plan.patches, records, recovered, state.read_journal() is not None, hooked_worker_paths(records)
+        tree,
+        plan.patches,
+        records.live,
+        recovered,
+        state.read_journal() is not None,
+        hooked_worker_paths(records.live),
+        records.superseded,
     )

@@ -7,6 +7,7 @@ earlier verify) is not parsed again unless `recheck` (`StateDir.checked`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,15 +50,19 @@ class VerifyResult:
 def verify(
     tree: Tree,
     selection: Selection | None = None,
-    vllm_ascend_root: Path | None = None,
+    others: Mapping[str, Path] | None = None,
     recheck: bool = False,
     run: tuple[Path, dict[str, tuple[Any, str]]] | None = None,
     trust_record: bool = False,
 ) -> VerifyResult:
     """Our syntax-tree checks, compile checks, recorded post-images, and the package's rules.
 
-    `run`: the training script and its facts (`rules.read_run_facts`): the worker path it takes
-    must be the one hooked."""
+    `others`: the roots of the other packages verified with this tree ({package: root}), for
+    rules that read several trees. `run`: the training script and its facts
+    (`rules.read_run_facts`): the worker path it takes must be the one hooked. Records
+    superseded by an upgrade of the package are reported (a warning) and not checked; a patch
+    recorded at an older revision is checked against its record and reported as upgradable."""
+    from rlprobe_patch.records import sort_records
     from rlprobe_patch.rules import package_checks
     from rlprobe_patch.sites import Workspace, site_present, site_state
 
@@ -68,13 +73,20 @@ def verify(
             Check("journal", False, "an interrupted apply/revert is pending; run `rlprobe-patch status` to finish it")
         )
     ledger = state.read_ledger()
-    records = [r for r in ledger.records if r.package == tree.package]
+    found_records = sort_records(tree, ledger)
+    records = found_records.live
+    for s in found_records.superseded:
+        checks.append(Check(f"record {s.record.id}", True, f"superseded: {s.reason}; not checked", warning=True))
+    outdated = found_records.outdated
     patch_ids = [i for r in records for i in r.patch_ids]
     if selection is not None:
         patch_ids += [p.id for p in selection.patches(tree.package) if p.supports(tree.version)]
     patches = [get_patch(i) for i in dict.fromkeys(patch_ids)]
     if not patches:
-        checks.append(Check("recorded", False, f"nothing recorded for {tree.root}; apply first or name --backend"))
+        gone = " (its record was superseded: apply again)" if found_records.superseded else ""
+        checks.append(
+            Check("recorded", False, f"nothing recorded for {tree.root}{gone}; apply first or name --backend")
+        )
     if records and ledger.root != str(tree.root):
         checks.append(moved_check(ledger.root, tree.root))
     for record in records:
@@ -94,6 +106,10 @@ def verify(
     known = set() if recheck else state.checked()
     found: set[str] = set()
     for patch in patches:
+        if patch.id in outdated:  # its sites hold the older revision's code: checked against its record above
+            how = f"`rlprobe-patch apply` upgrades it (record {outdated[patch.id].record})"
+            checks.append(Check(f"{patch.id}: revision", True, f"{outdated[patch.id].text}: {how}", warning=True))
+            continue
         for site in patch.sites_for(tree.version):
             if not site_present(tree, site):
                 continue
@@ -117,7 +133,7 @@ def verify(
         warnings = patch.warnings_for(tree.version, facts)
         checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in warnings]
     state.remember_checked(found)
-    more, skill_lines = package_checks(tree, patches, records, run, vllm_ascend_root)
+    more, skill_lines = package_checks(tree, patches, records, run, others or {})
     return VerifyResult(tree, checks + more, skill_lines)
 
 

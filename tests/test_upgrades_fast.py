@@ -1,0 +1,149 @@
+"""Upgrades on the fixture trees (fast part of the suite; tests/test_upgrades.py runs them on real releases).
+
+A patch's new revision (a catalogue copy named by `$RLPROBE_PATCH_CATALOGUE`) is reported as
+`applied r1, current r2` and upgraded by apply in one record; a record whose package was
+replaced by another release is superseded, not an edit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, cli, cli_json, snapshot
+
+from rlprobe_patch.catalogue import get_patch, load_catalogue
+from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.releases import CATALOGUE_ENV, patches_dir
+
+PATCH = "verl.megatron-engine"
+OLD = get_patch(PATCH).revision  # the catalogue's revision, then the test catalogue's
+NEW = OLD + 1
+
+
+@pytest.fixture
+def catalogue_r2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Switch to a copy of the catalogue whose `verl.megatron-engine` payload changed (revision 2)."""
+    dest = tmp_path / "catalogue-r2"
+    shutil.copytree(patches_dir(), dest, ignore=shutil.ignore_patterns("__pycache__"))
+    payload = dest / PATCH / "payload.py"
+    old = "    self._update_actor_logger_fp = None\n"  # the end of __init__: a statement added there
+    assert payload.read_text().count(old) == 1
+    payload.write_text(payload.read_text().replace(old, old + "    self._dump_steps = 0  # revision 2\n"))
+    meta = dest / PATCH / "patch.toml"
+    meta.write_text(re.sub(r"(?m)^revision = \d+$", f"revision = {NEW}", meta.read_text(), count=1))
+
+    def switch() -> None:
+        monkeypatch.setenv(CATALOGUE_ENV, str(dest))
+        load_catalogue.cache_clear()
+
+    yield switch
+    monkeypatch.delenv(CATALOGUE_ENV, raising=False)
+    load_catalogue.cache_clear()
+
+
+def test_outdated_then_upgraded(fixture_tree, catalogue_r2) -> None:
+    root = fixture_tree("0.9")
+    pristine = snapshot(root)
+    assert cli("apply", "--verl-root", root, "--backend", "megatron").exit_code == 0
+    catalogue_r2()
+    code, out = cli_json("status", "--verl-root", root)
+    patch = {p["id"]: p for p in out["trees"][0]["patches"]}[PATCH]
+    assert (patch["state"], patch["recorded_revision"], patch["revision"]) == ("outdated", OLD, NEW)
+    assert f"applied r{OLD}, current r{NEW}" in cli("status", "--verl-root", root).stdout
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.OK
+    assert any(f"applied r{OLD}, current r{NEW}" in c["detail"] for c in out["trees"][0]["checks"] if c["warning"])
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron")
+    assert code == ExitCode.OK, out
+    assert out["upgraded"] == [{"id": PATCH, "from": OLD, "to": NEW}] and len(out["replaced"]) == 1
+    ledger = json.loads((root / ".rlprobe-patch" / "ledger.json").read_text())
+    assert [[(p["id"], p["revision"]) for p in r["patches"]] for r in ledger["records"]] == [[(PATCH, NEW)]]
+    assert cli_json("verify", "--verl-root", root)[0] == ExitCode.OK
+    assert cli_json("revert", "--verl-root", root)[0] == ExitCode.OK
+    assert snapshot(root) == pristine
+
+
+def test_upgrade_dry_run_and_edit(fixture_tree, catalogue_r2) -> None:
+    root = fixture_tree("0.9")
+    assert cli("apply", "--verl-root", root, "--backend", "megatron").exit_code == 0
+    target = root / "verl/workers/engine/megatron/transformer_impl.py"
+    target.write_bytes(target.read_bytes() + b"# mine\n")
+    catalogue_r2()
+    before = snapshot(root)
+    result = cli("apply", "--verl-root", root, "--backend", "megatron", "--dry-run")
+    assert result.exit_code == ExitCode.REVERT_BLOCKED and "# mine" in result.stderr
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--merge", "--dry-run")
+    assert code == ExitCode.OK and "self._dump_steps = 0" in out["diff"]
+    assert out["merged"] == [str(target.relative_to(root))]
+    assert snapshot(root) == before  # a dry run writes nothing
+
+
+def test_superseded_by_another_release(fixture_tree) -> None:
+    root = fixture_tree("0.8")
+    assert cli("apply", "--verl-root", root, "--backend", "fsdp").exit_code == 0
+    shutil.rmtree(root / "verl")
+    shutil.copytree(FIXTURES / "verl-0.9" / "verl", root / "verl")  # the package replaced by 0.9.1
+    pristine = snapshot(root)
+    code, out = cli_json("status", "--verl-root", root)
+    assert out["trees"][0]["records"] == [] and out["trees"][0]["superseded"][0]["version"] == "0.8.0"
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.VERIFY_FAILED
+    assert [c["check"] for c in out["trees"][0]["checks"] if not c["ok"]] == ["recorded"]
+    code, out = cli_json("revert", "--verl-root", root)
+    assert code == ExitCode.OK and out["trees"][0]["superseded"] and out["trees"][0]["files"] == []
+    assert snapshot(root) == pristine
+    assert json.loads((root / ".rlprobe-patch" / "ledger.json").read_text())["records"] == []
+
+
+def test_an_edit_is_not_a_new_release(fixture_tree) -> None:
+    """Same release, file changed: still an edit after apply (revert stops), never superseded."""
+    root = fixture_tree("0.9")
+    assert cli("apply", "--verl-root", root, "--backend", "fsdp").exit_code == 0
+    target = root / "verl/workers/engine/fsdp/transformer_impl.py"
+    target.write_bytes(target.read_bytes().replace(b"import ", b"import  ", 1))
+    _, out = cli_json("status", "--verl-root", root)
+    assert out["trees"][0]["superseded"] == [] and len(out["trees"][0]["records"]) == 1
+    assert cli_json("revert", "--verl-root", root)[0] == ExitCode.REVERT_BLOCKED
+
+
+OLD_RECORDS = Path(__file__).parent / "data" / "records-0.1.0.tar.gz"
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+@pytest.mark.parametrize("family", ["0.6", "0.8", "0.9"])
+def test_trees_patched_by_0_1_0_upgrade(tmp_path: Path, family: str, backend: str) -> None:
+    """Trees patched by rlprobe-patch 0.1.0 (tests/data: each engine hook at revision 1) under the
+    current catalogue, whose revision is newer: reported, upgraded in one record, reverted byte for byte."""
+    import tarfile
+
+    name = f"verl-{family}-{backend}"
+    engine = f"verl.{backend}-engine"
+    with tarfile.open(OLD_RECORDS) as archive:
+        members = [m for m in archive.getmembers() if m.name == name or m.name.startswith(f"{name}/")]
+        archive.extractall(tmp_path, members=members, filter="tar")
+    root = tmp_path / name
+    recorded = json.loads((root / ".rlprobe-patch" / "ledger.json").read_text())["records"][0]["patches"]
+    old, current = {p["id"]: p["revision"] for p in recorded}[engine], get_patch(engine).revision
+    if old == current:
+        pytest.skip(f"{engine} is still at revision {old}: nothing to upgrade")
+    code, out = cli_json("status", "--verl-root", root)
+    patch = {p["id"]: p for p in out["trees"][0]["patches"]}[engine]
+    assert (patch["state"], patch["recorded_revision"]) == ("outdated", old)
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.OK, [c for c in out["trees"][0]["checks"] if not c["ok"]]
+    extra = ["--worker-impl", "engine"] if family == "0.6" else []
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, *extra)
+    assert code == ExitCode.OK, out
+    assert out["upgraded"] == [{"id": engine, "from": old, "to": current}]
+    ledger = json.loads((root / ".rlprobe-patch" / "ledger.json").read_text())
+    assert [[(p["id"], p["revision"]) for p in r["patches"]] for r in ledger["records"]] == [[(engine, current)]]
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.OK, [c for c in out["trees"][0]["checks"] if not c["ok"]]
+    again = cli("apply", "--verl-root", root, "--backend", backend, *extra)
+    assert again.exit_code == ExitCode.OK and "already applied" in again.stdout
+    assert cli_json("revert", "--verl-root", root)[0] == ExitCode.OK
+    assert snapshot(root) == snapshot(FIXTURES / f"verl-{family}")
