@@ -34,8 +34,8 @@ from rlprobe_patch.errors import ExitCode
 pytestmark = pytest.mark.real
 
 APPLY = ("apply", "--backend", "fsdp", "--mode", "consistency", "--worker-impl", "engine")
-APPLY_CHECKPOINTS = 30
-REVERT_CHECKPOINTS = 27
+APPLY_CHECKPOINTS = 34
+REVERT_CHECKPOINTS = 31
 SHARDS = 3  # each test's kill points are spread over shards, so that xdist workers share them
 DELAY = 0.02  # seconds slept at every checkpoint in the random-kill test
 
@@ -112,9 +112,9 @@ def test_checkpoint_counts(tmp_path: Path, reference: tuple[Path, dict, dict]) -
 
     apply_steps, revert_steps = listed(*APPLY), listed("revert")
     assert len(apply_steps) == APPLY_CHECKPOINTS and len(revert_steps) == REVERT_CHECKPOINTS
-    # Both trees' files are among them, each written through a temp file and a rename: six verl
+    # Both trees' files are among them, each written through a temp file and a rename: eight verl
     # files, the new vLLM-Ascend module and the vLLM-Ascend model runner.
-    assert sum(": rename " in step and step.endswith(".py") for step in apply_steps) == 8
+    assert sum(": rename " in step and step.endswith(".py") for step in apply_steps) == 10
 
 
 def check_whole(pair: Pair, original: dict, patched: dict, what: str) -> None:

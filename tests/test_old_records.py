@@ -1,14 +1,19 @@
-"""Trees patched by an earlier release of rlprobe-patch still read as applied, verify clean,
-re-apply as a no-op and revert byte for byte (records kept as test data, tests/data/README.md)."""
+"""Trees patched by an earlier release of rlprobe-patch (records kept as test data,
+tests/data/README.md) under today's catalogue: where the patch's revision is unchanged they read
+as applied, verify clean and re-apply as a no-op; where it is newer they read as outdated
+(`applied r1, current r2`), verify clean with a warning, and `apply` upgrades them in one record.
+Either way a second apply writes nothing and revert gives back the original bytes."""
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, cli, cli_json, snapshot
 
+from rlprobe_patch.catalogue import get_patch
 from rlprobe_patch.errors import ExitCode
 
 DATA = Path(__file__).parent / "data"
@@ -26,22 +31,37 @@ def old_tree(tmp_path: Path):
     return make
 
 
+def ledger(root: Path) -> dict:
+    return json.loads((root / ".rlprobe-patch" / "ledger.json").read_text())
+
+
 @pytest.mark.parametrize("name", TREES)
 def test_tree_patched_by_0_1_0(old_tree, name: str) -> None:
     root = old_tree(name)
     family, backend = name.split("-")[1:]
-    engine = f"verl.{'fsdp' if backend == 'fsdp' else 'megatron'}-engine"
+    engine = f"verl.{backend}-engine"
+    (recorded,) = [p["revision"] for r in ledger(root)["records"] for p in r["patches"] if p["id"] == engine]
+    current = get_patch(engine).revision
     code, out = cli_json("status", "--verl-root", root)
     assert code == ExitCode.OK, out
-    states = {p["id"]: p["state"] for t in out["trees"] for p in t["patches"]}
-    assert states[engine] == "applied", states
+    patch = {p["id"]: p for t in out["trees"] for p in t["patches"]}[engine]
+    if recorded == current:
+        assert patch["state"] == "applied", patch
+    else:
+        assert (patch["state"], patch["recorded_revision"]) == ("outdated", recorded), patch
     code, out = cli_json("verify", "--verl-root", root)
     assert code == ExitCode.OK, out
-    ledger = (root / ".rlprobe-patch" / "ledger.json").read_bytes()
     extra = ["--worker-impl", "engine"] if family == "0.6" else []
-    result = cli("apply", "--verl-root", root, "--backend", backend, *extra)
-    assert result.exit_code == ExitCode.OK and "already applied" in result.stdout, result.stdout
-    assert (root / ".rlprobe-patch" / "ledger.json").read_bytes() == ledger
+    code, out = cli_json("apply", "--verl-root", root, "--backend", backend, *extra)
+    assert code == ExitCode.OK, out
+    assert out.get("upgraded", []) == ([] if recorded == current else [{"id": engine, "from": recorded, "to": current}])
+    assert [[(p["id"], p["revision"]) for p in r["patches"]] for r in ledger(root)["records"]] == [[(engine, current)]]
+    code, out = cli_json("verify", "--verl-root", root)
+    assert code == ExitCode.OK, out
+    before = (root / ".rlprobe-patch" / "ledger.json").read_bytes()
+    again = cli("apply", "--verl-root", root, "--backend", backend, *extra)
+    assert again.exit_code == ExitCode.OK and "already applied" in again.stdout, again.stdout
+    assert (root / ".rlprobe-patch" / "ledger.json").read_bytes() == before
     code, out = cli_json("revert", "--verl-root", root)
     assert code == ExitCode.OK, out
     assert snapshot(root) == snapshot(FIXTURES / f"verl-{family}")

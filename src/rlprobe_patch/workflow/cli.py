@@ -184,8 +184,8 @@ def doctor_cmd(out: Out, python: str | None, install: bool, requirement: str, pi
         out.line(f"  {name:<14} {p.version or '?'}" + (f"  ({p.location})" if p.found else "  not found"))
     if report.verl.get("found"):
         out.line(f"verl {report.verl['version']} at {report.verl['root']}")
-        for p in report.patches:
-            out.line(f"  {p['id']:<26} {p['state']}")
+        for patch in report.patches:
+            out.line(f"  {patch['id']:<26} {patch['state']}")
     return int(ExitCode.OK if report.ok else ExitCode.VERIFY_FAILED)
 
 
