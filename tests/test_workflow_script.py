@@ -289,7 +289,7 @@ def test_sglang_consistency_sets_what_pairing_needs(workdir: Path, version: str)
     assert new.value("rollout.enforce_eager") is True
     text = out_path.read_text()
     assert "++actor_rollout_ref.rollout.engine_kwargs.sglang.disable_radix_cache=True" in text
-    assert any("sglang.dispatch-logger" in n for n in out["notices"])
+    assert any("dispatch_log.jsonl" in n and "--mode consistency" in n for n in out["notices"])
     if version == "0.5.8":  # sglang.model-runner reads its config from the environment
         assert "msprobe_dump_config" not in text
         assert new.env["MSPROBE_SGLANG_CONFIG"].value == CONFIGS[CONFIGS.index("--generate-config") + 1]

@@ -297,8 +297,8 @@ def _sglang_pairing(req: Requirements) -> None:
     )
     req.notices.append(
         "SGLang pairing by request id needs `rlprobe-patch apply --mode consistency` on the SGLang tree "
-        "(sglang.dispatch-logger writes dispatch_log.jsonl beside the dumps; rids reach it from SGLang 0.5.8) "
-        "and, on the verl side, verl.request-id (0.7.1+)"
+        "(a dispatch_log.jsonl beside the dumps) and on the verl tree (the request ids kept in the training "
+        "batch); `rlprobe-patch list` says from which releases each patch of the set can do it"
     )
 
 
