@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from packaging.version import Version
 
 from rlprobe_patch.cli_base import (
     Out,
@@ -558,7 +559,12 @@ def list_cmd(out: Out) -> int:
 
 # -- demo -------------------------------------------------------------------------------------
 @click.command("demo")
-@click.option("--verl-version", default="0.9.1", show_default=True, help="Release fetched from the package index.")
+@click.option(
+    "--verl-version",
+    default=lambda: max(releases("verl").tested, key=Version),
+    show_default="the newest tested release",
+    help="Release fetched from the package index.",
+)
 @click.option("--offline", is_flag=True, help="Use the bundled fixture tree instead of downloading.")
 @click.option("--workdir", type=click.Path(path_type=Path), help="Scratch folder (default: a new temp folder).")
 @command
