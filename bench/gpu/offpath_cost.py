@@ -31,7 +31,8 @@ def holder(cls, megatron: bool):
     if megatron:
         obj._dump_should_record = False
         obj._dump_micro_batch = None
-    for name in ("_ensure_debugger", "_should_dump"):
+    # The decision's methods, and the switch reader's (`_rlprobe_*`, from issue 15 on) they call.
+    for name in ("_ensure_debugger", "_should_dump", *(n for n in dir(cls) if n.startswith("_rlprobe_"))):
         setattr(obj, name, types.MethodType(getattr(cls, name), obj))
     return obj
 
