@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.runtime, pytest.mark.real]
 DRIVER = Path(__file__).parent / "runtime" / "fsdp_driver.py"
 MICRO_BATCHES = 2
 IDS = [["req-0", "req-1"], ["req-2", "req-3"]]
+# The V1-shaped batch (fsdp_driver.v1_samples): sample 1 is padding with sample 0's fields, left out.
+V1_IDS = [["v1-0"], ["v1-2", "v1-3"]]
 
 
 def run_driver(python: Path, tmp: Path, name: str, *extra: str, **env: str) -> dict:
@@ -127,11 +129,22 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
         assert all(line["rank"] == 0 and line["source"] == "update_actor" for line in lines)
         assert all(line["num_requests"] == 2 for line in lines)
 
-    # DUMP_PHASE=all: the training micro-batches, then the log-prob ones.
+    # DUMP_PHASE=all: the training micro-batches, then the log-prob ones. Then (issue 16) the same
+    # calls on a V1-shaped batch (verl 0.9's V1 trainer): request ids only in each sample's
+    # `extra_fields`, sample 1 a padding sample (uid "pad...") carrying a deep copy of sample 0's
+    # fields. Stand-ins (see fsdp_driver.v1_samples): the ids and other fields are made up and the
+    # batch is built in the driver rather than fetched from TransferQueue; the engine, the patch
+    # and msprobe are real. One line per micro-batch, with exactly the real samples' ids.
     config, dump = msprobe_config(tmp_path, "all")
-    run_driver(python, tmp_path, "patched-all", DUMP_ON="1", DUMP_PHASE="all", MSPROBE_ACTOR_CONFIG=str(config))
-    assert sorted(dumped_steps(dump)) == list(range(2 * MICRO_BATCHES))
-    assert [line["request_ids"] for line in log_lines(dump)] == IDS + IDS
+    run = run_driver(
+        python, tmp_path, "patched-all", "--v1-batch", DUMP_ON="1", DUMP_PHASE="all", MSPROBE_ACTOR_CONFIG=str(config)
+    )
+    assert run["v1_micro_batches"] == {"train": MICRO_BATCHES, "forward_only": MICRO_BATCHES}
+    assert run["v1_expected_log_ids"] == V1_IDS
+    assert sorted(dumped_steps(dump)) == list(range(4 * MICRO_BATCHES))
+    lines = log_lines(dump)
+    assert [line["request_ids"] for line in lines] == IDS + IDS + V1_IDS + V1_IDS
+    assert [line["num_requests"] for line in lines[2 * MICRO_BATCHES :]] == [len(ids) for ids in V1_IDS + V1_IDS]
 
     code, out = cli_json("revert", "--python", python)
     assert code == ExitCode.OK, out

@@ -90,7 +90,8 @@ class DumpPhase:
 class UpdateActorLog:
     """One update_actor_log.jsonl line per dumped step: the log format, for every worker hook.
 
-    Slots: `REQUEST_IDS` (the micro-batch's request ids, or None) and `RANK`.
+    Slots: `REQUEST_IDS` (the micro-batch's top-level request ids, or None) and `RANK`. Without
+    them, the ids come from each sample's `extra_fields` (verl's V1 trainer), padding samples left out.
     """
 
     def _log_update_actor_step(self, micro_batch):
@@ -100,6 +101,19 @@ class UpdateActorLog:
         import time
 
         request_ids = REQUEST_IDS
+        if request_ids is None and hasattr(micro_batch, "keys") and "extra_fields" in micro_batch.keys():
+            # verl's V1 trainer keeps each sample's fields (request_id among them) in a dict per
+            # sample, `extra_fields`, and never copies them to the top level. Padding samples
+            # (uid "pad...", added by `_balance_batch`) copy the first sample's fields: left out.
+            extra_fields = micro_batch["extra_fields"]
+            extra_fields = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+            uids = micro_batch["uid"] if "uid" in micro_batch.keys() else [None] * len(extra_fields)
+            uids = uids.tolist() if hasattr(uids, "tolist") else list(uids)
+            request_ids = [
+                fields["request_id"]
+                for fields, uid in zip(extra_fields, uids)
+                if isinstance(fields, dict) and fields.get("request_id") is not None and not str(uid).startswith("pad")
+            ]
         if request_ids is None:
             request_ids = []
         elif hasattr(request_ids, "tolist"):
@@ -162,6 +176,19 @@ class PipelineSteps:
             return  # msprobe dumps nothing on a rank its config leaves out
         micro_batch = unit["batch"]
         request_ids = REQUEST_IDS
+        if request_ids is None and hasattr(micro_batch, "keys") and "extra_fields" in micro_batch.keys():
+            # verl's V1 trainer keeps each sample's fields (request_id among them) in a dict per
+            # sample, `extra_fields`, and never copies them to the top level. Padding samples
+            # (uid "pad...", added by `_balance_batch`) copy the first sample's fields: left out.
+            extra_fields = micro_batch["extra_fields"]
+            extra_fields = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+            uids = micro_batch["uid"] if "uid" in micro_batch.keys() else [None] * len(extra_fields)
+            uids = uids.tolist() if hasattr(uids, "tolist") else list(uids)
+            request_ids = [
+                fields["request_id"]
+                for fields, uid in zip(extra_fields, uids)
+                if isinstance(fields, dict) and fields.get("request_id") is not None and not str(uid).startswith("pad")
+            ]
         if request_ids is None:
             request_ids = []
         elif hasattr(request_ids, "tolist"):

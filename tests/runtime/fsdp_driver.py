@@ -63,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="JSON {name: env}: for each, with env set, one training forward_backward_batch; "
         "the error it raises and the micro-batches its loss saw are recorded (no optimizer step)",
     )
+    parser.add_argument(
+        "--v1-batch",
+        action="store_true",
+        help="after the steps, one training and one forward-only call on a V1-shaped batch: request ids "
+        "only in each sample's extra_fields, and a padding sample (see make_v1_batch)",
+    )
     args = parser.parse_args(argv)
     if args.micro_batches < 1 or args.micro_batch_size < 1 or args.steps < 0:
         parser.error("--micro-batches and --micro-batch-size must be >= 1, --steps >= 0")
@@ -248,6 +254,50 @@ def make_batch(samples: list[dict], args: argparse.Namespace):
     )
 
 
+def v1_samples(samples: list[dict]) -> list[dict]:
+    """The samples as verl 0.9's V1 trainer hands them to the engine (``micro_batch["extra_fields"]``).
+
+    Each sample keeps its fields as a per-sample dict ``extra_fields`` (where verl.request-id puts
+    ``request_id``) and a ``uid``; no top-level ``request_id``. Sample 1 is made a padding sample
+    the way ``upsample_batch_to_divisible_size`` (verl/trainer/ppo/padding_utils.py, called by
+    ``_balance_batch``) makes one: uid ``pad<hex>`` and a deep copy of the first sample's fields,
+    so it carries sample 0's request id. Stand-ins: the ids and the other extra_fields are made up
+    here, and the batch is built directly instead of fetched from TransferQueue, and the padding
+    sample keeps its own tokens instead of verl's minimal padding template.
+    """
+    import copy
+
+    out = []
+    for index, sample in enumerate(samples):
+        fields = {"request_id": f"v1-{index}", "num_turns": 1, "reward_extra_info": {"acc": 1.0}}
+        out.append({**sample, "uid": f"uid-{index}", "extra_fields": fields})
+    if len(out) > 1:
+        out[1]["uid"] = "pad0123456789abcdef0123456789abcdef"
+        out[1]["extra_fields"] = copy.deepcopy(out[0]["extra_fields"])
+    return out
+
+
+def make_v1_batch(samples: list[dict], args: argparse.Namespace):
+    """``make_batch`` with the V1 fields (``v1_samples``) in place of the top-level ``request_id``."""
+    batch = make_batch(samples, args)
+    del batch["request_id"]
+    from verl.utils import tensordict_utils as tu
+
+    extra = tu.get_tensordict(
+        tensor_dict={"uid": [s["uid"] for s in samples], "extra_fields": [s["extra_fields"] for s in samples]}
+    )
+    batch["uid"] = extra["uid"]
+    batch["extra_fields"] = extra["extra_fields"]
+    return batch
+
+
+def expected_v1_log_ids(samples: list[dict], args: argparse.Namespace) -> list[list[str]]:
+    """Per micro-batch, the request ids of its real samples (padding left out)."""
+    size = args.micro_batch_size
+    chunks = [samples[i : i + size] for i in range(0, len(samples), size)]
+    return [[s["extra_fields"]["request_id"] for s in chunk if not s["uid"].startswith("pad")] for chunk in chunks]
+
+
 class MicroBatchSpy:
     """Wraps ``engine.forward_step`` (on the instance) to record the request ids each micro-batch carries."""
 
@@ -382,6 +432,20 @@ def run(args: argparse.Namespace, result: dict) -> None:
                 seen = record[f"{phase}_micro_batch_request_ids"]
                 if seen != expected_ids:
                     raise AssertionError(f"step {step} {phase}: micro-batches carried {seen}, expected {expected_ids}")
+        if args.v1_batch:
+            v1 = v1_samples(samples)
+            result["v1_expected_log_ids"] = expected_v1_log_ids(v1, args)
+            v1_calls = {}
+            with engine.train_mode():
+                engine.optimizer_zero_grad()
+                batch = make_v1_batch(v1, args)
+                engine.forward_backward_batch(batch, loss_function=loss_fn, forward_only=False)
+                v1_calls["train"] = len(spy.take())
+            with engine.eval_mode():
+                batch = make_v1_batch(v1, args)
+                engine.forward_backward_batch(batch, loss_function=None, forward_only=True)
+                v1_calls["forward_only"] = len(spy.take())
+            result["v1_micro_batches"] = v1_calls
         result["msprobe_imported"] = any(name.split(".")[0] == "msprobe" for name in sys.modules)
         result["grad_norms"] = [s["grad_norm"] for s in steps]
         result["losses"] = [s["losses"] for s in steps]

@@ -63,6 +63,19 @@ class FSDPEngine:
         import time
 
         request_ids = micro_batch.get("request_id", None) if "request_id" in micro_batch.keys() else None
+        if request_ids is None and hasattr(micro_batch, "keys") and "extra_fields" in micro_batch.keys():
+            # verl's V1 trainer keeps each sample's fields (request_id among them) in a dict per
+            # sample, `extra_fields`, and never copies them to the top level. Padding samples
+            # (uid "pad...", added by `_balance_batch`) copy the first sample's fields: left out.
+            extra_fields = micro_batch["extra_fields"]
+            extra_fields = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+            uids = micro_batch["uid"] if "uid" in micro_batch.keys() else [None] * len(extra_fields)
+            uids = uids.tolist() if hasattr(uids, "tolist") else list(uids)
+            request_ids = [
+                fields["request_id"]
+                for fields, uid in zip(extra_fields, uids)
+                if isinstance(fields, dict) and fields.get("request_id") is not None and not str(uid).startswith("pad")
+            ]
         if request_ids is None:
             request_ids = []
         elif hasattr(request_ids, "tolist"):
