@@ -59,6 +59,8 @@ READERS = [
     "verl.debug-metrics",
     "verl.rollout-correction",
     "sglang.model-runner",
+    "slime.megatron-actor",
+    "slime.request-id",
 ]
 
 
@@ -73,6 +75,10 @@ def test_every_hook_reads_the_switches_with_the_one_reader(patch_id: str) -> Non
     assert not SWITCH_READS.search(code), patch_id
     reader = {fn.name.value: payload.module.code_for_node(fn) for fn in _all_methods(payload.module)}
     shared = _methods(cst.parse_module((SHARED / "switches.py").read_bytes()))
+    if patch.package == "slime":  # slime's DUMP_PHASE is a list of its passes: its own _rlprobe_switches
+        assert SHARED / "slime_switches.py" in payload.sources, patch_id
+        shared.update(_methods(cst.parse_module((SHARED / "slime_switches.py").read_bytes())))
+        shared["Switches._rlprobe_switches"] = shared["SlimeSwitches._rlprobe_switches"]
     for name in ("_rlprobe_switch", "_rlprobe_switches", "_rlprobe_run_switches"):
         assert reader[name] == shared[f"Switches.{name}"], (patch_id, name)
     announced = re.findall(r'_rlprobe_announce\("([^"]+)"', code)

@@ -30,7 +30,7 @@ pytestmark = [
 ]
 
 DRIVER = Path(__file__).parent / "runtime" / "slime_driver.py"
-SWITCHES = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG", "TORCHDYNAMO_DISABLE")
+SWITCHES = ("DUMP_ON", "DUMP_PHASE", "PROMPTS_ONLY", "MSPROBE_ACTOR_CONFIG", "TORCHDYNAMO_DISABLE")
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,12 @@ def megatron_python() -> Path:
     return venvs.ensure_megatron_venv()
 
 
-def run_driver(python: Path, root: Path, work: Path, **env: str) -> dict:
+def run_driver(python: Path, root: Path, work: Path, *extra: str, **env: str) -> dict:
     work.mkdir(parents=True)
     out = work / "result.json"
     clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
     proc = subprocess.run(
-        [str(python), str(DRIVER), "--slime-root", str(root), "--out", str(out), "--workdir", str(work)],
+        [str(python), str(DRIVER), "--slime-root", str(root), "--out", str(out), "--workdir", str(work), *extra],
         env={**clean, **env},
         capture_output=True,
         text=True,
@@ -52,6 +52,7 @@ def run_driver(python: Path, root: Path, work: Path, **env: str) -> dict:
     )
     result = json.loads(out.read_text())
     assert proc.returncode == 0 and result["ok"], (result.get("error"), proc.stderr[-2000:])
+    result["stderr"] = proc.stderr
     return result
 
 
@@ -70,23 +71,50 @@ def test_slime_actor_dumps_one_step_per_micro_batch(
     code, out = cli_json("apply", "--slime-root", root)
     assert code == ExitCode.OK, out
 
-    unpatched = run_driver(megatron_python, original, tmp_path / "unpatched")
-    off = run_driver(megatron_python, root, tmp_path / "off")
-    assert off["patched"] and not unpatched["patched"]
-    assert numbers(off) == numbers(unpatched)  # dumping off: the same numbers
-    assert not off["msprobe_imported"] and "dump_path" not in off  # and nothing imported or written
-
     config = tmp_path / "config.json"
     subprocess.run(
         [str(megatron_python), str(DRIVER), "--write-config", str(config), "--dump-path", str(tmp_path / "dump")],
         check=True,
     )
+    not_json = tmp_path / "not-json.json"
+    not_json.write_text("{'task': 'statistics'")
+    # Issue 15: a wrong switch stops the first pass at its first statement, naming the variable.
+    # Tried inside the switches-off run, before its passes (the driver drops the per-process cache).
+    bad = [
+        ({"DUMP_ON": "ture"}, "DUMP_ON='ture'", "is not a switch value"),
+        (
+            {"DUMP_ON": "1", "DUMP_PHASE": "log_prob, ref_foward", "MSPROBE_ACTOR_CONFIG": str(config)},
+            "DUMP_PHASE='log_prob, ref_foward'",
+            "ref_foward is not a pass of slime: use a comma-separated list of log_prob, update_actor, all, "
+            "ref_forward, teacher_forward, critic_forward, update_critic",
+        ),
+        (
+            {"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(tmp_path / "missing.json")},
+            "MSPROBE_ACTOR_CONFIG=",
+            "no such file",
+        ),
+        (
+            {"DUMP_ON": "on", "DUMP_PHASE": "ref_forward", "MSPROBE_ACTOR_CONFIG": str(not_json)},
+            "not-json.json",
+            "not JSON",
+        ),
+    ]
+    unpatched = run_driver(megatron_python, original, tmp_path / "unpatched")
+    off = run_driver(megatron_python, root, tmp_path / "off", "--bad-switches", json.dumps([env for env, *_ in bad]))
+    assert off["patched"] and not unpatched["patched"]
+    for (env, named, message), tried in zip(bad, off["bad_switches"], strict=True):
+        assert tried["error"] and named in tried["error"] and message in tried["error"], (env, tried["error"])
+        assert tried["events"] == [] and tried["offsets"] == [0], tried  # no micro-batch taken, no forward
+    assert numbers(off) == numbers(unpatched)  # dumping off: the same numbers
+    assert not off["msprobe_imported"] and "dump_path" not in off  # and nothing imported or written
+    said = (off["stderr"] + unpatched["stderr"]).splitlines()
+    assert not [line for line in said if line.startswith("rlprobe-patch:")]  # and nothing said
     # msprobe refuses TorchDynamo on torch >= 2.7, and slime's log-prob code is compiled on 0.2.x.
     on = run_driver(
         megatron_python,
         root,
         tmp_path / "on",
-        DUMP_ON="1",
+        DUMP_ON="yes",  # any of 1, true, yes, on (issue 15)
         DUMP_PHASE="all,ref_forward",
         MSPROBE_ACTOR_CONFIG=str(config),
         TORCHDYNAMO_DISABLE="1",
@@ -94,6 +122,11 @@ def test_slime_actor_dumps_one_step_per_micro_batch(
     # Dumping on: the same numbers as the original file run the same way (eager: TorchDynamo off).
     eager = run_driver(megatron_python, original, tmp_path / "eager", TORCHDYNAMO_DISABLE="1")
     assert numbers(on) == numbers(eager)
+    announced = [line for line in on["stderr"].splitlines() if line.startswith("rlprobe-patch:")]
+    assert announced == [
+        f"rlprobe-patch: slime.megatron-actor r1 hooks active (rank 0): DUMP_PHASE=all,ref_forward, "
+        f"config {config}, dump path {tmp_path / 'dump'}, PROMPTS_ONLY off"
+    ], on["stderr"][-2000:]
     micro_batches = on["micro_batch_indices"]
     passes = [("log_prob", "actor", None), ("ref_forward", "ref", None), ("update_actor", "actor", 7)]
     lines = on["log_lines"]

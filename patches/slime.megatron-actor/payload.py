@@ -17,11 +17,16 @@ The class and the instance below are appended to the module (`AddDefinitions`). 
 module-level function after them is a *statement hook*: its body (without the docstring) is
 inserted at the place its docstring names; `codemod.py` finds those places.
 
-Switches, all unset = the original behaviour with no import and no file work:
-`DUMP_ON=1`; `DUMP_PHASE`, a comma-separated list: `log_prob` (default), `update_actor`, `all`
-(both), and for the other models' passes, which are never dumped unless named,
-`ref_forward`, `teacher_forward`, `critic_forward`, `update_critic`;
-`MSPROBE_ACTOR_CONFIG` (default baked in by `apply --msprobe-config`).
+Switches, all unset = the original behaviour with no import and no file work, read by the
+shared switch reader (`patches/_shared/switches.py`, with slime's `DUMP_PHASE` from
+`patches/_shared/slime_switches.py`) once per process, at the first pass:
+`DUMP_ON` (`1`, `true`, `yes`, `on`); `DUMP_PHASE`, a comma-separated list: `log_prob` (default),
+`update_actor`, `all` (both), and for the other models' passes, which are never dumped unless
+named, `ref_forward`, `teacher_forward`, `critic_forward`, `update_critic`;
+`MSPROBE_ACTOR_CONFIG` (default baked in by `apply --msprobe-config`). Any other value, or with
+`DUMP_ON` on a config that is missing, not JSON or refused by msprobe, stops the run at the first
+pass with an error naming the variable, before any step; rank 0 then logs one line (hooks
+active, phase, config, dump path).
 
 Device-agnostic: no accelerator call (the same code runs on CUDA, NPU or MUSA).
 
@@ -36,6 +41,8 @@ import logging
 import os
 
 import torch
+from _shared.slime_switches import SlimeSwitches
+from _shared.switches import Switches
 from megatron.core import mpu
 
 # slime's model.py defines these names at module level.
@@ -60,29 +67,32 @@ class _RlprobeSlimeDump:
     def begin_pass(self, model, forward_only, store_prefix, rollout_id, step_id):
         self.finish_step()
         self.record = False
-        if not int(os.environ.get("DUMP_ON", "0")):
+        switches = self._rlprobe_run_switches()
+        if not switches["dump_on"]:
             return
+        # A wrong config stops the run at the first pass, dumped or not.
+        self._ensure_debugger()
         role = store_prefix.rstrip("_") or getattr(model[0], "role", "actor")
         if role == "actor":
             phase = "log_prob" if forward_only else "update_actor"
         else:
             phase = f"{role}_forward" if forward_only else f"update_{role}"
-        wanted = [p.strip() for p in os.environ.get("DUMP_PHASE", "log_prob").split(",")]
+        wanted = switches["phases"]
         if phase not in wanted and not ("all" in wanted and role == "actor"):
             return
-        self._ensure_debugger()
-        self.record = self.debugger is not None
+        self.record = True
         self.forward_only, self.phase, self.role = forward_only, phase, role
         self.rollout_id, self.train_step = rollout_id, step_id
 
     def _ensure_debugger(self):
-        # Lazy: nothing is imported or opened until DUMP_ON asks for it.
+        # Lazy: nothing is imported or opened until DUMP_ON asks for it; a wrong config stops the
+        # run here (patches/_shared/switches.py).
         if self.debugger is not None:
             return
-        from msprobe.pytorch import PrecisionDebugger, seed_all
-
-        seed_all(mode=True)
-        self.debugger = PrecisionDebugger(config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json"))
+        config_path = self._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
+        self.debugger = self._rlprobe_debugger("MSPROBE_ACTOR_CONFIG", config_path)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
+        self._rlprobe_announce("slime.megatron-actor r1", rank, config_path, self.debugger.config.dump_path)
         try:
             log_dir = os.path.join(self.debugger.config.dump_path, str(os.getpid()))
             os.makedirs(log_dir, exist_ok=True)
@@ -175,6 +185,15 @@ class _RlprobeSlimeDump:
         }
         self.log_fp.write(json.dumps(record) + "\n")
         self.log_fp.flush()
+
+    # The switch reader (patches/_shared/switches.py), with slime's DUMP_PHASE list.
+    _rlprobe_on_rank = Switches._rlprobe_on_rank
+    _rlprobe_switch = Switches._rlprobe_switch
+    _rlprobe_switches = SlimeSwitches._rlprobe_switches
+    _rlprobe_config_path = Switches._rlprobe_config_path
+    _rlprobe_run_switches = Switches._rlprobe_run_switches
+    _rlprobe_debugger = Switches._rlprobe_debugger
+    _rlprobe_announce = Switches._rlprobe_announce
 
 
 _rlprobe_slime_dump = _RlprobeSlimeDump()

@@ -7,7 +7,7 @@ optional keys (`return_routed_experts`, `image_data`, `input_ids` or `text`) and
 
 import libcst.matchers as m
 
-from rlprobe_patch.codemod import METHOD, Hook, PatchCodemod, Where
+from rlprobe_patch.codemod import METHOD, AddDefinitions, Hook, PatchCodemod, Where
 
 
 def _builds_payload(stmt) -> bool:
@@ -20,6 +20,7 @@ def _builds_payload(stmt) -> bool:
 class Codemod(PatchCodemod):
     DESCRIPTION = "a deterministic SGLang rid per sample and attempt in slime's rollout, kept in the sample's metadata"
     OPERATIONS = (
+        AddDefinitions(("_RlprobeSwitches",)),
         Hook(
             None,
             "generate",

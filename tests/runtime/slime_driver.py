@@ -153,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=".")
     parser.add_argument("--write-config", metavar="PATH", help="write a minimal msprobe config and exit")
     parser.add_argument("--dump-path", metavar="DIR")
+    parser.add_argument(
+        "--bad-switches",
+        metavar="JSON",
+        help="a list of environments, each tried (on top of the run's) with a log-prob pass before the run: "
+        "each must stop at the pass's first statement",
+    )
     opts = parser.parse_args(argv)
     if opts.write_config:
         config = {"task": "statistics", "dump_path": opts.dump_path, "rank": [], "step": [], "level": "mix"}
@@ -313,6 +319,10 @@ def run(opts: argparse.Namespace, result: dict) -> None:
 
     nmb = len(micro_batch_indices)
     its = [observe_batches(i) for i in iterator()]
+    if opts.bad_switches:
+        result["bad_switches"] = try_bad_switches(
+            json.loads(opts.bad_switches), slime_model, args, model, its, nmb, events
+        )
     log_probs = slime_model.forward_only(get_log_probs_and_entropy, args, model, its, [nmb])
     events.append({"event": "pass_returned", "pass": "log_prob"})
     result["log_probs"] = [t.tolist() for t in log_probs["log_probs"]]
@@ -343,6 +353,36 @@ def run(opts: argparse.Namespace, result: dict) -> None:
             for p in glob.glob(os.path.join(path, "*", "update_actor_log.jsonl"))
             for line in Path(p).read_text().splitlines()
         ]
+
+
+def try_bad_switches(envs: list[dict], slime_model, args, model, its, nmb, events: list) -> list[dict]:
+    """Each environment in turn, with a log-prob pass: the error it stops with, and the events
+    (micro-batch taken, model forward, debugger calls) that happened before it: none expected.
+
+    The switches are read once per process (kept in `sys.modules["_rlprobe_patch_run"]`): the
+    driver drops that cache around each try, so the run after them reads the process's own."""
+    from slime.backends.megatron_utils.loss import get_log_probs_and_entropy
+
+    tried = []
+    for env in envs:
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+        sys.modules.pop("_rlprobe_patch_run", None)
+        seen = len(events)
+        try:
+            slime_model.forward_only(get_log_probs_and_entropy, args, model, its, [nmb])
+            error = None
+        except ValueError as exc:
+            error = str(exc)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            sys.modules.pop("_rlprobe_patch_run", None)
+        tried.append({"env": env, "error": error, "events": events[seen:], "offsets": [it.offset for it in its]})
+    return tried
 
 
 if __name__ == "__main__":

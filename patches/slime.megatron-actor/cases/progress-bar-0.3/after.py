@@ -113,29 +113,32 @@ class _RlprobeSlimeDump:
     def begin_pass(self, model, forward_only, store_prefix, rollout_id, step_id):
         self.finish_step()
         self.record = False
-        if not int(os.environ.get("DUMP_ON", "0")):
+        switches = self._rlprobe_run_switches()
+        if not switches["dump_on"]:
             return
+        # A wrong config stops the run at the first pass, dumped or not.
+        self._ensure_debugger()
         role = store_prefix.rstrip("_") or getattr(model[0], "role", "actor")
         if role == "actor":
             phase = "log_prob" if forward_only else "update_actor"
         else:
             phase = f"{role}_forward" if forward_only else f"update_{role}"
-        wanted = [p.strip() for p in os.environ.get("DUMP_PHASE", "log_prob").split(",")]
+        wanted = switches["phases"]
         if phase not in wanted and not ("all" in wanted and role == "actor"):
             return
-        self._ensure_debugger()
-        self.record = self.debugger is not None
+        self.record = True
         self.forward_only, self.phase, self.role = forward_only, phase, role
         self.rollout_id, self.train_step = rollout_id, step_id
 
     def _ensure_debugger(self):
-        # Lazy: nothing is imported or opened until DUMP_ON asks for it.
+        # Lazy: nothing is imported or opened until DUMP_ON asks for it; a wrong config stops the
+        # run here (patches/_shared/switches.py).
         if self.debugger is not None:
             return
-        from msprobe.pytorch import PrecisionDebugger, seed_all
-
-        seed_all(mode=True)
-        self.debugger = PrecisionDebugger(config_path=os.environ.get("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json"))
+        config_path = self._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "/home/config_actor.json")
+        self.debugger = self._rlprobe_debugger("MSPROBE_ACTOR_CONFIG", config_path)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
+        self._rlprobe_announce("slime.megatron-actor r1", rank, config_path, self.debugger.config.dump_path)
         try:
             log_dir = os.path.join(self.debugger.config.dump_path, str(os.getpid()))
             os.makedirs(log_dir, exist_ok=True)
@@ -228,6 +231,143 @@ class _RlprobeSlimeDump:
         }
         self.log_fp.write(json.dumps(record) + "\n")
         self.log_fp.flush()
+
+    # The switch reader (patches/_shared/switches.py), with slime's DUMP_PHASE list.
+    def _rlprobe_on_rank(self, environ=None):
+        # " on rank N", N the rank the launcher set (RANK, else LOCAL_RANK); "" without one.
+        import os
+
+        env = os.environ if environ is None else environ
+        rank = env.get("RANK") or env.get("LOCAL_RANK")
+        return f" on rank {rank}" if rank else ""
+    def _rlprobe_switch(self, name, environ=None):
+        # True or False for the switch `name`; ValueError naming it for any other value.
+        import os
+
+        env = os.environ if environ is None else environ
+        raw = env.get(name, "")
+        word = raw.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("", "0", "false", "no", "off"):
+            return False
+        raise ValueError(
+            f"rlprobe-patch: {name}={raw!r}{self._rlprobe_on_rank(env)} is not a switch value: "
+            "on is one of 1, true, yes, on; off is one of 0, false, no, off, empty or unset (any case)"
+        )
+    def _rlprobe_switches(self, environ=None):
+        # slime's switches: {"dump_on", "prompts_only", "phase", "phases", "warnings"}; DUMP_PHASE
+        # is a comma-separated list of passes. ValueError naming the variable for a value that is
+        # not allowed.
+        import os
+
+        env = os.environ if environ is None else environ
+        dump_on = self._rlprobe_switch("DUMP_ON", env)
+        prompts_only = self._rlprobe_switch("PROMPTS_ONLY", env)
+        raw_phase = env.get("DUMP_PHASE", "")
+        allowed = (
+            "log_prob",
+            "update_actor",
+            "all",
+            "ref_forward",
+            "teacher_forward",
+            "critic_forward",
+            "update_critic",
+        )
+        phases = tuple(item.strip().lower() for item in raw_phase.split(",") if item.strip()) or ("log_prob",)
+        unknown = [item for item in phases if item not in allowed]
+        if unknown:
+            raise ValueError(
+                f"rlprobe-patch: DUMP_PHASE={raw_phase!r}{self._rlprobe_on_rank(env)}: "
+                f"{', '.join(unknown)} is not a pass of slime: use a comma-separated list of "
+                f"{', '.join(allowed)} (log_prob when unset)"
+            )
+        warnings = []
+        if prompts_only:
+            warnings.append(
+                "rlprobe-patch: PROMPTS_ONLY is on: slime's hooks do not cut batches to their prompts; "
+                "every pass runs on the whole batch"
+            )
+        return {
+            "dump_on": dump_on,
+            "prompts_only": prompts_only,
+            "phase": ",".join(phases),
+            "phases": phases,
+            "warnings": warnings,
+        }
+    def _rlprobe_config_path(self, variable, default, environ=None):
+        # The msprobe config a hook loads: `variable`'s value, else `default`; ValueError when it
+        # is not a readable JSON object (msprobe's own checks come after, in _rlprobe_debugger).
+        import os
+
+        env = os.environ if environ is None else environ
+        path = env.get(variable, "").strip()
+        named = f"{variable}={path}" if path else f"{default} ({variable} is not set; this is the hook's default)"
+        path = path or default
+        where = f"rlprobe-patch: msprobe config {named}{self._rlprobe_on_rank(env)}"
+        if not path or not os.path.isfile(path):
+            raise ValueError(f"{where}: no such file; set {variable} to the config.json of this side")
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{where}: not readable by this process (uid {os.getuid()})")
+        import json
+
+        try:
+            with open(path, encoding="utf-8") as config:
+                data = json.load(config)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{where}: cannot be read: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{where}: not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: not a JSON object")
+        return path
+    def _rlprobe_run_switches(self):
+        # The switches of this process, read at the first hook call and kept for every hook of
+        # the process: a wrong value stops the run there; warnings are printed once.
+        import sys
+
+        run = sys.modules.get("_rlprobe_patch_run")
+        if run is None:
+            import types
+
+            switches = self._rlprobe_switches()
+            for warning in switches["warnings"]:
+                print(warning, file=sys.stderr, flush=True)
+            run = types.ModuleType("_rlprobe_patch_run", "rlprobe-patch: the switches this process runs with")
+            run.switches = switches
+            run.announced = set()
+            sys.modules["_rlprobe_patch_run"] = run
+        return run.switches
+    def _rlprobe_debugger(self, variable, config_path):
+        # msprobe's debugger for `config_path`; its loader's refusal names the variable and the file.
+        from msprobe.pytorch import PrecisionDebugger, seed_all
+
+        seed_all(mode=True)
+        try:
+            return PrecisionDebugger(config_path=config_path)
+        except Exception as exc:
+            # msprobe marks its one instance initialized before checking: never leave a half-made one.
+            PrecisionDebugger._instance = None
+            raise ValueError(
+                f"rlprobe-patch: msprobe config {variable}={config_path}{self._rlprobe_on_rank()}: "
+                f"msprobe refuses it: {exc}"
+            ) from exc
+    def _rlprobe_announce(self, patch, rank, config_path, dump_path):
+        # One line per patch and process when dumping is on, from rank 0 only, at the first hook call.
+        import sys
+
+        switches = self._rlprobe_run_switches()
+        run = sys.modules["_rlprobe_patch_run"]
+        if patch in run.announced or rank not in (0, "0", None):
+            return
+        run.announced.add(patch)
+        print(
+            f"rlprobe-patch: {patch} hooks active (rank {rank}): DUMP_PHASE={switches['phase']}, "
+            f"config {config_path}, dump path {dump_path}, "
+            f"PROMPTS_ONLY {'on' if switches['prompts_only'] else 'off'}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 _rlprobe_slime_dump = _RlprobeSlimeDump()
