@@ -79,6 +79,10 @@ def test_every_hook_reads_the_switches_with_the_one_reader(patch_id: str) -> Non
         assert SHARED / "slime_switches.py" in payload.sources, patch_id
         shared.update(_methods(cst.parse_module((SHARED / "slime_switches.py").read_bytes())))
         shared["Switches._rlprobe_switches"] = shared["SlimeSwitches._rlprobe_switches"]
+    if patch.package == "sglang":  # an SGLang server inherits verl's or slime's DUMP_PHASE: both grammars
+        assert SHARED / "inference_switches.py" in payload.sources, patch_id
+        shared.update(_methods(cst.parse_module((SHARED / "inference_switches.py").read_bytes())))
+        shared["Switches._rlprobe_switches"] = shared["InferenceSwitches._rlprobe_switches"]
     for name in ("_rlprobe_switch", "_rlprobe_switches", "_rlprobe_run_switches"):
         assert reader[name] == shared[f"Switches.{name}"], (patch_id, name)
     announced = re.findall(r'_rlprobe_announce\("([^"]+)"', code)

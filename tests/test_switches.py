@@ -138,3 +138,27 @@ def test_check_script_warns_prompts_only_without_dumps(derived: Path) -> None:
     _, doc = cli_json("check-script", derived, "--mode", "inference")
     warnings = [c["detail"] for c in doc["checks"] if c["warning"] and c["name"] == "switches"]
     assert any("DUMP_ON is off" in w for w in warnings), doc
+
+
+def test_the_sglang_hook_reads_both_trainers_phase_grammars() -> None:
+    """An SGLang server inherits the trainer's environment: slime's DUMP_PHASE lists (slime's
+    passes) must not stop it, a typo still does, and it prints no warning of the training side."""
+    import importlib.util
+
+    from rlprobe_patch.releases import patches_dir
+
+    path = patches_dir() / "_shared" / "inference_switches.py"
+    spec = importlib.util.spec_from_file_location("inference_switches", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    methods = {k: v for k, v in vars(type(switches)).items() if k.startswith("_rlprobe")}
+    methods["_rlprobe_switches"] = module.InferenceSwitches._rlprobe_switches
+    reader = type("SGLangHook", (), methods)()
+    for phase in ("", "log_prob", "ALL", "all,ref_forward", "log_prob, teacher_forward"):
+        read = reader._rlprobe_switches({"DUMP_PHASE": phase, "PROMPTS_ONLY": "1"})
+        assert read["warnings"] == [] and read["prompts_only"] is True, phase
+    with pytest.raises(ValueError, match=r"DUMP_PHASE='all,ref_foward': ref_foward is not a pass"):
+        reader._rlprobe_switches({"DUMP_PHASE": "all,ref_foward"})
+    with pytest.raises(ValueError, match=r"DUMP_ON='yess'"):
+        reader._rlprobe_switches({"DUMP_ON": "yess"})

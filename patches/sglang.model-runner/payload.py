@@ -19,6 +19,7 @@ SGLang too); they do not switch this debugger, its config does.
 import logging
 import os
 
+from _shared.inference_switches import InferenceSwitches
 from _shared.switches import Switches
 
 logger = logging.getLogger(__name__)  # model_runner.py defines it
@@ -57,10 +58,11 @@ class ModelRunner:
         dp_size = getattr(self, "dp_size", None) or 1
         return self.gpu_id if dp_size > 1 else None
 
-    # The switch reader (patches/_shared/switches.py).
+    # The switch reader (patches/_shared/switches.py), with the inference side's reading of
+    # DUMP_PHASE (patches/_shared/inference_switches.py: verl's or slime's grammar).
     _rlprobe_on_rank = Switches._rlprobe_on_rank
     _rlprobe_switch = Switches._rlprobe_switch
-    _rlprobe_switches = Switches._rlprobe_switches
+    _rlprobe_switches = InferenceSwitches._rlprobe_switches
     _rlprobe_config_path = Switches._rlprobe_config_path
     _rlprobe_run_switches = Switches._rlprobe_run_switches
     _rlprobe_debugger = Switches._rlprobe_debugger

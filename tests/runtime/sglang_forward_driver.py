@@ -203,7 +203,14 @@ def run(args: argparse.Namespace) -> dict:
         def _forward_raw(self, forward_batch: StandInForwardBatch, *args: object) -> types.SimpleNamespace:
             return types.SimpleNamespace(logits=self.model(forward_batch.input_ids), can_run_graph=False)
 
-    methods = [forward] + [m for m in (init_debugger, rank_id) if m is not None]
+    # Every method sglang.model-runner adds besides: the switch reader and the config path it reads.
+    model_runner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
+    reader = [
+        fn
+        for fn in model_runner.body
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith(("_rlprobe_", "_msprobe_config"))
+    ]
+    methods = [forward] + [m for m in (init_debugger, rank_id) if m is not None] + reader
     for method in methods:
         scope: dict = {}
         exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace, scope)

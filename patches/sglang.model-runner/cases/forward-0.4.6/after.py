@@ -61,7 +61,8 @@ class ModelRunner:
         dp_size = getattr(self, "dp_size", None) or 1
         return self.gpu_id if dp_size > 1 else None
 
-    # The switch reader (patches/_shared/switches.py).
+    # The switch reader (patches/_shared/switches.py), with the inference side's reading of
+    # DUMP_PHASE (patches/_shared/inference_switches.py: verl's or slime's grammar).
     def _rlprobe_on_rank(self, environ=None):
         # " on rank N", N the rank the launcher set (RANK, else LOCAL_RANK); "" without one.
         import os
@@ -87,33 +88,32 @@ class ModelRunner:
         )
 
     def _rlprobe_switches(self, environ=None):
-        # The run's switches: {"dump_on", "prompts_only", "phase", "warnings"}; ValueError naming
-        # the variable for a value that is not allowed.
+        # The switches an inference hook reads: {"dump_on", "prompts_only", "phase", "warnings"};
+        # DUMP_PHASE is the training side's (verl's or slime's grammar): only checked for typos.
         import os
 
         env = os.environ if environ is None else environ
         dump_on = self._rlprobe_switch("DUMP_ON", env)
         prompts_only = self._rlprobe_switch("PROMPTS_ONLY", env)
         raw_phase = env.get("DUMP_PHASE", "")
-        phase = raw_phase.strip().lower() or "log_prob"
-        if phase not in ("log_prob", "update_actor", "all"):
+        passes = (
+            "log_prob",
+            "update_actor",
+            "all",
+            "ref_forward",
+            "teacher_forward",
+            "critic_forward",
+            "update_critic",
+        )
+        phases = tuple(item.strip().lower() for item in raw_phase.split(",") if item.strip()) or ("log_prob",)
+        unknown = [item for item in phases if item not in passes]
+        if unknown:
             raise ValueError(
-                f"rlprobe-patch: DUMP_PHASE={raw_phase!r}{self._rlprobe_on_rank(env)} is not a phase: "
-                "use one of log_prob, update_actor, all (log_prob when unset)"
+                f"rlprobe-patch: DUMP_PHASE={raw_phase!r}{self._rlprobe_on_rank(env)}: "
+                f"{', '.join(unknown)} is not a pass of verl's or slime's hooks: use "
+                f"{', '.join(passes[:3])} (verl) or a comma-separated list of {', '.join(passes)} (slime)"
             )
-        warnings = []
-        if prompts_only and not dump_on:
-            warnings.append(
-                "rlprobe-patch: PROMPTS_ONLY is on and DUMP_ON is off: batches are cut to their prompts "
-                "before the log-prob pass and nothing is dumped"
-            )
-        if prompts_only and phase != "log_prob":
-            warnings.append(
-                f"rlprobe-patch: DUMP_PHASE={phase} under PROMPTS_ONLY: only the log-prob pass sees the "
-                "prompts the rollout prefilled; update_actor steps run on prompt-only batches and pair "
-                "with nothing on the rollout side"
-            )
-        return {"dump_on": dump_on, "prompts_only": prompts_only, "phase": phase, "warnings": warnings}
+        return {"dump_on": dump_on, "prompts_only": prompts_only, "phase": ",".join(phases), "warnings": []}
 
     def _rlprobe_config_path(self, variable, default, environ=None):
         # The msprobe config a hook loads: `variable`'s value, else `default`; ValueError when it
