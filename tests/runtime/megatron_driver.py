@@ -223,7 +223,9 @@ def extract_hooks(path: str | os.PathLike) -> dict:
 
     methods = {}
     present = {n.name for n in engine.body if isinstance(n, ast.FunctionDef)}
-    for name in HOOK_METHODS + tuple(n for n in OPTIONAL_HOOK_METHODS if n in present):
+    # ... and the shared switch reader's methods (`_rlprobe_*`, issue 15) where the file has them.
+    reader = tuple(sorted(n for n in present if n.startswith("_rlprobe_")))
+    for name in HOOK_METHODS + tuple(n for n in OPTIONAL_HOOK_METHODS if n in present) + reader:
         node = _find_method(engine, name)
         first_lineno = min([node.lineno] + [d.lineno for d in node.decorator_list])
         methods[name] = {
