@@ -185,14 +185,17 @@ def run_trim() -> dict:
     source, path = _trainer_source()
     tree = ast.parse(source, filename=str(path))
     trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RayPPOTrainer")
-    method = next(n for n in trainer.body if isinstance(n, ast.FunctionDef) and n.name == "_prompts_only_batch")
+    # The methods the patch adds: the trim and the shared switch reader's (`_rlprobe_*`).
+    added = [
+        n
+        for n in trainer.body
+        if isinstance(n, ast.FunctionDef) and (n.name == "_prompts_only_batch" or n.name.startswith("_rlprobe_"))
+    ]
     namespace: dict = {"os": os, "torch": torch}
-    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
+    exec(compile(ast.Module(body=added, type_ignores=[]), str(path), "exec"), namespace)
     statements = _inserted_trim_statements(tree)
     hook = compile(ast.Module(body=statements, type_ignores=[]), str(path), "exec")
-
-    class Trainer:
-        _prompts_only_batch = namespace["_prompts_only_batch"]
+    Trainer = type("Trainer", (), {n.name: namespace[n.name] for n in added})  # stand-in: the added methods
 
     result: dict = {"hook_source": [ast.unparse(s) for s in statements], "cases": {}}
     for dims in (2, 3):

@@ -104,15 +104,17 @@ def trainer_base_path() -> Path:
     return Path(spec.origin).parent / "trainer" / "ppo" / "v1" / "trainer_base.py"
 
 
-def inserted_code(path: Path) -> tuple[ast.FunctionDef, list[ast.stmt]]:
-    """`PPOTrainer._prompts_only_kv_batch` and the statements right before `_step_once`'s old-log-prob block."""
+def inserted_code(path: Path) -> tuple[list[ast.FunctionDef], list[ast.stmt]]:
+    """`PPOTrainer._prompts_only_kv_batch` with the switch reader's methods (`_rlprobe_*`), and the
+    statements right before `_step_once`'s old-log-prob block."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOTrainer")
     methods = {n.name: n for n in trainer.body if isinstance(n, ast.FunctionDef)}
     step = methods["_step_once"]
     for i, stmt in enumerate(step.body):
         if isinstance(stmt, ast.With) and "old_log_prob" in ast.unparse(stmt.items[0]):
-            return methods["_prompts_only_kv_batch"], step.body[max(0, i - 2) : i]
+            added = [methods["_prompts_only_kv_batch"]] + [f for n, f in methods.items() if n.startswith("_rlprobe_")]
+            return added, step.body[max(0, i - 2) : i]
     raise LookupError("no old_log_prob block in PPOTrainer._step_once")
 
 
@@ -148,14 +150,12 @@ def run() -> dict[str, Any]:
     from verl.utils import tensordict_utils as tu
 
     path = trainer_base_path()
-    method, statements = inserted_code(path)
+    methods, statements = inserted_code(path)
     recorder = Recorder(transfer_queue)
     namespace: dict[str, Any] = {"os": os, "tq": recorder, "tu": tu}
-    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)
+    exec(compile(ast.Module(body=list(methods), type_ignores=[]), str(path), "exec"), namespace)
     hook = compile(ast.Module(body=statements, type_ignores=[]), str(path), "exec")
-
-    class Trainer:  # stand-in: only the method the patch adds
-        _prompts_only_kv_batch = namespace["_prompts_only_kv_batch"]
+    Trainer = type("Trainer", (), {m.name: namespace[m.name] for m in methods})  # stand-in: the methods the patch adds
 
     # A local Ray instance; logical CPUs above the machine's 2 so that the controller and the
     # storage unit (one CPU each) are scheduled.
@@ -184,6 +184,8 @@ def run() -> dict[str, Any]:
 
             os.environ.pop("PROMPTS_ONLY", None)
             recorder.calls.clear()
+            # The hooks read the switches once per process: each run here stands for a new process.
+            sys.modules.pop("_rlprobe_patch_run", None)
             scope = {"self": Trainer(), "batch": batch, "os": os}
             exec(hook, scope)  # the inserted statements as written, PROMPTS_ONLY unset
             case["unset_calls"] = list(recorder.calls)
@@ -192,6 +194,7 @@ def run() -> dict[str, Any]:
 
             os.environ["PROMPTS_ONLY"] = "1"
             recorder.calls.clear()
+            sys.modules.pop("_rlprobe_patch_run", None)
             scope = {"self": Trainer(), "batch": batch, "os": os}
             exec(hook, scope)
             os.environ.pop("PROMPTS_ONLY", None)
