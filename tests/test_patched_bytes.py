@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from packaging.version import Version
+from script_oracle import SHARED
 
 from rlprobe_patch import matrix
 from rlprobe_patch.catalogue import Patch, load_catalogue
@@ -63,7 +64,9 @@ def cells() -> dict[str, list[str]]:
 
 
 def produced(cell: str, args: list[str], scratch: Path) -> dict[str, str]:
-    """{path: sha256} of every file `apply` changes or adds in a fresh copy of the cell's release."""
+    """{path: sha256} of every file `apply` changes or adds in a fresh copy of the cell's release
+    (slime's releases from their archives in ../shared/upstream, as the slime tests read them)."""
+    os.environ.setdefault("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
     package, release = cell.split()[:2]
     root = matrix.unpack_release(matrix.fetch_release(package, release), scratch / cell.replace(" ", "_"), package)
     before = matrix.snapshot(root)
