@@ -131,3 +131,47 @@ def test_megatron_per_token_loss_return(real_tree, megatron_python: Path, tmp_pa
         MSPROBE_ACTOR_CONFIG=str(config),
     )
     assert on["checks"]["all_finished_after_backward"] and on["checks"]["log_line_per_step"]
+
+
+# The request ids in the log lines, per micro-batch (3 micro-batches of 2 samples), for a call on a
+# V1-shaped batch (megatron_driver.make_v1_batch): samples 1 and 4 are padding samples carrying a
+# deep copy of sample 0's fields, so "v1-<call>-0" must appear once and nothing of theirs.
+def v1_ids(call: int) -> list[list[str]]:
+    return [[f"v1-{call}-0"], [f"v1-{call}-2", f"v1-{call}-3"], [f"v1-{call}-5"]]
+
+
+@pytest.mark.parametrize("version", ["0.8.0", "0.9.1"])
+def test_megatron_request_ids_from_v1_and_v0_batches(
+    real_tree, megatron_python: Path, tmp_path: Path, version: str
+) -> None:
+    """verl 0.9's V1 trainer hands the engine micro-batches whose request ids are only in each
+    sample's `extra_fields`, with `_balance_batch`'s padding samples (uid "pad...") among them; V0
+    puts `request_id` at the top level. The Megatron engine hook logs, per micro-batch, exactly the
+    real samples' ids in both cases. Stand-ins: see megatron_driver.make_v1_batch."""
+    root = real_tree(version)
+    assert cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")[0] == ExitCode.OK
+    config = tmp_path / "config.json"
+    for shape in ("v1", "v0"):
+        dump = tmp_path / f"dump-{shape}"
+        config.write_text(json.dumps({"task": "statistics", "dump_path": str(dump), "level": "mix"}))
+        extra = ["--phase-run", "both", "--calls", "2", *(["--v1-batch"] if shape == "v1" else [])]
+        on = run_driver(
+            megatron_python,
+            root / TARGET,
+            tmp_path,
+            f"ids-{shape}",
+            *extra,
+            DUMP_ON="1",
+            DUMP_PHASE="all",
+            MSPROBE_ACTOR_CONFIG=str(config),
+        )
+        lines = on["update_actor_log"]["lines"]
+        assert [line["phase"] for line in lines] == ["log_prob"] * 3 + ["update_actor"] * 3
+        assert [line["step"] for line in lines] == list(range(6))  # one line per micro-batch, per call
+        if shape == "v1":
+            expected = v1_ids(0) + v1_ids(1)
+        else:
+            expected = [[f"req-{call}-{2 * mb}", f"req-{call}-{2 * mb + 1}"] for call in (0, 1) for mb in range(3)]
+        assert [line["request_ids"] for line in lines] == expected
+        assert [line["num_requests"] for line in lines] == [len(ids) for ids in expected]
+        assert on["checks"]["log_line_per_step"] and on["checks"]["dump_json_per_step"]

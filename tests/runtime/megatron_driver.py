@@ -49,6 +49,10 @@ Stand-in:
   ``TransformerConfig`` and ``model_type`` as megatron's schedule expects; the loss is a mean
   squared error.
 
+``--v1-batch``: micro-batches shaped as verl 0.9's V1 trainer hands them to the engine (request
+ids only in each sample's ``extra_fields``, padding samples as ``_balance_batch`` adds them; see
+``make_v1_batch`` for what is a stand-in there).
+
 Pipeline parallelism: ``--pp 2 [--vpp 2] --rank R --world-size 2 --store FILE``, one process
 per rank, runs megatron-core's ``forward_backward_pipelining_without_interleaving`` (or, with
 ``--vpp``, ``..._with_interleaving``) on gloo, with ``pp * vpp`` linear layers as model chunks
@@ -654,6 +658,12 @@ def run(args: argparse.Namespace, result: dict) -> None:
                 return item
 
         def request_ids_of(batch):
+            if args.v1_batch:
+                # the driver's own reading of what it built (make_batch): real samples' ids, no padding
+                fields, uids = batch["extra_fields"], batch["uid"]
+                fields = fields.tolist() if hasattr(fields, "tolist") else list(fields)
+                uids = uids.tolist() if hasattr(uids, "tolist") else list(uids)
+                return [f["request_id"] for f, u in zip(fields, uids) if not str(u).startswith("pad")]
             ids = batch.get("request_id") if hasattr(batch, "get") else None
             if ids is None:
                 return None
@@ -663,6 +673,8 @@ def run(args: argparse.Namespace, result: dict) -> None:
             n = args.micro_batches * args.micro_batch_size
             x = torch.randn(n, 4)
             y = torch.randn(n, 1)
+            if args.v1_batch:
+                return make_v1_batch(call, n, x, y)
             ids = [f"req-{call}-{i}" for i in range(n)]
             if use_td:
                 td = TensorDict({"input_ids": x, "labels": y}, batch_size=[n])
@@ -670,6 +682,36 @@ def run(args: argparse.Namespace, result: dict) -> None:
                 td["request_id"] = NonTensorStack.from_list([NonTensorData(r) for r in ids])
                 return td
             return {"input_ids": x, "labels": y, "request_id": ids}
+
+        def make_v1_batch(call, n, x, y):
+            """The batch as verl 0.9's V1 trainer hands it to the engine: no top-level request_id;
+            each sample's fields in a per-sample dict ``extra_fields`` (where verl.request-id puts
+            ``request_id``) and a ``uid``. Every sample whose index is 1 mod 3 is a padding sample as
+            verl 0.9.1's ``upsample_batch_to_divisible_size`` (padding_utils.py) makes them: one uid
+            ``pad<uuid4 hex>`` shared by all padding samples, and a deep copy of the first sample's
+            fields (so sample 0's request id); ``_balance_batch`` then reorders the batch, which puts
+            padding samples anywhere. Stand-ins: the ids and the other fields are made up, the batch is
+            built here instead of fetched from TransferQueue, and the padding samples keep random
+            tokens instead of verl's eos template."""
+            import copy
+            import uuid
+
+            fields = [
+                {"request_id": f"v1-{call}-{i}", "num_turns": 2, "reward_extra_info": {"acc": 1.0}} for i in range(n)
+            ]
+            uids = [f"uid-{call}-{i}" for i in range(n)]
+            pad_uid = f"pad{uuid.uuid4().hex}"
+            for i in range(n):
+                if i % 3 == 1:
+                    uids[i] = pad_uid
+                    fields[i] = copy.deepcopy(fields[0])
+            if not use_td:
+                return {"input_ids": x, "labels": y, "uid": uids, "extra_fields": fields}
+            td = TensorDict({"input_ids": x, "labels": y}, batch_size=[n])
+            # as verl's tu.get_tensordict stores lists of per-sample values (dicts included)
+            td["uid"] = NonTensorStack.from_list([NonTensorData(u) for u in uids])
+            td["extra_fields"] = NonTensorStack.from_list([NonTensorData(f) for f in fields])
+            return td
 
         class _DictBatch(dict):
             def to(self, device):
@@ -679,7 +721,7 @@ def run(args: argparse.Namespace, result: dict) -> None:
             size = args.micro_batch_size
             if use_td:
                 return list(data.split(size, dim=0))
-            n = len(data["request_id"])
+            n = len(data["input_ids"])
             return [_DictBatch({k: v[i : i + size] for k, v in data.items()}) for i in range(0, n, size)]
 
         def assign_non_tensor(batch, **kwargs):
@@ -1315,6 +1357,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="calculate_per_token_loss=True: exercise the hooked 3-value return",
     )
     parser.add_argument("--batch-kind", choices=["auto", "tensordict", "dict"], default="auto")
+    parser.add_argument(
+        "--v1-batch",
+        action="store_true",
+        help="V1-trainer-shaped micro-batches: request ids only in each sample's extra_fields, padding samples "
+        "(see make_v1_batch)",
+    )
     parser.add_argument("--dump-path", type=Path, help="where msprobe dumps (default: read from $MSPROBE_ACTOR_CONFIG)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (one process per stage)")
@@ -1363,6 +1411,7 @@ def main(argv=None) -> int:
         "micro_batch_size": args.micro_batch_size,
         "calls": args.calls,
         "per_token_loss": args.per_token_loss,
+        "v1_batch": args.v1_batch,
         "rank": args.rank,
         "pp": args.pp,
         "vpp": args.vpp,
