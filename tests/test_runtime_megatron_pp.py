@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -198,3 +199,89 @@ def test_legacy_hooks_on_every_pipeline_stage(real_tree, megatron_python: Path, 
         assert on[rank]["param_checksum"] == off[rank]["param_checksum"]  # the update is the same
         assert not on[rank]["open_step"]
     check_stages(on, vpp=vpp, micro_batches=micro_batches)
+
+
+def _generate_side(actor: Path, gen: Path, request_ids: list[str]) -> None:
+    """A stand-in generate side in the vLLM-Ascend DispatchLogger layout: one single-request prefill
+    line per id (with vLLM's `-<8 hex>` suffix) and, as its dump, a copy of a real dump.json of the
+    actor run (only the pairing is under test here, not the numbers)."""
+    pid = gen / "4321"
+    source = next(actor.glob("step0/rank0/dump.json"))
+    lines = []
+    for step, rid in enumerate(request_ids):
+        (pid / f"step{step}" / "rank0").mkdir(parents=True)
+        shutil.copy(source, pid / f"step{step}" / "rank0" / "dump.json")
+        request = {"request_id": f"{rid}-1a2b3c4d", "type": "new", "tokens": 8}
+        lines.append({"source": "dispatch_logger", "pid": 4321, "rank": 0, "step": step, "phase": "prefill",
+                      "requests": [request]})  # fmt: skip
+    (pid / "dispatch_log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_check_dump_pairs_the_forward_step_of_split_micro_batches(
+    real_tree, megatron_python: Path, tmp_path: Path, vpp: int
+) -> None:
+    """check-dump on the dumps of a real PP=2 (xVPP=2) run whose stage 0 splits micro-batches into a
+    forward step and a backward step (1F1B): each prefill pairs with the step that ran the forward of
+    its micro-batch on every stage and chunk, never with a backward-only step. The actor side is the
+    run's own dump (verl 0.9.1's patched engine hooks, V1-shaped micro-batches of one sample, sample
+    1 a padding sample); the generate side is a stand-in (`_generate_side`)."""
+    root = real_tree("0.9.1")
+    assert cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")[0] == ExitCode.OK
+    micro_batches = 4 if vpp > 1 else 3
+    driver = [str(RUNTIME / "megatron_driver.py"), "--patched-file", str(root / ENGINE_TARGET), "--v1-batch"]
+    driver += ["--pp", "2", "--vpp", str(vpp), "--phase-run", "both", "--calls", "2"]
+    driver += ["--micro-batches", str(micro_batches), "--micro-batch-size", "1"]
+    on = run_ranks(megatron_python, driver, tmp_path, "pairs", **msprobe_config(tmp_path, "pairs"))
+    actor = tmp_path / "dump-pairs"
+    lines = {(line["rank"], line["step"]): line for result in on for line in result["update_actor_log"]["lines"]}
+    # the update call's real samples (sample 1 is padding) and one of the log-prob call's
+    update_ids = [f"v1-1-{i}" for i in range(micro_batches) if i != 1]
+    _generate_side(actor, tmp_path / "generate", ["v1-0-0", *update_ids])
+    split = [key for key, line in lines.items() if line["passes"] == ["backward"] and line["request_ids"]]
+    # model chunks before the last one (stage 0; with VPP also stage 1's first chunk) split a micro-batch:
+    # a backward-only step that carries its request id
+    assert split and not [key for key in split if key[0] == 1 and lines[key]["vp_stage"] in (None, vpp - 1)]
+
+    code, out = cli_json("check-dump", "--actor", actor, "--generate", tmp_path / "generate")
+    assert code == ExitCode.OK, out["problems"]
+    assert out["unpaired"] == []
+    assert any("hold only the backward" in note for note in out["notes"])
+    chunks = range(vpp) if vpp > 1 else [None]
+    for rid in ["v1-0-0", *update_ids]:
+        mine = [p for p in out["pairs"] if p["request_id"] == rid]
+        # one pair per stage and model chunk, each with the step that ran the forward there
+        assert sorted((p["pp_rank"], repr(p["vp_stage"])) for p in mine) == sorted(
+            (stage, repr(chunk)) for stage in (0, 1) for chunk in chunks
+        ), (rid, mine)
+        for pair in mine:
+            line = lines[(pair["actor"]["rank"], pair["actor"]["step"])]
+            assert line["request_ids"] == [rid] and "forward" in line["passes"] and pair["passes"] == line["passes"]
+            assert pair["phase"] == ("log_prob" if rid.startswith("v1-0-") else "update_actor")
+            assert pair["actor"]["dump"] == str(actor / f"step{line['step']}" / f"rank{line['rank']}" / "dump.json")
+
+    # The forward step of a split micro-batch not dumped (its log line and dump gone, as when
+    # msprobe's step list leaves it out): the backward-only step does not stand in for it.
+    rank, step = split[0]
+    rid = lines[(rank, step)]["request_ids"][0]
+    forward = next(
+        key
+        for key, line in lines.items()
+        if key[0] == rank and line["request_ids"] == [rid] and line["passes"] == ["forward"]
+        and line["vp_stage"] == lines[(rank, step)]["vp_stage"]
+    )  # fmt: skip
+    shutil.rmtree(actor / f"step{forward[1]}" / f"rank{rank}")
+    code, out = cli_json("check-dump", "--actor", actor, "--generate", tmp_path / "generate")
+    assert code == ExitCode.VERIFY_FAILED  # the logged forward step has no dump.json
+    assert any(f"logged step {forward[1]} rank {rank} has no" in p for p in out["problems"])
+    assert [u["request_id"] for u in out["unpaired"]] == [rid]
+    assert f"step {step} holds only the backward of update_actor micro-batch" in out["unpaired"][0]["reason"]
+    assert f"its forward step {forward[1]} has no dump.json" in out["unpaired"][0]["reason"]
+    assert not any(p["actor"]["step"] == step and p["actor"]["rank"] == rank for p in out["pairs"])
+    for log in actor.glob("*/update_actor_log.jsonl"):
+        kept = [ln for ln in log.read_text().splitlines() if json.loads(ln)["rank"] != rank
+                or json.loads(ln)["step"] != forward[1]]  # fmt: skip
+        log.write_text("".join(ln + "\n" for ln in kept))
+    code, out = cli_json("check-dump", "--actor", actor, "--generate", tmp_path / "generate")
+    assert code == ExitCode.OK, out["problems"]
+    assert "no log line names its forward step" in out["unpaired"][0]["reason"]

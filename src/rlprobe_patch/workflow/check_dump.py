@@ -13,7 +13,9 @@ appends and the `_P` / `_D` suffix of prefill/decode disaggregation -> the actor
 micro-batch carried that id -> the two `dump.json` files. For SGLang (`"source": "sglang"`
 lines): an extend pass of exactly one rid that reused no cached prefix and was not split into
 chunks, on a server that is not the decode side of a PD pair; every other prefill is listed in
-`unpaired` with the reason.
+`unpaired` with the reason. With Megatron pipeline parallelism the actor side has one step per
+micro-batch per stage and model chunk, and 1F1B may split one into a forward and a backward step:
+a prefill pairs with the step that ran the forward on each stage and chunk (`_forward_steps`).
 """
 
 from __future__ import annotations
@@ -326,11 +328,8 @@ def _pair(report: DumpReport) -> None:
             else:
                 report.problems.append(f"{record['_where']}: {reason}")
             continue
-        for actor_record in {id(r): r for r in matches}.values():  # a line listed under both spellings: once
+        for actor_record, dump in _forward_steps(report, record, rid, matches, actor_dumps):
             key = (actor_record["step"], actor_record["rank"])
-            dump = actor_dumps.get(key)
-            if dump is None:
-                continue  # reported by _check_actor
             if actor_record.get("num_requests", len(actor_record["request_ids"])) != 1:
                 report.notes.append(
                     f"{actor_record['_where']}: actor step {key[0]} holds {actor_record['request_ids']}; "
@@ -344,8 +343,15 @@ def _pair(report: DumpReport) -> None:
                     "actor": dump.to_json(),
                     "generate_log": record["_where"],
                     "actor_log": actor_record["_where"],
+                    **_stage_of(actor_record),
                 }
             )
+    backward_only = [r for r in report.actor_log if not _holds_forward(r)]
+    if backward_only:
+        report.notes.append(
+            f"{len(backward_only)} actor step(s) hold only the backward of their micro-batch (pipeline stages "
+            "before the last, 1F1B): never paired, a prefill dump has no backward"
+        )
     if skipped_multi:
         report.notes.append(f"{skipped_multi} prefill step(s) served several requests at once: not comparable")
     if report.dispatch_log and not report.pairs:
@@ -353,6 +359,65 @@ def _pair(report: DumpReport) -> None:
         report.problems.append(
             "generate: no prefill step could be paired with an actor step" + (f" ({why})" if why else "")
         )
+
+
+_STAGE_KEYS = ("phase", "micro_batch", "pp_rank", "vp_stage", "passes")
+
+
+def _holds_forward(record: dict[str, Any]) -> bool:
+    """Whether the actor step ran its micro-batch's forward: a line without `passes` (one step per
+    micro-batch, forward to backward) does; with pipeline parallelism a stage before the last may
+    split a micro-batch into a forward step and a backward step (`passes: ["backward"]`)."""
+    passes = record.get("passes")
+    return not isinstance(passes, list) or "forward" in passes
+
+
+def _stage_of(record: dict[str, Any]) -> dict[str, Any]:
+    """The Megatron hooks' labels of an actor step (phase, micro-batch, pipeline stage, chunk, passes)."""
+    return {key: record[key] for key in _STAGE_KEYS if key in record}
+
+
+def _forward_steps(
+    report: DumpReport,
+    record: dict[str, Any],
+    rid: str,
+    matches: list[dict[str, Any]],
+    actor_dumps: dict[tuple[Any, Any], DumpFile],
+) -> list[tuple[dict[str, Any], DumpFile]]:
+    """The actor steps a prefill of `rid` pairs with, one per micro-batch pass on each pipeline stage
+    and model chunk: the step that ran the micro-batch's forward (msprobe compares forward outputs,
+    and a prefill dump holds only a forward). A step holding only the backward of a split micro-batch
+    never pairs; a micro-batch whose forward step has no dump there is listed as unpaired."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for actor_record in {id(r): r for r in matches}.values():  # a line listed under both spellings: once
+        labels = tuple(repr(actor_record.get(k)) for k in ("pp_rank", "vp_stage", "phase", "micro_batch"))
+        key = (actor_record.get("_dir"), actor_record.get("rank"), *labels)
+        groups.setdefault(key, []).append(actor_record)
+    found = []
+    for group in groups.values():
+        forward = [r for r in group if _holds_forward(r)]
+        dumped = [(r, actor_dumps[(r["step"], r["rank"])]) for r in forward if (r["step"], r["rank"]) in actor_dumps]
+        found += dumped
+        backward = [r for r in group if not _holds_forward(r)]
+        if dumped or not backward:
+            continue  # a forward step without its dump.json is reported by _check_actor
+        line = backward[0]
+        where = f"pipeline stage {line.get('pp_rank')}" + (
+            f" chunk {line.get('vp_stage')}" if line.get("vp_stage") is not None else ""
+        )
+        missing = (
+            f"its forward step {forward[0]['step']} has no dump.json"
+            if forward
+            else "no log line names its forward step (not dumped: msprobe's step list?)"
+        )
+        _unpaired(
+            report,
+            record,
+            rid,
+            f"rank {line.get('rank')} ({where}): step {line['step']} holds only the backward of {line.get('phase')} "
+            f"micro-batch {line.get('micro_batch')} and {missing}",
+        )
+    return found
 
 
 _COMPARE = r"""
