@@ -235,6 +235,13 @@ def test_check_dump_pairs_the_forward_step_of_split_micro_batches(
     on = run_ranks(megatron_python, driver, tmp_path, "pairs", **msprobe_config(tmp_path, "pairs"))
     actor = tmp_path / "dump-pairs"
     lines = {(line["rank"], line["step"]): line for result in on for line in result["update_actor_log"]["lines"]}
+    # Request ids from V1 micro-batches on every stage and chunk: each step's line names its
+    # micro-batch's one real sample, none for the padding sample (micro-batch 1).
+    for line in lines.values():
+        call = 0 if line["phase"] == "log_prob" else 1
+        expected = [] if line["micro_batch"] == 1 else [f"v1-{call}-{line['micro_batch']}"]
+        assert line["request_ids"] == expected, line
+    assert {line["pp_rank"] for line in lines.values()} == {0, 1}
     # the update call's real samples (sample 1 is padding) and one of the log-prob call's
     update_ids = [f"v1-1-{i}" for i in range(micro_batches) if i != 1]
     _generate_side(actor, tmp_path / "generate", ["v1-0-0", *update_ids])
