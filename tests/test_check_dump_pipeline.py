@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import cli_json
+from conftest import cli, cli_json
 
 from rlprobe_patch.errors import ExitCode
 
@@ -85,3 +85,11 @@ def test_a_backward_step_never_stands_in_for_a_missing_forward(tmp_path: Path) -
         )
     ]
     assert sorted((p["actor"]["rank"], p["actor"]["step"]) for p in out["pairs"]) == [(0, 8), (1, 8), (1, 10)]
+
+
+def test_text_output_names_the_stage_and_chunk(tmp_path: Path) -> None:
+    actor, generate, _ = _layout(tmp_path, ["v1-1-0"])
+    result = cli("check-dump", "--actor", str(actor), "--generate", str(generate))
+    assert result.exit_code == ExitCode.OK, result.output
+    assert f"actor {actor / 'step10' / 'rank0' / 'dump.json'} [pp_rank 0, vp_stage 1]" in result.output
+    assert "hold only the backward" in result.output

@@ -488,8 +488,11 @@ def check_dump_cmd(
             bold=True,
         )
     for pair in report.pairs:
+        # the actor's pipeline stage and model chunk, when its hook names them (Megatron PP / VPP)
+        stage = ", ".join(f"{key} {pair[key]}" for key in ("pp_rank", "vp_stage") if pair.get(key) is not None)
         out.line(
-            f"  {pair['request_id']}: generate {pair['generate']['dump']}  <->  actor {pair['actor']['dump']}",
+            f"  {pair['request_id']}: generate {pair['generate']['dump']}  <->  actor {pair['actor']['dump']}"
+            + (f" [{stage}]" if stage else ""),
             fg="green",
         )
         if "compare" in pair:
