@@ -298,3 +298,26 @@ def test_sglang_consistency_sets_what_pairing_needs(workdir: Path, version: str)
     check = ("--mode", "consistency", "--rollout-backend", "sglang", "--sglang-version", version)
     code, out = run_json("check-script", str(out_path), *check)
     assert code == ExitCode.OK, out
+
+
+def test_prompts_only_turns_off_the_kl_penalty_in_the_reward(tmp_path: Path) -> None:
+    """verl 0.8.0's own RLOO example keeps `algorithm.use_kl_in_reward=True`: under PROMPTS_ONLY the
+    responses are cut to length 0 while `rm_scores` keep their length, so verl's KL penalty fails at
+    the advantage step. The derived script turns it off; check-script fails the original, naming it."""
+    example = Path(__file__).resolve().parents[2] / "shared/upstream/verl-examples/v0.8.0/examples"
+    example /= "rloo_trainer/run_qwen3_8b_fsdp.sh"
+    if not example.is_file():
+        pytest.skip("../shared/upstream is not beside the repository")
+    key = "algorithm.use_kl_in_reward"
+    assert read_script(example).value(key) is True
+    out_path = tmp_path / "collect.sh"
+    code, out = run_json(
+        "script", str(example), "--mode", "consistency", *CONFIGS, "--n-gpus", "2", "-o", str(out_path)
+    )
+    assert code == ExitCode.OK, out
+    assert read_script(out_path).value(key) is False
+    code, checked = run_json("check-script", str(example), "--mode", "consistency")
+    failed = [c for c in checked["checks"] if not c["ok"]]
+    assert code != ExitCode.OK and any(key in json.dumps(c) for c in failed), failed
+    code, checked = run_json("check-script", str(out_path), "--mode", "consistency")
+    assert not [c for c in checked["checks"] if not c["ok"] and key in json.dumps(c)]

@@ -179,6 +179,11 @@ def requirements(
         ("trainer.balance_batch", False, "balancing reorders samples across ranks"),
         ("trainer.val_before_train", False, "validation would generate (and dump) first"),
         ("trainer.total_training_steps", 1, "one step is enough to compare"),
+        (
+            "algorithm.use_kl_in_reward",
+            False,
+            "PROMPTS_ONLY cuts responses to length 0: a KL penalty in the reward would fail at the advantage step",
+        ),
         ("algorithm.rollout_correction.rollout_is", None, "rollout correction off"),
         ("algorithm.rollout_correction.rollout_rs", None, "rollout correction off"),
         ("algorithm.rollout_correction.rollout_rs_threshold", None, "rollout correction off"),
