@@ -43,6 +43,7 @@ def reading_json(s: Any) -> dict[str, Any]:
     launch = s.launch
     composed = s.composed
     return {
+        "framework": s.framework,
         "launch": None
         if launch is None
         else {
@@ -119,7 +120,18 @@ def detect_cmd(
             points = f"+{sig.points:<2} " if decision == "mode" else ""
             out.line(f"    {points}{sig.value:<12} {sig.evidence}  ({sig.where})")
     out.line("scores: " + ", ".join(f"{m} {n}" for m, n in d.scores.items()))
-    for name in ("use_legacy_worker_impl", "use_v1", "actor_tp", "actor_pp", "rollout_tp", "n_gpus_per_node", "nnodes"):
+    names: tuple[str, ...] = (
+        "use_legacy_worker_impl",
+        "use_v1",
+        "actor_tp",
+        "actor_pp",
+        "rollout_tp",
+        "n_gpus_per_node",
+        "nnodes",
+    )
+    if s.framework == "slime":
+        names = tuple(fact for fact, *_ in slime_facts())
+    for name in names:
         fact = s.facts.get(name)
         if fact is not None:
             out.line(f"  {name:<24} {fact.value}  ({fact.source})")
@@ -136,6 +148,12 @@ def detect_cmd(
     if trees:
         _print_trees(out, trees)
     return int(ExitCode.OK)
+
+
+def slime_facts() -> tuple[tuple[str, str, Any, str], ...]:
+    from rlprobe_patch.workflow.slime_script import FACT_FLAGS
+
+    return FACT_FLAGS
 
 
 def _print_trees(out: Out, trees: dict[str, Any]) -> None:
@@ -342,7 +360,8 @@ _NEEDED_CONFIGS = {"training": ("training",), "inference": ("generate",), "consi
     "sets",
     multiple=True,
     metavar="KEY=VALUE",
-    help="An override to add to the derived script (checked with the others); repeatable.",
+    help="An override to add to the derived script (checked with the others); repeatable. "
+    "For slime, FLAG=VALUE adds --FLAG VALUE.",
 )
 @command
 def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_run: bool, **opts: Any) -> int:
@@ -385,7 +404,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         }
     )
     for c in changes:
-        where = f" (was {c.old} at {c.source})" if c.action == "set" else ""
+        where = f" (was {c.old} at {c.source})" if c.action in ("set", "removed") else ""
         colour = {"skipped": "yellow", "kept": None}.get(c.action, "green")
         out.line(f"  {c.action:<9} {c.key}={c.value}{where}", fg=colour)
     for name, value in req.env.items():
@@ -439,9 +458,8 @@ def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:
 
     if req.mode in ("inference", "consistency") and "generate" not in req.configs:
         if not (req.rollout_backend == "sglang" and any("ModelRunner" in n for n in req.notices)):
-            checks.append(
-                ScriptCheck("rollout dump config", False, "no engine_kwargs dump config argument in the script")
-            )
+            where = "--sglang-msprobe-dump-config" if script.framework == "slime" else "engine_kwargs dump config"
+            checks.append(ScriptCheck("rollout dump config", False, f"no {where} argument in the script"))
     if req.mode == "training" and "training" not in req.configs:
         checks.append(
             ScriptCheck("precision_debugger.config_path", False, "not set (global_tool_config.precision_debugger)")
