@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -81,11 +80,10 @@ def bash_oracle(script: Path, tmp: Path, env: dict[str, str] | None = None) -> l
     bin_dir.mkdir(exist_ok=True)
     record = tmp / "record.jsonl"
     record.unlink(missing_ok=True)
-    recorder = (
+    recorder = (  # bash only: one record per call, fields NUL-separated
         "#!/bin/bash\n"
-        '"$ORACLE_PY" -c \'import json,os,sys; print(json.dumps({"name": os.path.basename(sys.argv[1]), '
-        '"argv": sys.argv[2:], "DUMP_ON": os.environ.get("DUMP_ON"), '
-        '"DUMP_PHASE": os.environ.get("DUMP_PHASE")}))\' "$0" "$@" >> "$ORACLE_RECORD"\n'
+        "{ printf '%s\\0' \"${0##*/}\" \"${DUMP_ON-}\" \"${DUMP_PHASE-}\" \"$@\"; printf '\\036'; }"
+        ' >> "$ORACLE_RECORD"\n'
         "exit 0\n"
     )
     for name in RECORDED:
@@ -103,13 +101,16 @@ def bash_oracle(script: Path, tmp: Path, env: dict[str, str] | None = None) -> l
         "PATH": str(bin_dir),
         "HOME": str(home),
         "ORACLE_RECORD": str(record),
-        "ORACLE_PY": sys.executable,
         **(env or {}),
     }
     subprocess.run(["/bin/bash", str(script)], cwd=home, env=environ, capture_output=True, timeout=30, check=False)
     if not record.exists():
         return []
-    return [json.loads(line) for line in record.read_text().splitlines()]
+    calls = []
+    for item in record.read_bytes().split(b"\x1e")[:-1]:
+        name, dump_on, dump_phase, *argv = item.decode().split("\0")[:-1]
+        calls.append({"name": name, "argv": argv, "DUMP_ON": dump_on or None, "DUMP_PHASE": dump_phase or None})
+    return calls
 
 
 def bash_train_argv(calls: list[dict[str, object]]) -> list[str] | None:
