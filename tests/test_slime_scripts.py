@@ -82,7 +82,7 @@ def bash_oracle(script: Path, tmp: Path, env: dict[str, str] | None = None) -> l
     record.unlink(missing_ok=True)
     recorder = (  # bash only: one record per call, fields NUL-separated
         "#!/bin/bash\n"
-        "{ printf '%s\\0' \"${0##*/}\" \"${DUMP_ON-}\" \"${DUMP_PHASE-}\" \"$@\"; printf '\\036'; }"
+        '{ printf \'%s\\0\' "${0##*/}" "${DUMP_ON-}" "${DUMP_PHASE-}" "$@"; printf \'\\036\'; }'
         ' >> "$ORACLE_RECORD"\n'
         "exit 0\n"
     )
