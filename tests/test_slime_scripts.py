@@ -290,3 +290,42 @@ def test_training_mode_is_refused_for_slime(tmp_path: Path) -> None:
     checks = json.loads(result.output)["checks"]
     assert any(c["name"] == "alignment" and "no msprobe integration" in c["detail"] for c in checks)
     assert os.path.exists(script)
+
+
+def test_tp_mismatch_is_refused_with_the_fix_and_the_fix_works(tmp_path: Path) -> None:
+    """Stand-in script (ours): actor TP 2, SGLang engines of 4 GPUs."""
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "PERF=(--tensor-model-parallel-size 2)\npython3 train.py ${PERF[@]} --rollout-num-gpus-per-engine 4\n"
+    )
+    actor, generate = _configs(tmp_path)
+    args = ["script", str(script), "--mode", "consistency", "--actor-config", str(actor), "--generate-config"]
+    runner = CliRunner()
+    result = runner.invoke(main, [*args, str(generate), "--n-gpus", "2", "--dry-run", "--json"])
+    assert result.exit_code == 3, result.output
+    error = json.loads(result.output)
+    assert "--tensor-model-parallel-size 2 (run.sh:1)" in error["details"][0]
+    assert "--rollout-num-gpus-per-engine 4 (run.sh:2)" in error["details"][0]
+    assert "--set rollout-num-gpus-per-engine=2" in error["hint"]
+    fixed = [*args, str(generate), "--n-gpus", "2", "--set", "rollout-num-gpus-per-engine=2", "--dry-run", "--json"]
+    result = runner.invoke(main, fixed)
+    assert result.exit_code == 0, result.output
+    text = json.loads(result.output)["text"]
+    assert "--rollout-num-gpus-per-engine=2 \\\n" in text and "--n-samples-per-prompt 1" in text
+
+
+def test_old_sglang_gets_the_model_runner_patch_config(tmp_path: Path) -> None:
+    """Stand-in script (ours): slime 0.2.x ships SGLang 0.5.5-0.5.9, without msprobe's option."""
+    script = tmp_path / "run.sh"
+    script.write_text("python3 train.py --tensor-model-parallel-size 1\n")
+    actor, generate = _configs(tmp_path)
+    args = ["--actor-config", str(actor), "--generate-config", str(generate), "--sglang-version", "0.5.9"]
+    result = CliRunner().invoke(main, ["script", str(script), "--mode", "consistency", *args, "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["env"]["MSPROBE_SGLANG_CONFIG"] == str(generate)
+    assert "--sglang-msprobe-dump-config" not in data["text"]
+    assert any("sglang.model-runner" in n for n in data["notices"])
+    detected = CliRunner().invoke(main, ["detect", str(script), "--no-trees", "--json"])
+    facts = json.loads(detected.output)
+    assert facts["framework"] == "slime" and facts["facts"]["actor_tp"]["value"] == "1"

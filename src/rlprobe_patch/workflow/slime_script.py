@@ -236,7 +236,7 @@ def requirements(
             f"TP must be equal on the actor and each SGLang engine (tensors are dumped per TP shard): {tp_why}; "
             f"{rollout_why}"
         )
-        req.fixes.append(f"--set --rollout-num-gpus-per-engine={tp}")
+        req.fixes.append(f"--set rollout-num-gpus-per-engine={tp}")
     cp, cp_why = _int_fact(script, "actor_cp")
     if cp not in (None, 1):
         req.notices.append(f"context parallelism splits each sequence across ranks ({cp_why}): the dumps hold parts")
