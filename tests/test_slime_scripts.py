@@ -329,3 +329,15 @@ def test_old_sglang_gets_the_model_runner_patch_config(tmp_path: Path) -> None:
     detected = CliRunner().invoke(main, ["detect", str(script), "--no-trees", "--json"])
     facts = json.loads(detected.output)
     assert facts["framework"] == "slime" and facts["facts"]["actor_tp"]["value"] == "1"
+
+
+def test_a_switch_written_flag_equals_value_is_removed_whole(tmp_path: Path) -> None:
+    """Stand-in script (ours): `--eval-interval=5` and a switch in an array, removed at their words."""
+    script = tmp_path / "run.sh"
+    script.write_text("A=(--balance-data --lr 1)\npython3 train.py --eval-interval=5 \\\n  ${A[@]}\n")
+    actor, generate = _configs(tmp_path)
+    args = ["--actor-config", str(actor), "--generate-config", str(generate), "--n-gpus", "1"]
+    result = CliRunner().invoke(main, ["script", str(script), "--mode", "consistency", *args, "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    text = json.loads(result.output)["text"]
+    assert "A=( --lr 1)" in text and "python3 train.py  \\\n" in text and "eval-interval" not in text

@@ -313,7 +313,7 @@ def render(script: Script, req: Requirements, source_name: str) -> tuple[str, li
         if r.value is False:
             assert current is not None
             for flag in flag_occurrences(script, r.key):
-                for word in [flag.word, *flag.values]:
+                for word in [flag.word] if "=" in flag.word.text else [flag.word, *flag.values]:
                     edits.append(_word_edit(script, data, starts, word, r.key))
             changes.append(Change(r.key, shown, r.why, "removed", current.source, value))
             continue
