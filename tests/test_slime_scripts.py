@@ -243,6 +243,8 @@ def test_script_and_check_script_on_a_real_slime_script(trees: dict[str, Path], 
     assert changes["use-dynamic-batch-size"] == "removed" and changes["micro-batch-size"] == "added"
     result = runner.invoke(main, ["check-script", str(derived), "--mode", "consistency", "--json"])
     assert result.exit_code == 0, result.output
+    detected = json.loads(runner.invoke(main, ["detect", str(derived), "--no-trees", "--json"]).output)
+    assert detected["mode"] == "consistency" and detected["scores"]["consistency"] == 18  # DUMP_ON, words, dump cfg
     # what bash really runs: the flags reach train.py, the switches reach `ray start` (Ray's workers)
     calls = bash_oracle(derived, tmp_path)
     argv = bash_train_argv(calls)
