@@ -43,6 +43,7 @@ def reading_json(s: Any) -> dict[str, Any]:
     launch = s.launch
     composed = s.composed
     return {
+        "framework": s.framework,
         "launch": None
         if launch is None
         else {
@@ -119,7 +120,18 @@ def detect_cmd(
             points = f"+{sig.points:<2} " if decision == "mode" else ""
             out.line(f"    {points}{sig.value:<12} {sig.evidence}  ({sig.where})")
     out.line("scores: " + ", ".join(f"{m} {n}" for m, n in d.scores.items()))
-    for name in ("use_legacy_worker_impl", "use_v1", "actor_tp", "actor_pp", "rollout_tp", "n_gpus_per_node", "nnodes"):
+    names: tuple[str, ...] = (
+        "use_legacy_worker_impl",
+        "use_v1",
+        "actor_tp",
+        "actor_pp",
+        "rollout_tp",
+        "n_gpus_per_node",
+        "nnodes",
+    )
+    if s.framework == "slime":
+        names = tuple(fact for fact, *_ in slime_facts())
+    for name in names:
         fact = s.facts.get(name)
         if fact is not None:
             out.line(f"  {name:<24} {fact.value}  ({fact.source})")
@@ -136,6 +148,12 @@ def detect_cmd(
     if trees:
         _print_trees(out, trees)
     return int(ExitCode.OK)
+
+
+def slime_facts() -> tuple[tuple[str, str, Any, str], ...]:
+    from rlprobe_patch.workflow.slime_script import FACT_FLAGS
+
+    return FACT_FLAGS
 
 
 def _print_trees(out: Out, trees: dict[str, Any]) -> None:
@@ -342,7 +360,8 @@ _NEEDED_CONFIGS = {"training": ("training",), "inference": ("generate",), "consi
     "sets",
     multiple=True,
     metavar="KEY=VALUE",
-    help="An override to add to the derived script (checked with the others); repeatable.",
+    help="An override to add to the derived script (checked with the others); repeatable. "
+    "For slime, FLAG=VALUE adds --FLAG VALUE.",
 )
 @command
 def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_run: bool, **opts: Any) -> int:
@@ -385,7 +404,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         }
     )
     for c in changes:
-        where = f" (was {c.old} at {c.source})" if c.action == "set" else ""
+        where = f" (was {c.old} at {c.source})" if c.action in ("set", "removed") else ""
         colour = {"skipped": "yellow", "kept": None}.get(c.action, "green")
         out.line(f"  {c.action:<9} {c.key}={c.value}{where}", fg=colour)
     for name, value in req.env.items():
@@ -439,9 +458,8 @@ def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:
 
     if req.mode in ("inference", "consistency") and "generate" not in req.configs:
         if not (req.rollout_backend == "sglang" and any("ModelRunner" in n for n in req.notices)):
-            checks.append(
-                ScriptCheck("rollout dump config", False, "no engine_kwargs dump config argument in the script")
-            )
+            where = "--sglang-msprobe-dump-config" if script.framework == "slime" else "engine_kwargs dump config"
+            checks.append(ScriptCheck("rollout dump config", False, f"no {where} argument in the script"))
     if req.mode == "training" and "training" not in req.configs:
         checks.append(
             ScriptCheck("precision_debugger.config_path", False, "not set (global_tool_config.precision_debugger)")
@@ -452,12 +470,26 @@ def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:
 @click.command("check-dump")
 @click.option("--actor", type=click.Path(path_type=Path), required=True, help="dump_path of the actor config.")
 @click.option("--generate", type=click.Path(path_type=Path), help="dump_path of the generate config.")
+@click.option(
+    "--slime-debug",
+    "slime_debug",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="slime's --save-debug-rollout-data / --save-debug-train-data files (or a folder of them); repeatable. "
+    "Read with torch in --python.",
+)
 @click.option("--compare", is_flag=True, help="Run msprobe's compare on each pair (in --python).")
 @click.option("--compare-output", type=click.Path(path_type=Path), default=Path("rlprobe_compare"), show_default=True)
 @python_option
 @command
 def check_dump_cmd(
-    out: Out, actor: Path, generate: Path | None, compare: bool, compare_output: Path, python: str | None
+    out: Out,
+    actor: Path,
+    generate: Path | None,
+    slime_debug: tuple[Path, ...],
+    compare: bool,
+    compare_output: Path,
+    python: str | None,
 ) -> int:
     """Check the dump layout and pair generate and actor dumps through the request ids (exit 4 on problems)."""
     from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs
@@ -474,7 +506,16 @@ def check_dump_cmd(
                 report.problems.append(
                     f"compare failed for {result['output']}: {result.get('error', 'no result file')}"
                 )
+    slime = None
+    if slime_debug:
+        from rlprobe_patch.workflow.slime_dumps import check_slime_debug, debug_files
+
+        slime = check_slime_debug(report.actor_log, debug_files(list(slime_debug)), python)
+        report.problems += slime.problems
+        report.notes += slime.notes
     data = report.to_json()
+    if slime is not None:
+        data["slime_debug"] = {"files": slime.files, "rollouts": slime.rollouts}
     out.emit(data)
     a = data["actor"]
     out.line(
@@ -499,9 +540,33 @@ def check_dump_cmd(
             out.line(f"      compare: {pair['compare']['output']} {pair['compare'].get('files', '')}")
     for item in report.unpaired:
         out.line(f"  unpaired: {item['request_id'] or '-'} ({item['generate_log']}): {item['reason']}", fg="yellow")
+    if slime is not None:
+        _print_slime_debug(out, slime)
     for note in report.notes:
         out.line(f"note: {note}", fg="yellow")
     for problem in report.problems:
         out.line(f"FAIL: {problem}", fg="red")
     out.line("dumps OK" if report.ok else "dump check FAILED", fg="green" if report.ok else "red", bold=True)
     return int(ExitCode.OK if report.ok else ExitCode.VERIFY_FAILED)
+
+
+def _print_slime_debug(out: Out, slime: Any) -> None:
+    out.line(f"slime debug dumps: {len(slime.files)} file(s)", bold=True)
+    for entry in slime.rollouts:
+        name = f"eval rollout {entry['rollout_id']}" if entry["evaluation"] else f"rollout {entry['rollout_id']}"
+        out.line(f"  {name}:")
+        for dump in entry["rollout_dumps"]:
+            ids = [ids[0] if ids else "-" for ids in dump["request_ids"].values()]
+            out.line(f"    rollout data {dump['path']}: {dump['samples']} sample(s) {dump['sample_indices']} ids {ids}")
+        for dump in entry["train_dumps"]:
+            out.line(
+                f"    train data (format {dump['format_version']}, rank {dump['rank']}) {dump['path']}: "
+                f"samples {dump['sample_indices']}"
+                + (f", {len(dump['dp_shards'])} dp shard(s)" if "dp_shards" in dump else "")
+            )
+        for step in entry.get("actor_steps", []):
+            out.line(
+                f"    actor {step['phase']} step {step['step']} rank {step['rank']}: samples {step['sample_indices']} "
+                f"{step['request_ids']}  ({step['log']})",
+                fg="green",
+            )

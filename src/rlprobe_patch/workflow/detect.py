@@ -106,7 +106,7 @@ def _mode_signals(script: Script) -> list[Signal]:
         if s.key.rsplit(".", 1)[-1] in ("dump_config_path", "msprobe_dump_config", "dump_config")
         and "engine_kwargs" in s.key
     ]
-    cli_flag = re.search(r"--msprobe[-_]dump[-_]config", script.code_text())
+    cli_flag = re.search(r"--(sglang-)?msprobe[-_]dump[-_]config", script.code_text())  # slime: --sglang-*
     if dump_configs:
         s = dump_configs[0]
         signals.append(Signal("mode", "inference", 6, f"{s.key}={s.value}", s.source))

@@ -131,6 +131,10 @@ def requirements(
 ) -> Requirements:
     script = detection.script
     versions = versions or {}
+    if script.framework == "slime":
+        from rlprobe_patch.workflow import slime_script
+
+        return slime_script.requirements(detection, mode, n_gpus=n_gpus, configs=configs or {}, versions=versions)
     train = (train_backend or detection.train_backend).replace("fsdp2", "fsdp")
     rollout = rollout_backend or detection.rollout_backend
     req = Requirements(mode, train, rollout, configs=dict(configs or {}))
@@ -422,6 +426,10 @@ def render_script(script: Script, req: Requirements, source_name: str, composed:
     ones the run gets, whatever the arrays, variables and `"$@"` before them hold; nothing of the
     user's is edited. `composed`: the settings are the tree's full config, so a key that is not
     there does not exist in that release (skipped unless the requirement creates it)."""
+    if script.framework == "slime":
+        from rlprobe_patch.workflow import slime_script
+
+        return slime_script.render(script, req, source_name)
     launch = script.launch
     if launch is None:
         raise RefusedError(f"{script.path}: no verl launch found")
@@ -505,9 +513,13 @@ class ScriptCheck:
 
 def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
     checks: list[ScriptCheck] = []
-    for reason in req.refusals:
+    if script.framework == "slime":
+        from rlprobe_patch.workflow import slime_script
+
+        checks = slime_script.check(script, req)
+    for reason in req.refusals if script.framework != "slime" else ():
         checks.append(ScriptCheck("alignment", False, reason))
-    for r in req.settings:
+    for r in req.settings if script.framework != "slime" else ():
         current = script.settings.get(r.key)
         if current is None:
             if r.only_if_present:
@@ -536,7 +548,7 @@ def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
                 current.source if current else "not exported (the hook falls back to /home/config_actor.json)",
             )
         )
-    checks.extend(_switch_checks(script))
+    checks.extend(_switch_checks(script, _switch_reader(script)))
     checks.extend(_config_checks(script, req))
     for notice in req.notices:
         checks.append(ScriptCheck("notice", True, notice, warning=True))
@@ -558,9 +570,17 @@ def shared_switches() -> Any:
 SWITCH_NAMES = ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE")
 
 
-def _switch_checks(script: Script) -> list[ScriptCheck]:
+def _switch_reader(script: Script) -> Any:
+    """The switch reader the script's hooks run: slime's hooks read DUMP_PHASE as a list."""
+    if script.framework == "slime":
+        from rlprobe_patch.workflow import slime_script
+
+        return slime_script.slime_switches()
+    return shared_switches()
+
+
+def _switch_checks(script: Script, reader: Any) -> list[ScriptCheck]:
     """The values the script exports for the hooks' switches, checked by the hooks' own reader."""
-    reader = shared_switches()
     exported = {name: script.env[name] for name in SWITCH_NAMES if name in script.env}
     known = {name: s for name, s in exported.items() if _exact_env(script, name)}
     checks = [
@@ -610,6 +630,10 @@ def _plain(exc: object) -> str:
 
 
 def script_config_paths(script: Script, mode: str) -> dict[str, str]:
+    if script.framework == "slime":
+        from rlprobe_patch.workflow import slime_script
+
+        return slime_script.config_paths(script, mode)
     found: dict[str, str] = {}
     if mode == "consistency" and "MSPROBE_ACTOR_CONFIG" in script.env:
         found["actor"] = str(script.env["MSPROBE_ACTOR_CONFIG"].value)

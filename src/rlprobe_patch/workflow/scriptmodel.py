@@ -85,6 +85,8 @@ class Script:
     config_name: str | None = None
     composed: hydra_config.Composed | None = None
     yaml_data: list[tuple[Path, Any]] = field(default_factory=list, repr=False)  # in load order
+    framework: str = "verl"  # "verl", or "slime" (`python3 train.py`: slime_script reads its flags)
+    flags: list[Any] = field(default_factory=list)  # slime: every `--flag` with its values, in order
 
     @property
     def facts(self) -> dict[str, hydra_config.Fact]:
@@ -167,12 +169,22 @@ def read_script(
     reading = read_shell(path, args=args, env=env)
     text = path.read_text(encoding="utf-8")
     script = Script(path=path, text=text, reading=reading)
-    verl = [launch for launch in launches(reading) if launch.is_verl]
+    found = launches(reading)
+    verl = [launch for launch in found if launch.is_verl]
     if not verl:
+        from rlprobe_patch.workflow import slime_script
+
+        slime = [launch for launch in found if slime_script.is_slime(launch)]
+        if slime:
+            launch = slime[-1]
+            launch.args = [*launch.args, *(Field(f"--{text.lstrip('-')}", Path("--set"), 0) for text in extra or ())]
+            slime_script.read_slime(script, launch)
+            return script
         commands = ", ".join(sorted({Path(r.argv[0].text).name for r in reading.runs if r.argv})) or "none"
         raise RefusedError(
-            f"{path}: no verl launch found (commands it runs: {commands})",
-            hint="the script must run verl, e.g. python3 -m verl.trainer.main_ppo key=value ...; "
+            f"{path}: no verl launch found, nor a slime one (commands it runs: {commands})",
+            hint="the script must run verl (python3 -m verl.trainer.main_ppo key=value ...) or slime "
+            "(python3 train.py --flag value ...); "
             "pass the script's own arguments with --arg and its environment with --env",
         )
     launch = script.launch = verl[-1]

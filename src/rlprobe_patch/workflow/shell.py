@@ -277,7 +277,7 @@ class _Evaluator:
             items: tuple[Field, ...] = (Field("", self.file, self.line(node)),)
             array = False
         elif value_node.type == "array":
-            items = tuple(f for c in value_node.children if c.is_named and c.type != "comment" for f in self.word(c))
+            items = tuple(f for group in _glued(value_node.children) for f in self.words_of(group))
             array = True
         else:
             items = (self.join(value_node),)
@@ -707,10 +707,31 @@ class _Evaluator:
     def b_ignore(self, node: Any, args: list[Field]) -> None:
         return
 
+    def b_printf(self, node: Any, args: list[Field]) -> None:
+        """`printf -v NAME FORMAT ...` sets NAME: not evaluated, so NAME is marked unresolved, not left unset."""
+        texts = [a.text for a in args]
+        if "-v" in texts and texts.index("-v") + 1 < len(texts):
+            name = texts[texts.index("-v") + 1]
+            what = f"{self.here(node)}: `printf -v {name}` not evaluated"
+            self.note(node, f"`printf -v {name}` not evaluated")
+            self.vars[name] = Var(
+                (Field(_opaque(f"$({name})"), self.file, self.line(node), (what,)),), origin=self.here(node)
+            )
+
     def b_eval(self, node: Any, args: list[Field]) -> None:
         self.note(node, "`eval` not evaluated")
 
     # -- words -------------------------------------------------------------------------------
+
+    def words_of(self, group: list[Any]) -> list[Field]:
+        """One element's fields; the grammar's split of `[0]*$N+[1]` (two nodes, one bash word) is kept
+        as written and reported unresolved, never read as two words."""
+        if len(group) == 1:
+            return self.word(group[0])
+        text = self.source[group[0].start_byte : group[-1].end_byte].decode("utf-8", "replace")
+        what = f"{self.here(group[0])}: `{text[:60]}` not understood by the reader"
+        self.note(group[0], f"`{text[:60]}` not understood by the reader")
+        return [Field(text, self.file, self.line(group[0]), (what,))]
 
     def word(self, node: Any) -> list[Field]:
         """The fields a word expands to (word splitting and "${A[@]}" included)."""
@@ -811,6 +832,8 @@ class _Evaluator:
             return Var(tuple(self.positional), array=True)
         if name == "#":
             return Var((Field(str(len(self.positional)), self.file, 0),))
+        if name == "BASH_SOURCE" and name not in self.vars:  # the file being read, then the ones sourcing it
+            return Var(tuple(Field(str(p), p, 0) for p in reversed(self.stack)), array=True)
         return self.vars.get(name)
 
     def expansion(self, node: Any, quoted: bool) -> list[_Seg]:
@@ -946,9 +969,12 @@ class _Evaluator:
         if kind == "redirected_statement":  # `cmd 2>/dev/null`: the output we read is stdout
             body = node.child_by_field_name("body")
             redirects = [c.text.decode() for c in node.children if c.type == "file_redirect"]
-            if body is None or any(not re.fullmatch(r"2>\s*/dev/null", r) for r in redirects):
+            if body is None or any(not re.fullmatch(r"(2|&|1)?>\s*/dev/null", r) for r in redirects):
                 return None, None
-            return self.captured(body)
+            out, ok = self.captured(body)
+            if out is not None and any(re.fullmatch(r"(&|1)?>\s*/dev/null", r) for r in redirects):
+                out = ""  # stdout discarded (`cd dir &>/dev/null`)
+            return out, ok
         if kind == "list":
             left, op, right = node.children[0], node.children[1].type, node.children[2]
             out, ok = self.captured(left)
@@ -965,6 +991,8 @@ class _Evaluator:
         if not argv or any(not f.exact for f in argv):
             return None, None
         name, args = argv[0].text, [f.text for f in argv[1:]]
+        if name in ("cd", "dirname", "basename") and args[:1] == ["--"]:
+            args = args[1:]  # end of options (`dirname -- "$0"`)
         if name == "pwd":
             return str(self.cwd) + "\n", True
         if name == "cd" and len(args) <= 1:
@@ -1004,6 +1032,20 @@ class _Evaluator:
         if result is None:
             return _Seg(_opaque(text), unresolved=(f"{self.here(node)}: `{text}` not evaluated",))
         return _Seg(str(result))
+
+
+def _glued(children: Any) -> list[list[Any]]:
+    """Array elements, where nodes with no blank between them (tree-sitter ends one at a bare `$`) form one."""
+    groups: list[list[Any]] = []
+    for c in children:
+        if not c.is_named or c.type == "comment":
+            continue
+        previous = groups[-1][-1] if groups else None
+        if previous is not None and previous.end_byte == c.start_byte and previous.text.endswith(b"$"):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return groups
 
 
 def _without_comments(tree: Any, data: bytes) -> str:
@@ -1144,5 +1186,6 @@ _BUILTINS: dict[str, Callable[[_Evaluator, Any, list[Field]], None]] = {
     "exit": _Evaluator.b_exit,
     "return": _Evaluator.b_return,
     "eval": _Evaluator.b_eval,
-    **{name: _Evaluator.b_ignore for name in ("echo", "printf", "mkdir", "popd", "shopt", "trap", "ulimit", ":")},
+    "printf": _Evaluator.b_printf,
+    **{name: _Evaluator.b_ignore for name in ("echo", "mkdir", "popd", "shopt", "trap", "ulimit", ":")},
 }
