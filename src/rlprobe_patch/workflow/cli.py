@@ -493,7 +493,16 @@ def check_dump_cmd(
             fg="green",
         )
         if "compare" in pair:
-            out.line(f"      compare: {pair['compare']['output']} {pair['compare'].get('files', '')}")
+            result = pair["compare"]
+            out.line(f"      compare: {result['output']} {result.get('files', '')}")
+            if result.get("agree") is not None:
+                verdict = "agree" if result["agree"] else "DISAGREE"
+                where = ": " + ", ".join(result["mismatched"]) if result["mismatched"] else ""
+                out.line(
+                    f"      msprobe: {verdict} ({result['matched']} of {result['rows']} rows matched; "
+                    f"Result {result['results']}, accuracy reached {result.get('accuracy_reached')}){where}",
+                    fg="green" if result["agree"] else "red",
+                )
     for item in report.unpaired:
         out.line(f"  unpaired: {item['request_id'] or '-'} ({item['generate_log']}): {item['reason']}", fg="yellow")
     for note in report.notes:
