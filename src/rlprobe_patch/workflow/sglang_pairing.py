@@ -48,7 +48,7 @@ SGLANG_PAIRING = (
     ),
 )
 
-# SGLang dumps one msprobe step per forward pass (its own debugger from 0.5.11, sglang.model-runner's
+# SGLang dumps one msprobe step per forward pass (its own debugger on native releases, sglang.model-runner's
 # before): the generate side's `step` selects passes, not training steps.
 SGLANG_GENERATE_STEPS: list[int] = []
 SGLANG_GENERATE_STEPS_WHY = (
