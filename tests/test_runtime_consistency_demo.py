@@ -55,3 +55,16 @@ def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(tmp_pa
         assert "Module.model.layers.1.mlp.Qwen2MLP.forward.0.output.0" in caught["mismatched"]
         assert caught["last_output"]["name"] in caught["mismatched"]
         assert caught["accuracy_reached"]["No"] >= 3
+
+
+def test_demo_consistency_leaves_an_already_patched_verl_alone(tmp_path: Path) -> None:
+    """The demo reverts what it applied; on a verl that already carries a patch it would take that
+    away too, so it refuses before writing anything."""
+    with venvs.using("0.9.1") as python:
+        code, out = cli_json("apply", "--python", python, "--backend", "fsdp2", "--only", "verl.fsdp-engine")
+        assert code == ExitCode.OK, out
+        patched = sources(venvs.site_packages(python) / "verl")
+        code, out = cli_json("demo", "--consistency", "--python", python, "--workdir", tmp_path / "demo")
+        assert code == ExitCode.REFUSED and "verl.fsdp-engine" in out["message"], out
+        assert sources(venvs.site_packages(python) / "verl") == patched
+        assert not (tmp_path / "demo" / "model").exists()

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 from rlprobe_patch.releases import releases_dir
 
 if sys.version_info >= (3, 11):
@@ -45,8 +46,10 @@ MARKER = ".rlprobe-demo-venv-complete"
 SWITCHES = ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG", "MSPROBE_SGLANG_CONFIG")
 
 
-class DemoError(RuntimeError):
-    pass
+class DemoError(PatchError):
+    """A step of the demo failed (exit 4, with the step's error)."""
+
+    exit_code = ExitCode.VERIFY_FAILED
 
 
 def demo_data() -> dict[str, Any]:
@@ -190,6 +193,17 @@ def run_consistency_demo(
     venv_python = Path(python) if python else ensure_demo_venv(data, progress)
     say(f"workdir: {work}", bold=True)
     say(f"python:  {venv_python}")
+    # The demo patches verl in that venv and reverts it at the end: it starts only from an unpatched verl,
+    # so that the revert cannot take away patches someone applied before.
+    status = _cli(state, "status", "--python", str(venv_python))
+    present = [p["id"] for t in status["trees"] for p in t["patches"] if p.get("recorded_revision") is not None]
+    present += [p["id"] for t in status["trees"] for p in t["patches"] if p["state"] in ("applied", "outdated")]
+    if present:
+        raise RefusedError(
+            f"verl in {venv_python} already carries rlprobe-patch patches ({', '.join(sorted(set(present)))}); "
+            "the demo applies and reverts the consistency set itself",
+            hint=f"revert them first (rlprobe-patch revert --python {venv_python}) or use another venv",
+        )
     _drive(venv_python, work, "model")
     prompts = json.loads((work / "prompts.json").read_text())
     say(
@@ -198,7 +212,6 @@ def run_consistency_demo(
     )
 
     applied = _cli(state, "apply", "--python", str(venv_python), "--backend", "fsdp2", "--mode", "consistency")
-    patched_verl = applied.get("status") == "applied"
     say(
         f"verl ({applied['tree']['version']}): {applied.get('status')} "
         + ", ".join(p["id"] for p in applied["patches"] if p["state"] in ("applicable", "applied")),
@@ -211,10 +224,8 @@ def run_consistency_demo(
         actor = _drive(venv_python, work, "actor", env=env)
         say(f"training side: {actor['engine']}, {len(prompts)} micro-batches dumped to {work / 'dumps/actor'}")
     finally:
-        if patched_verl:
-            _cli(state, "revert", "--python", str(venv_python))
-    if patched_verl:
-        say("verl: reverted")
+        _cli(state, "revert", "--python", str(venv_python))
+    say("verl: reverted")
 
     root = _unpack_sglang(data["sglang"], work / "sglang", progress)
     sglang = _cli(state, "apply", "--sglang-root", str(root), "--mode", "consistency")
