@@ -224,7 +224,11 @@ def _sglang_single(
         return None  # the decode server of a PD pair: its prefill ran on the prefill server
     rids = record.get("rids")
     if rids is None:
-        why = "no rids in the log line (SGLang before 0.5.8 hands no request ids to the model runner)"
+        why = (
+            "no rids in the log line (the pass's batch carried no request ids: an SGLang release whose model "
+            "runner gets none, patched without sglang.dispatch-logger's scheduler site, or a speculative-decoding "
+            "batch there)"
+        )
         _unpaired(report, record, None, why)
         return None
     if len(rids) != 1:
