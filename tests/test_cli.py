@@ -378,3 +378,10 @@ def test_mode_set_refuses_whole_when_a_target_is_missing(fixture_tree) -> None:
     assert code == ExitCode.REFUSED
     assert any("verl/trainer/ppo/ray_trainer.py: missing" in d for d in out["details"])
     assert snapshot(root) == original and not (root / ".rlprobe-patch").exists()
+
+
+def test_demo_consistency_options_go_together() -> None:
+    """`--python` is the consistency demo's venv; `--offline` cannot run it (it needs verl, SGLang, msprobe)."""
+    for args in (["--python", "/usr/bin/python3"], ["--consistency", "--offline"]):
+        result = cli("demo", *args)
+        assert result.exit_code == ExitCode.USAGE, result.output

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SGLANG_MEMBERS, cli_json, package_wheel, unpack
+from packaging.version import Version
 from runtime import venvs
 
 from rlprobe_patch.errors import ExitCode
@@ -103,16 +104,34 @@ def log_lines(dump: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("version", ["0.4.6.post5", "0.5.10.post1", "0.5.11", "0.5.23"])
+def via_scheduler(root: Path, version: str) -> list[str]:
+    """SGLang before 0.5.8: the batches' rids come through the statements inserted into the
+    scheduler and ForwardBatch.init_new (their ForwardBatch and ModelWorkerBatch have none)."""
+    if Version(version) >= Version("0.5.8"):
+        return []
+    files = {
+        "--scheduler-file": "managers/scheduler.py",
+        "--forward-batch-file": "model_executor/forward_batch_info.py",
+    }
+    return [arg for option, file in files.items() for arg in (option, str(root / "sglang/srt" / file))]
+
+
+@pytest.mark.parametrize("version", ["0.4.6.post5", "0.5.3", "0.5.10.post1", "0.5.11", "0.5.23"])
 def test_one_line_per_dumped_forward(python: Path, patched, tmp_path: Path, version: str) -> None:
     root = patched(version)
-    no_rids = ["--no-rids"] if version == "0.4.6.post5" else []  # its ForwardBatch has no rids
-    off = drive(python, root, tmp_path, version, None, *no_rids)
+    old = via_scheduler(root, version)
+    off = drive(python, root, tmp_path, version, None, *old)
     assert off["debugger"] is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]  # no debugger: nothing written
+    if old:  # the two inserted statements, as written in the patched files
+        worker = "batch_or_worker_batch" if version == "0.5.3" else "model_worker_batch"
+        assert off["rids_statements"] == [
+            f"{worker}.rids = [req.rid for req in batch.reqs]",
+            "ret.rids = getattr(batch, 'rids', None)",
+        ]
 
     cfg, dump = config(tmp_path, "on")
-    on = drive(python, root, tmp_path, version, cfg, *no_rids)
+    on = drive(python, root, tmp_path, version, cfg, *old)
     assert on["debugger"] and on["outputs"] == off["outputs"]  # the forward's results are untouched
     steps = sorted(int(p.name[4:]) for p in dump.glob("step*") if (p / next(p.iterdir()).name / "dump.json").is_file())
     assert steps == list(range(8))  # msprobe: one step per forward pass, the idle one included
@@ -123,11 +142,8 @@ def test_one_line_per_dumped_forward(python: Path, patched, tmp_path: Path, vers
     for line in lines:
         assert (dump / line["dump"]).is_file(), line  # the line names msprobe's own dump of its step
         assert line["source"] == "sglang" and line["pd_role"] == "null" and line["tp_rank"] == 0
-    if no_rids:
-        assert all(line["rids"] is None for line in lines)
-    else:
-        rids = [line["rids"] for line in lines]
-        assert rids == [["rid-a"], ["rid-b"], ["rid-a", "rid-b"], ["rid-c", "rid-d"], ["rid-e"], ["rid-f"], ["rid-f"]]
+    rids = [line["rids"] for line in lines]
+    assert rids == [["rid-a"], ["rid-b"], ["rid-a", "rid-b"], ["rid-c", "rid-d"], ["rid-e"], ["rid-f"], ["rid-f"]]
     assert [line["extend_lens"] for line in lines] == [[4], [5], None, [3, 6], [3], [2], [3]]
     assert [line["prefix_lens"] for line in lines] == [[0], [0], None, [0, 0], [2], [0], [2]]
     assert lines[2]["seq_lens"] == [5, 6]
@@ -208,12 +224,13 @@ def test_check_dump_pairs_sglang_prefills_with_actor_steps(
 
 
 def test_check_dump_lists_what_cannot_pair(python: Path, patched, actor_dump: Path, tmp_path: Path) -> None:
-    # SGLang before 0.5.10: no rids in the log, nothing pairs, and check-dump says why.
+    # Passes whose batch carried no rids (speculative decoding before 0.5.8, where the scheduler site
+    # is not on the path): nothing pairs, and check-dump says why.
     cfg, generate = config(tmp_path, "old")
     drive(python, patched("0.4.6.post5"), tmp_path, "0.4.6.post5", cfg, "--no-rids")
     code, out = cli_json("check-dump", "--actor", actor_dump, "--generate", generate)
     assert code == ExitCode.VERIFY_FAILED and out["pairs"] == []
-    assert any("no rids in the log line (SGLang before 0.5.8" in p for p in out["problems"])
+    assert any("no rids in the log line (the pass's batch carried no request ids" in p for p in out["problems"])
     assert len(out["unpaired"]) == 6  # every extend pass (the decode pass is not a prefill)
 
     # PD: the decode server's log is never paired; a dump removed after the run is named.
@@ -228,3 +245,15 @@ def test_check_dump_lists_what_cannot_pair(python: Path, patched, actor_dump: Pa
     assert code == ExitCode.VERIFY_FAILED
     assert any("prefill step 0 rank None of req-0 has no step0/proc" in p for p in out["problems"])
     assert [p["request_id"] for p in out["pairs"]] == ["req-1"]
+
+
+def test_check_dump_pairs_prefills_of_a_release_before_rids_reached_the_model_runner(
+    python: Path, patched, actor_dump: Path, tmp_path: Path
+) -> None:
+    """SGLang 0.4.6.post5: the rids the scheduler site puts on the worker batch reach the log, and pair."""
+    cfg, generate = config(tmp_path, "old-paired")
+    root = patched("0.4.6.post5")
+    drive(python, root, tmp_path, "0.4.6.post5", cfg, "--rids", RIDS, *via_scheduler(root, "0.4.6.post5"))
+    code, out = cli_json("check-dump", "--actor", actor_dump, "--generate", generate)
+    assert code == ExitCode.OK, out["problems"]
+    assert sorted(p["request_id"] for p in out["pairs"]) == ["req-0", "req-1"]

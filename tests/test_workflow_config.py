@@ -10,7 +10,7 @@ from conftest import cli_json
 from runtime import venvs
 
 from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.workflow.config import build_config, check_with_msprobe
+from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, build_config, check_with_msprobe, rule_problems
 
 
 @pytest.mark.parametrize(
@@ -27,6 +27,38 @@ def test_rules(mode: str, side: str, dump: str | None, step: list[int]) -> None:
     assert data["level"] == "mix" and data["step"] == step and data["task"] == "statistics"
     assert data.get("dump_path") == dump
     assert data["statistics"]["data_mode"] == ["all"] and data["statistics"]["summary_mode"] == "statistics"
+
+
+def test_sglang_consistency_generate_dumps_every_forward_pass(tmp_path: Path) -> None:
+    """SGLang's msprobe step is one forward pass: [0] would dump only the first prefill, so the
+    consistency generate config for an SGLang rollout dumps every pass and says what the server needs."""
+    out = tmp_path / "g.json"
+    args = ("config", "--mode", "consistency", "--side", "generate", "--dump-path", "/d/g", "-o", out, "--no-check")
+    code, res = cli_json(*args, "--rollout-backend", "sglang")
+    assert code == ExitCode.OK and json.loads(out.read_text())["step"] == [] and res["config"]["step"] == []
+    needs = {n["key"].rsplit(".", 1)[-1]: n for n in res["pairing_needs"]}
+    assert {k: n["value"] for k, n in needs.items()} == {
+        "max_num_seqs": 1,
+        "disable_radix_cache": True,
+        "chunked_prefill_size": -1,
+        "enforce_eager": True,
+        "step": [],
+    }
+    assert all(n["why"] for n in needs.values()) and "per forward pass" in needs["step"]["why"]
+    for backend in ((), ("--rollout-backend", "vllm")):  # unchanged elsewhere
+        code, res = cli_json(*args, *backend)
+        assert code == ExitCode.OK and res["config"]["step"] == [0] and res["pairing_needs"] == []
+    code, res = cli_json(*args[:4], "actor", *args[5:], "--rollout-backend", "sglang")
+    assert code == ExitCode.OK and res["config"]["step"] == [] and res["pairing_needs"] == []
+
+    # check-script's rule on an existing generate config: [0] warns for SGLang (only one pass pairs)
+    data = build_config("consistency", "generate", "/d/g")
+    (problem,) = rule_problems(data, "consistency", "generate", "sglang")
+    assert problem.startswith(SGLANG_STEP_WARNING) and "[0]" in problem
+    assert rule_problems({**data, "step": []}, "consistency", "generate", "sglang") == []
+    assert rule_problems({**data, "step": []}, "consistency", "generate", "vllm") == [
+        "step is []; the generate side uses [0]"
+    ]
 
 
 def test_refusals(tmp_path: Path) -> None:
@@ -61,6 +93,7 @@ def test_without_msprobe_the_check_is_refused(tmp_path: Path) -> None:
         ("training", "training", ()),
         ("inference", "generate", ("--dump-path", "DUMP")),
         ("consistency", "generate", ("--dump-path", "DUMP")),
+        ("consistency", "generate", ("--dump-path", "DUMP", "--rollout-backend", "sglang")),  # step []
         ("consistency", "actor", ("--dump-path", "DUMP", "--level", "L0", "--task", "tensor", "--rank", "0,1")),
     ],
 )

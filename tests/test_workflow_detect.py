@@ -202,3 +202,39 @@ def test_missing_script_is_refused(tmp_path: Path) -> None:
     result = cli("detect", str(tmp_path / "nope.sh"), "--no-trees", "--json")
     assert result.exit_code == ExitCode.REFUSED
     assert "no such file" in json.loads(result.stdout)["message"]
+
+
+SGLANG_EXAMPLE = (
+    Path(__file__).resolve().parents[2] / "shared/upstream/verl-examples/v0.6.1/examples/grpo_trainer"
+) / "run_qwen2_5_vl-7b-sglang.sh"
+
+
+@pytest.mark.skipif(not SGLANG_EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
+def test_sglang_rollout_says_what_rid_pairing_needs(tmp_path: Path) -> None:
+    """verl's own SGLang example: detect lists the four server settings check-dump's rid pairing
+    needs against the script's values (the example runs CUDA graphs: enforce_eager=False); the
+    script `script --mode consistency` derives from it has all four."""
+    result = cli("detect", str(SGLANG_EXAMPLE), "--hint", "consistency", "--no-trees", "--json")
+    out = json.loads(result.stdout)
+    assert result.exit_code == ExitCode.OK and out["rollout_backend"] == "sglang" and out["mode"] == "consistency"
+    rows = {row["key"].rsplit(".", 1)[-1]: row for row in out["sglang_pairing"]}
+    assert {k: (r["wanted"], r["ok"]) for k, r in rows.items()} == {
+        "max_num_seqs": (1, False),
+        "disable_radix_cache": (True, False),
+        "chunked_prefill_size": (-1, False),
+        "enforce_eager": (True, False),
+    }
+    assert rows["enforce_eager"]["found"] is False and rows["enforce_eager"]["source"].endswith(":38")
+    assert all(r["why"] for r in rows.values())
+    assert any("check-dump pairs prefills" in n and "enforce_eager" in n for n in out["notices"])
+
+    derived = tmp_path / "collect.sh"
+    configs = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json", "--n-gpus", "1")
+    result = cli("script", str(SGLANG_EXAMPLE), "--mode", "consistency", *configs, "-o", str(derived))
+    assert result.exit_code == ExitCode.OK, result.output
+    out = json.loads(cli("detect", str(derived), "--no-trees", "--json").stdout)
+    assert out["mode"] == "consistency" and all(row["ok"] for row in out["sglang_pairing"]), out["sglang_pairing"]
+    assert not any("check-dump pairs prefills" in n for n in out["notices"])
+    # a vLLM rollout gets no such list
+    vllm = cli("detect", str(SCRIPTS / "grpo_fsdp_vllm.sh"), "--no-trees", "--json")
+    assert json.loads(vllm.stdout)["sglang_pairing"] == []

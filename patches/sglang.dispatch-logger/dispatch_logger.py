@@ -6,8 +6,8 @@ which requests each dumped pass served, so that a rollout prefill can be matched
 training micro-batch by request id: `{dump_path}/{pid}/dispatch_log.jsonl`, one JSON line per
 dumped pass with the msprobe step and rank (and the dump file they name), the forward mode
 (`extend`, `decode`, `mixed`, ...; idle passes are skipped), the phase (`prefill` for an
-extend pass), the request ids (`ForwardBatch.rids`: SGLang 0.5.8 and later), each request's
-extend and prefix length, and the TP/DP rank and PD role of the server.
+extend pass), the request ids (`ForwardBatch.rids`, which this patch fills below SGLang
+0.5.10), each request's extend and prefix length, and the TP/DP rank and PD role of the server.
 """
 
 import json

@@ -21,7 +21,7 @@ writes a JSON result (see ``main``) and exits 0, or writes ``{"ok": false, ...}`
 the traceback and exits 1.
 
 Works with verl 0.9.x (engine from ``EngineRegistry`` with the CPU platform of
-``cpu_platform.py``, loaded through ``VERL_USE_EXTERNAL_MODULES``) and 0.7.x/0.8.x
+``src/rlprobe_patch/demo_drivers/cpu_platform.py``, loaded through ``VERL_USE_EXTERNAL_MODULES``) and 0.7.x/0.8.x
 (engine class built directly, as their registry has no CPU entry).
 """
 
@@ -41,6 +41,8 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# cpu_platform.py ships with rlprobe-patch (the consistency demo runs verl's engine on the CPU too).
+CPU_PLATFORM_DIR = HERE.parents[1] / "src" / "rlprobe_patch" / "demo_drivers"
 SEED = 1234
 VOCAB_SIZE = 256
 PROMPT_LEN = 4
@@ -100,7 +102,7 @@ def prepare_environment(version: str) -> None:
         # verl 0.9 falls back to the "nvidia" platform without accelerators; our CPU platform
         # replaces it during `import verl`. VERL_ENGINE_DEVICE only picks the engine class
         # out of the registry (which lists cuda/npu), the device stays the CPU.
-        sys.path.insert(0, str(HERE))
+        sys.path.insert(0, str(CPU_PLATFORM_DIR))
         modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
         if "cpu_platform" not in modules:
             modules.insert(0, "cpu_platform")

@@ -16,6 +16,10 @@ method runs on (`_forward_raw` calls a tiny torch model), the `ForwardBatch` obj
 dataclass with the fields the logger reads: `forward_mode`, `rids`, `extend_seq_lens_cpu`,
 `extend_prefix_lens_cpu`, `seq_lens_cpu`, `batch_size`), and the module-level helpers
 `forward` calls (expert-distribution recorder, dumper, span names), which do nothing here.
+
+Below SGLang 0.5.8 (`--scheduler-file`, `--forward-batch-file`), each batch's rids come from the
+two statements sglang.dispatch-logger inserted into `Scheduler.run_batch` and
+`ForwardBatch.init_new`, executed as written (see `rids_via_scheduler`).
 """
 
 from __future__ import annotations
@@ -157,6 +161,42 @@ def load_logger_module(path: Path) -> None:
     spec.loader.exec_module(module)
 
 
+def inserted_rids_statement(path: Path, cls: str, method: str) -> ast.stmt:
+    """The one `<name>.rids = ...` statement sglang.dispatch-logger inserted into `cls.method` of `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    fn = _method(tree, cls, method)
+    assert fn is not None, f"{path}: no {cls}.{method}"
+    found = [
+        node
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Attribute)
+        and node.targets[0].attr == "rids"
+        and isinstance(node.targets[0].value, ast.Name)
+    ]
+    assert len(found) == 1, f"{path}: {cls}.{method} has {len(found)} `*.rids = ...` statements"
+    return found[0]
+
+
+def rids_via_scheduler(args: argparse.Namespace, forward_batches: list[StandInForwardBatch]) -> list[str]:
+    """SGLang before 0.5.8: each ForwardBatch's rids as the two inserted statements carry them, run as
+    written: `Scheduler.run_batch` puts the scheduler batch's rids on the ModelWorkerBatch it built,
+    `ForwardBatch.init_new` copies them. Stand-ins: the scheduler batch and its requests (objects with
+    `reqs` and `rid`), the ModelWorkerBatch (an empty object), the rest of both methods."""
+    put = inserted_rids_statement(args.scheduler_file, "Scheduler", "run_batch")
+    keep = inserted_rids_statement(args.forward_batch_file, "ForwardBatch", "init_new")
+    worker_name = put.targets[0].value.id  # model_worker_batch, or batch_or_worker_batch (0.5.3)
+    put_code = compile(ast.Module(body=[put], type_ignores=[]), str(args.scheduler_file), "exec")
+    keep_code = compile(ast.Module(body=[keep], type_ignores=[]), str(args.forward_batch_file), "exec")
+    for fb in forward_batches:
+        reqs = [types.SimpleNamespace(rid=rid) for rid in fb.rids or []]
+        worker_batch = types.SimpleNamespace()
+        exec(put_code, {worker_name: worker_batch, "batch": types.SimpleNamespace(reqs=reqs)})
+        fb.rids = None  # what init_new's `ret = cls(...)` gives on these releases: no rids
+        exec(keep_code, {"batch": worker_batch, "ret": fb, "getattr": getattr})
+    return [ast.unparse(put), ast.unparse(keep)]
+
+
 def run(args: argparse.Namespace) -> dict:
     if args.logger_file:
         load_logger_module(args.logger_file)
@@ -225,8 +265,15 @@ def run(args: argparse.Namespace) -> dict:
         runner.msprobe_debugger = PrecisionDebugger(config_path=str(args.config))
     else:
         runner.msprobe_debugger = None
-    sums = [runner.forward(fb).logits.sum().item() for fb in batches(not args.no_rids, args.rids.split(","))]
-    return {"debugger": runner.msprobe_debugger is not None, "outputs": sums, "free_names": sorted(free_names(forward))}
+    forward_batches = batches(not args.no_rids, args.rids.split(","))
+    inserted = rids_via_scheduler(args, forward_batches) if args.scheduler_file else []
+    sums = [runner.forward(fb).logits.sum().item() for fb in forward_batches]
+    return {
+        "debugger": runner.msprobe_debugger is not None,
+        "outputs": sums,
+        "free_names": sorted(free_names(forward)),
+        "rids_statements": inserted,
+    }
 
 
 def main() -> int:
@@ -235,6 +282,12 @@ def main() -> int:
     parser.add_argument("--logger-file", type=Path)
     parser.add_argument("--config", type=Path, help="SGLang 0.5.11+: the --msprobe-dump-config file")
     parser.add_argument("--no-rids", action="store_true", help="ForwardBatch without rids (SGLang < 0.5.10)")
+    parser.add_argument(
+        "--scheduler-file", type=Path, help="SGLang < 0.5.8: the patched scheduler.py (rids put on the worker batch)"
+    )
+    parser.add_argument(
+        "--forward-batch-file", type=Path, help="SGLang < 0.5.8: the patched forward_batch_info.py (rids kept)"
+    )
     parser.add_argument("--rids", default="rid-a,rid-b,rid-c,rid-d,rid-e,rid-f", help="the six request ids")
     parser.add_argument("--dp-size", type=int, default=1)
     parser.add_argument("--gpu-id", type=int, default=0)

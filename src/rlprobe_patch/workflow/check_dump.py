@@ -226,7 +226,11 @@ def _sglang_single(
         return None  # the decode server of a PD pair: its prefill ran on the prefill server
     rids = record.get("rids")
     if rids is None:
-        why = "no rids in the log line (SGLang before 0.5.8 hands no request ids to the model runner)"
+        why = (
+            "no rids in the log line (the pass's batch carried no request ids: an SGLang release whose model "
+            "runner gets none, patched without sglang.dispatch-logger's scheduler site, or a speculative-decoding "
+            "batch there)"
+        )
         _unpaired(report, record, None, why)
         return None
     if len(rids) != 1:
@@ -424,6 +428,42 @@ _COMPARE = r"""
 import json, sys, io, contextlib, os
 from msprobe.pytorch.compare.pt_compare import pt_compare
 pairs = json.loads(sys.argv[1])
+
+
+def verdict(out, files):
+    # msprobe's own verdict per row (its `Result` column: pass / warning / error, from its thresholds),
+    # over the rows it matched by name on both sides.
+    try:
+        import pandas as pd
+        path = os.path.join(out, files[-1])
+        table = pd.read_csv(path) if path.endswith(".csv") else pd.read_excel(path)
+        bench = table["Bench Name"].astype(str)
+        matched = table[table["Bench Name"].notna() & ~bench.isin(["N/A", "nan", ""])]
+        results = matched["Result"].astype(str).str.lower()
+        try:  # and msprobe's accuracy rule on Cosine and MaxAbsErr (its "Accuracy Reached or Not")
+            from msprobe.core.compare.multiprocessing_compute import check_accuracy
+            numeric = pd.to_numeric(matched["Cosine"], errors="coerce").notna()
+            accuracy = matched["Cosine"].where(~numeric, None).astype(object)
+            for index in matched.index[numeric]:
+                accuracy[index] = check_accuracy(matched.at[index, "Cosine"], matched.at[index, "MaxAbsErr"])
+        except ImportError:
+            accuracy = pd.Series([None] * len(matched), index=matched.index, dtype=object)
+        bad = matched[results.isin(["warning", "error"]) | (accuracy == "No")]
+        last = matched[matched["NPU Name"].astype(str).str.contains(r"\.output\.", regex=True)].tail(1)
+        return {
+            "rows": int(len(table)), "matched": int(len(matched)),
+            "results": {k: int(v) for k, v in results.value_counts().items()},
+            "accuracy_reached": {k: int(v) for k, v in accuracy[accuracy.isin(["Yes", "No"])].value_counts().items()},
+            "agree": bool(len(matched)) and bad.empty,
+            "mismatched": [str(n) for n in bad["NPU Name"].head(10)],
+            "last_output": {"name": str(last["NPU Name"].iloc[0]), "cosine": str(last["Cosine"].iloc[0]),
+                            "max_abs_err": str(last["MaxAbsErr"].iloc[0]),
+                            "result": str(last["Result"].iloc[0])} if len(last) else None,
+        }
+    except Exception as exc:  # an older msprobe's columns: the files are still there
+        return {"agree": None, "verdict_error": f"{type(exc).__name__}: {exc}"}
+
+
 results = []
 for pair in pairs:
     out = pair["output"]
@@ -434,7 +474,7 @@ for pair in pairs:
             pt_compare({"npu_path": pair["actor"], "bench_path": pair["generate"],
                         "is_print_compare_log": False}, out)
         files = sorted(f for f in os.listdir(out) if f.endswith((".csv", ".xlsx")))
-        results.append({"ok": bool(files), "output": out, "files": files})
+        results.append({"ok": bool(files), "output": out, "files": files, **verdict(out, files)})
     except BaseException as exc:
         results.append({"ok": False, "output": out, "error": f"{type(exc).__name__}: {exc}",
                         "log": buf.getvalue().splitlines()[-5:]})

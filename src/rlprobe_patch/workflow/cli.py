@@ -95,6 +95,7 @@ def detect_cmd(
             **reading_json(s),
             "signals": [x.to_json() for x in d.signals],
             "notices": d.notices,
+            "sglang_pairing": d.pairing,
             "overrides": [o.to_json() for o in s.overrides],
             "env": {k: v.to_json() for k, v in s.env.items()},
             "yaml_files": [
@@ -135,6 +136,13 @@ def detect_cmd(
         fact = s.facts.get(name)
         if fact is not None:
             out.line(f"  {name:<24} {fact.value}  ({fact.source})")
+    if d.pairing:
+        out.line("SGLang rollout, what check-dump needs to pair prefills by rid:")
+        for row in d.pairing:
+            found = "unset" if row["found"] is None else f"{row['found']} ({row['source']})"
+            mark = "ok " if row["ok"] else "SET"
+            out.line(f"  {mark} {row['key']}={row['wanted']}  now: {found}", fg=None if row["ok"] else "yellow")
+            out.line(f"        {row['why']}")
     if d.mode == "unknown":
         out.line("mode unknown: say which with --hint training|inference|consistency", fg="yellow")
     for notice in d.notices:
@@ -225,6 +233,12 @@ def _int_list(text: str | None) -> list[int] | None:
 @click.option("--task", type=click.Choice(TASKS), default="statistics", show_default=True)
 @click.option("--step", "steps", metavar="N[,N]", help="msprobe steps (default: [0] generate, [] otherwise).")
 @click.option("--rank", "ranks", metavar="N[,N]", help="msprobe ranks (default: all).")
+@click.option(
+    "--rollout-backend",
+    type=click.Choice(["vllm", "sglang"]),
+    help="The rollout engine; sglang: the consistency generate side dumps every forward pass (step []) "
+    "and the answer lists the server settings rid pairing needs.",
+)
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The config.json to write.")
 @python_option
 @click.option("--no-check", is_flag=True, help="Do not load it with msprobe (when msprobe is not installed here).")
@@ -238,18 +252,51 @@ def config_cmd(
     task: str,
     steps: str | None,
     ranks: str | None,
+    rollout_backend: str | None,
     output: Path,
     python: str | None,
     no_check: bool,
 ) -> int:
     """Write an msprobe config.json for MODE and SIDE, checked by msprobe's own config loading."""
-    from rlprobe_patch.workflow.config import SIDES, build_config, write_config
+    from rlprobe_patch.workflow.config import SIDES, build_config, sglang_consistency_generate, write_config
+    from rlprobe_patch.workflow.sglang_pairing import SGLANG_GENERATE_STEPS_WHY, SGLANG_PAIRING
 
     side = side or SIDES[mode][0]
-    data = build_config(mode, side, dump_path, level=level, task=task, steps=_int_list(steps), ranks=_int_list(ranks))
+    data = build_config(
+        mode,
+        side,
+        dump_path,
+        level=level,
+        task=task,
+        steps=_int_list(steps),
+        ranks=_int_list(ranks),
+        rollout_backend=rollout_backend,
+    )
     checked = write_config(data, output, python, check=not no_check)
-    out.emit({"ok": True, "output": str(output), "mode": mode, "side": side, "config": data, "msprobe_check": checked})
+    needs: list[dict[str, Any]] = []
+    if sglang_consistency_generate(mode, side, rollout_backend):
+        needs = [{"key": s.key, "value": s.value, "why": s.why} for s in SGLANG_PAIRING]
+        needs.append({"key": "step", "value": data["step"], "why": SGLANG_GENERATE_STEPS_WHY})
+    out.emit(
+        {
+            "ok": True,
+            "output": str(output),
+            "mode": mode,
+            "side": side,
+            "rollout_backend": rollout_backend,
+            "config": data,
+            "msprobe_check": checked,
+            "pairing_needs": needs,
+        }
+    )
     out.line(f"wrote {output} ({mode}, {side} side, level {level})", fg="green")
+    if needs:
+        out.line(f"step {data['step']}: {needs[-1]['why']}")
+        out.line(
+            "the SGLang server also needs, for check-dump to pair its prefills by rid (script --mode consistency):"
+        )
+        for need in needs[:-1]:
+            out.line(f"    {need['key']}={need['value']}: {need['why']}")
     if checked:
         out.line(
             f"msprobe {checked.get('msprobe')} loads it: task {checked['task']}, level {checked['level']}, "
@@ -537,7 +584,16 @@ def check_dump_cmd(
             fg="green",
         )
         if "compare" in pair:
-            out.line(f"      compare: {pair['compare']['output']} {pair['compare'].get('files', '')}")
+            result = pair["compare"]
+            out.line(f"      compare: {result['output']} {result.get('files', '')}")
+            if result.get("agree") is not None:
+                verdict = "agree" if result["agree"] else "DISAGREE"
+                where = ": " + ", ".join(result["mismatched"]) if result["mismatched"] else ""
+                out.line(
+                    f"      msprobe: {verdict} ({result['matched']} of {result['rows']} rows matched; "
+                    f"Result {result['results']}, accuracy reached {result.get('accuracy_reached')}){where}",
+                    fg="green" if result["agree"] else "red",
+                )
     for item in report.unpaired:
         out.line(f"  unpaired: {item['request_id'] or '-'} ({item['generate_log']}): {item['reason']}", fg="yellow")
     if slime is not None:

@@ -9,6 +9,10 @@ Rules (SKILL.md "共用 config.json 规范" and the three-mode table):
 | consistency | generate  | required  | [0]   |
 | consistency | actor     | required (the patched hook logs next to it) | [] |
 
+With an SGLang rollout (`--rollout-backend sglang`) the consistency generate side dumps every
+step (`[]`): SGLang's msprobe step is one forward pass, and check-dump pairs each single-request
+prefill pass with its actor step.
+
 `"level": "mix"` unless asked otherwise. The file is then loaded by msprobe itself, in the
 training interpreter: `parse_json_config` (msprobe's CommonConfig and task config checks) and
 `DebuggerConfig` (what `PrecisionDebugger(config_path=...)` builds), so a config this command
@@ -25,6 +29,7 @@ from typing import Any
 
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.workflow.envprobe import interpreter, last_json, run_python
+from rlprobe_patch.workflow.sglang_pairing import SGLANG_GENERATE_STEPS, SGLANG_GENERATE_STEPS_WHY
 
 SIDES = {"training": ("training",), "inference": ("generate",), "consistency": ("actor", "generate")}
 LEVELS = ("mix", "L0", "L1", "L2", "debug")
@@ -47,6 +52,7 @@ def build_config(
     task: str = "statistics",
     steps: list[int] | None = None,
     ranks: list[int] | None = None,
+    rollout_backend: str | None = None,
 ) -> dict[str, Any]:
     if side not in SIDES[mode]:
         raise ConfigError(
@@ -68,6 +74,8 @@ def build_config(
     if dump_path:
         config["dump_path"] = str(dump_path)
     default_step = [0] if side == "generate" else []
+    if sglang_consistency_generate(mode, side, rollout_backend):
+        default_step = list(SGLANG_GENERATE_STEPS)
     config.update(
         {
             "rank": list(ranks or []),
@@ -167,14 +175,28 @@ def read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def rule_problems(data: dict[str, Any], mode: str, side: str) -> list[str]:
+# check-script shows a problem starting with this as a warning (the run dumps, but pairs less).
+SGLANG_STEP_WARNING = "step selects SGLang forward passes"
+
+
+def sglang_consistency_generate(mode: str, side: str, rollout_backend: str | None) -> bool:
+    return mode == "consistency" and side == "generate" and rollout_backend == "sglang"
+
+
+def rule_problems(data: dict[str, Any], mode: str, side: str, rollout_backend: str | None = None) -> list[str]:
     """The skill's rules for an existing config (used by check-script)."""
     problems = []
     if mode == "training" and "dump_path" in data:
         problems.append("dump_path is set; it is forbidden for the training profiler (verl sets it per stage)")
     if mode != "training" and not data.get("dump_path"):
         problems.append(f"dump_path is missing; it is required for the {side} side")
-    if side == "generate" and data.get("step") not in ([0],):
+    if sglang_consistency_generate(mode, side, rollout_backend):
+        if data.get("step", []) != SGLANG_GENERATE_STEPS:
+            problems.append(
+                f"{SGLANG_STEP_WARNING}: step is {data.get('step')!r}, so only those passes are dumped "
+                f"and paired ({SGLANG_GENERATE_STEPS_WHY})"
+            )
+    elif side == "generate" and data.get("step") not in ([0],):
         problems.append(f"step is {data.get('step')!r}; the generate side uses [0]")
     if data.get("level", "L1") != "mix":
         problems.append(f'level is {data.get("level", "L1 (default)")!r}; the skill uses "mix" unless asked otherwise')

@@ -17,6 +17,7 @@ from typing import Any
 
 from rlprobe_patch.errors import PatchError
 from rlprobe_patch.workflow.scriptmodel import Script, is_true, read_script
+from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING, same_value
 
 MODES = ("training", "inference", "consistency")
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
@@ -57,6 +58,8 @@ class Detection:
     rollout_backend: str
     signals: list[Signal] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    # An SGLang rollout: each setting rid pairing needs, with the script's value (see sglang_pairing.py).
+    pairing: list[dict[str, Any]] = field(default_factory=list)
 
     def signals_for(self, decision: str) -> list[Signal]:
         return [s for s in self.signals if s.decision == decision]
@@ -184,6 +187,34 @@ def _rollout_backend(script: Script) -> tuple[str, list[Signal]]:
     return signal.value, [signal]
 
 
+def sglang_pairing(script: Script, mode: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """What check-dump needs from an SGLang rollout, against what the script runs with."""
+    rows = []
+    for need in SGLANG_PAIRING:
+        found = script.settings.get(need.key)
+        value = None if found is None else found.value
+        rows.append(
+            {
+                "key": need.key,
+                "wanted": need.value,
+                "found": value,
+                "source": None if found is None else found.source,
+                "ok": value is not None and same_value(value, need.value),
+                "why": need.why,
+            }
+        )
+    missing = [row["key"].rsplit(".", 1)[-1] for row in rows if not row["ok"]]
+    notices = []
+    if missing and mode == "consistency":
+        notices.append(
+            f"SGLang rollout: check-dump pairs prefills with actor steps by rid only with {', '.join(missing)} "
+            "set as listed (one request per prefill pass, no radix cache, no chunked prefill, no CUDA graphs); "
+            "`rlprobe-patch script --mode consistency` sets them, `rlprobe-patch config --mode consistency "
+            "--side generate --rollout-backend sglang` writes the generate config (step [])"
+        )
+    return rows, notices
+
+
 def detect_script(
     path: Path,
     hint: str = "",
@@ -202,6 +233,10 @@ def detect_script(
     mode = next(m for m in MODES if scores[m] == best) if best > 0 else "unknown"
     train_backend, train_signals, notices = _train_backend(script)
     rollout_backend, rollout_signals = _rollout_backend(script)
+    pairing: list[dict[str, Any]] = []
+    if rollout_backend == "sglang":
+        pairing, pairing_notices = sglang_pairing(script, mode)
+        notices += pairing_notices
     return Detection(
         script=script,
         mode=mode,
@@ -210,6 +245,7 @@ def detect_script(
         rollout_backend=rollout_backend,
         signals=signals + train_signals + rollout_signals,
         notices=notices,
+        pairing=pairing,
     )
 
 

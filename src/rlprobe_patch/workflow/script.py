@@ -32,10 +32,11 @@ from packaging.version import InvalidVersion, Version
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.releases import patches_dir, releases
-from rlprobe_patch.workflow.config import read_config, rule_problems
+from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, read_config, rule_problems
 from rlprobe_patch.workflow.detect import STAGES, Detection, detect_script
 from rlprobe_patch.workflow.hydra_config import FACT_KEYS
 from rlprobe_patch.workflow.scriptmodel import Script, Setting, is_true
+from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
@@ -287,23 +288,10 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> Non
 
 def _sglang_pairing(req: Requirements) -> None:
     """What check-dump needs to pair SGLang prefills with actor micro-batches by rid."""
-    req.add(
-        f"{ROLLOUT}.max_num_seqs",
-        1,
-        "SGLang max_running_requests=1: one request per prefill pass (a batched prefill cannot be paired)",
-    )
-    req.add(
-        f"{ROLLOUT}.engine_kwargs.sglang.disable_radix_cache",
-        True,
-        "no radix cache: a shared prompt prefix is not skipped, each prefill dumps the whole prompt",
-        create=True,
-    )
-    req.add(
-        f"{ROLLOUT}.engine_kwargs.sglang.chunked_prefill_size",
-        -1,
-        "no chunked prefill: each prompt is prefilled in one pass, one dump",
-        create=True,
-    )
+    for setting in SGLANG_PAIRING:
+        if setting.key == f"{ROLLOUT}.enforce_eager":
+            continue  # set above for every rollout dump
+        req.add(setting.key, setting.value, setting.why, **({"create": True} if setting.create else {}))
     req.notices.append(
         "SGLang pairing by request id needs `rlprobe-patch apply --mode consistency` on the SGLang tree "
         "(a dispatch_log.jsonl beside the dumps) and on the verl tree (the request ids kept in the training "
@@ -663,8 +651,8 @@ def _config_checks(script: Script, req: Requirements) -> list[ScriptCheck]:
         except RefusedError as exc:
             checks.append(ScriptCheck(f"{side} config {path}", False, exc.message))
             continue
-        problems = rule_problems(data, req.mode, side)
-        errors = [p for p in problems if not p.startswith("level")]
+        problems = rule_problems(data, req.mode, side, req.rollout_backend)
+        errors = [p for p in problems if not p.startswith(("level", SGLANG_STEP_WARNING))]
         for p in problems:
             checks.append(ScriptCheck(f"{side} config {path}", p not in errors, p, warning=p not in errors))
         if not errors:

@@ -6,7 +6,7 @@ huawei and amd and falls back to "nvidia" on a CPU-only box; the engine then die
 ``init_device_mesh("cuda")``. This module registers a ``cpu`` platform in verl's own
 ``PlatformRegistry`` and makes it the current one, through verl's plugin hook:
 
-    VERL_USE_EXTERNAL_MODULES=cpu_platform PYTHONPATH=tests/runtime python ...
+    VERL_USE_EXTERNAL_MODULES=cpu_platform PYTHONPATH=src/rlprobe_patch/demo_drivers python ...
 
 verl imports the module at the end of ``import verl``, before anything imports
 ``verl.workers.engine.fsdp.transformer_impl`` (which caches ``get_device_name()`` at

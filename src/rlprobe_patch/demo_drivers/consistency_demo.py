@@ -1,0 +1,334 @@
+"""The two sides of `rlprobe-patch demo --consistency`, run with the python of a venv that holds
+CPU torch, verl and msprobe (not rlprobe-patch's own python)::
+
+    python consistency_demo.py model  --model-dir M --prompts P.json
+    python consistency_demo.py actor  --model-dir M --prompts P.json --out R.json
+    python consistency_demo.py sglang --model-dir M --prompts P.json --patched-file .../model_runner.py \
+        --logger-file .../dispatch_logger.py [--perturb] --out R.json
+
+- ``model``: a tiny Qwen2 with random weights (hidden 64, 2 layers, vocab 256), saved with a fixed
+  seed, and a few prompts of different lengths, each with the request id the rollout sent.
+- ``actor`` (real): verl's ``FSDPEngineWithLMHead`` (from the engine registry, on the CPU platform
+  of ``cpu_platform.py``), patched by ``verl.fsdp-engine``, one forward-only
+  ``forward_backward_batch`` (what compute_log_prob runs) over the prompts, one prompt per
+  micro-batch, each carrying its ``request_id``. The caller sets ``DUMP_ON=1 PROMPTS_ONLY=1
+  DUMP_PHASE=log_prob MSPROBE_ACTOR_CONFIG=...``.
+- ``sglang``: ``ModelRunner.forward`` exactly as it stands in a real SGLang file patched by
+  ``sglang.model-runner`` and ``sglang.dispatch-logger`` (executed from that file's syntax tree,
+  with the inserted debugger and the added ``dispatch_logger.py``), one prefill pass per prompt.
+  Stand-ins, because SGLang's import chain needs triton and CUDA kernels: the ``ModelRunner``
+  object the method runs on, whose ``_forward_raw`` runs the same checkpoint through
+  transformers' ``Qwen2ForCausalLM`` (eager attention, bfloat16 like the actor's FSDP mixed
+  precision) instead of SGLang's own Qwen2 model code and attention backends; the
+  ``ForwardBatch`` (a dataclass with the fields the logger reads); the module-level helpers
+  ``forward`` calls (expert-distribution recorder, span names), which do nothing here.
+  ``--perturb`` flips the sign of one weight (``model.layers.1.mlp.down_proj``) on this side only.
+
+Each writes a JSON result and exits 0, or writes ``{"ok": false, "error": ...}`` and exits 1.
+"""
+# Runs inside the demo venv (torch, verl, transformers, msprobe), never imported by rlprobe-patch.
+
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import contextlib
+import enum
+import importlib.util
+import json
+import logging
+import os
+import socket
+import sys
+import traceback
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SEED = 1234
+VOCAB_SIZE = 256
+PROMPT_LENGTHS = (5, 9, 7, 12)
+PERTURBED = "model.layers.1.mlp.down_proj.weight"
+
+
+# -- model and prompts ------------------------------------------------------------------------
+def make_model(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    if not (args.model_dir / "config.json").is_file():
+        config = Qwen2Config(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+            architectures=["Qwen2ForCausalLM"],
+        )
+        torch.manual_seed(SEED)
+        AutoModelForCausalLM.from_config(config).save_pretrained(args.model_dir)
+    generator = torch.Generator().manual_seed(SEED)
+    prompts = [
+        {"request_id": f"rollout-{i}", "input_ids": torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist()}
+        for i, n in enumerate(PROMPT_LENGTHS)
+    ]
+    args.prompts.write_text(json.dumps(prompts, indent=1))
+    return {"model_dir": str(args.model_dir), "prompts": len(prompts)}
+
+
+# -- training side: verl's real FSDP engine ------------------------------------------------------
+def run_actor(args: argparse.Namespace) -> dict[str, Any]:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(key, value)
+    sys.path.insert(0, str(HERE))  # cpu_platform, loaded by verl's plugin hook during `import verl`
+    modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = ",".join(["cpu_platform", *[m for m in modules if m != "cpu_platform"]])
+    os.environ["VERL_ENGINE_DEVICE"] = "cuda"  # picks the engine class from the registry; the device stays the CPU
+
+    import torch
+    import torch.distributed as dist
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.device import get_device_name
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine import EngineRegistry
+
+    if get_device_name() != "cpu":
+        raise RuntimeError(f"verl picked device {get_device_name()!r}, not the CPU")
+    prompts = json.loads(args.prompts.read_text())
+    torch.manual_seed(SEED)
+    dist.init_process_group(backend="gloo", rank=0, world_size=1)
+    try:
+        engine = EngineRegistry.new(
+            model_type="language_model",
+            backend="fsdp2",
+            model_config=HFModelConfig(
+                path=str(args.model_dir),
+                load_tokenizer=False,
+                use_remove_padding=False,
+                override_config={"attn_implementation": "eager"},
+                enable_gradient_checkpointing=False,
+            ),
+            engine_config=FSDPEngineConfig(
+                strategy="fsdp2",
+                forward_only=False,
+                use_dynamic_bsz=False,
+                micro_batch_size_per_gpu=1,
+                use_torch_compile=False,
+                seed=SEED,
+            ),
+            optimizer_config=FSDPOptimizerConfig(lr=1e-4, total_training_steps=2),
+            checkpoint_config=CheckpointConfig(),
+        )
+        engine.initialize()
+
+        def nested(rows: list[list[int]]) -> Any:
+            return torch.nested.as_nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)
+
+        ids = [p["input_ids"] for p in prompts]
+        batch = tu.get_tensordict(
+            tensor_dict={
+                "input_ids": nested(ids),
+                "position_ids": nested([list(range(len(r))) for r in ids]),
+                "loss_mask": nested([[1] * len(r) for r in ids]),
+                "request_id": [p["request_id"] for p in prompts],
+            },
+            non_tensor_dict={
+                "use_remove_padding": False,
+                "use_dynamic_bsz": False,
+                "micro_batch_size_per_gpu": 1,
+                "temperature": 1.0,
+                "global_batch_size": len(prompts),
+                "use_fused_kernels": False,
+            },
+        )
+        with engine.eval_mode():
+            output = engine.forward_backward_batch(batch, loss_function=None, forward_only=True)
+        log_probs = output["model_output"]["log_probs"]
+        sums = [float(t.float().sum()) for t in log_probs.unbind()] if log_probs.is_nested else []
+    finally:
+        dist.destroy_process_group()
+    return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "log_prob_sums": sums}
+
+
+# -- inference side: the patched ModelRunner.forward of a real SGLang file -------------------
+class ForwardMode(enum.IntEnum):
+    """Our own enum with the member name SGLang's ForwardMode uses for a prefill pass."""
+
+    EXTEND = enum.auto()
+    DECODE = enum.auto()
+    IDLE = enum.auto()
+
+
+@dataclass
+class StandInForwardBatch:
+    forward_mode: ForwardMode
+    input_ids: Any
+    positions: Any
+    rids: list[str]
+    seq_lens_cpu: Any
+    extend_seq_lens_cpu: list[int]
+    extend_prefix_lens_cpu: list[int]
+    batch_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batch_size = len(self.rids)
+
+
+class Inert:
+    """A module-level helper of model_runner.py that does nothing here."""
+
+    def __call__(self, *args: object, **kwargs: object) -> Inert:
+        return self
+
+    def __getattr__(self, name: str) -> Inert:
+        return self
+
+    def __enter__(self) -> Inert:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return False
+
+    def get(self, key: str, default: object = None) -> object:
+        return default
+
+
+def free_names(fn: ast.FunctionDef) -> set[str]:
+    bound = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    bound |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    loads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n for n in loads - bound if not hasattr(builtins, n)}
+
+
+def load_logger_module(path: Path) -> None:
+    """The added dispatch_logger.py, importable under its real name for the inserted statement."""
+    name = "sglang.srt.model_executor.dispatch_logger"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    for package in ("sglang", "sglang.srt", "sglang.srt.model_executor"):
+        sys.modules.setdefault(package, types.ModuleType(package))
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+def run_sglang(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    load_logger_module(args.logger_file)
+    tree = ast.parse(args.patched_file.read_text(encoding="utf-8"), filename=str(args.patched_file))
+    runner_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
+    methods = {n.name: n for n in runner_class.body if isinstance(n, ast.FunctionDef)}
+    forward = methods["forward"]
+    if "_init_msprobe_debugger" not in methods:
+        raise RuntimeError(f"{args.patched_file} is not patched by sglang.model-runner")
+    namespace: dict[str, Any] = {"torch": torch, "contextlib": contextlib, "logging": logging, "os": os}
+    namespace["logger"] = logging.getLogger("sglang-stand-in")
+    for name in free_names(forward) - set(namespace):
+        namespace[name] = Inert()
+    if "ElasticEPStateManager" in namespace:
+        namespace["ElasticEPStateManager"] = types.SimpleNamespace(instance=lambda: None)
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(args.model_dir), torch_dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
+    if args.perturb:
+        with torch.no_grad():
+            model.get_parameter(PERTURBED).neg_()
+
+    class StandInModelRunner:
+        def __init__(self) -> None:
+            self.model = model
+            self.forward_pass_id = 0
+            self.gpu_id = 0
+            self.tp_rank = 0
+            self.dp_size = 1
+            self.server_args = types.SimpleNamespace(
+                dp_size=1, disaggregation_mode="null", disable_overlap_schedule=True, elastic_ep_backend=None
+            )
+            self.eplb_manager = None
+            self.enable_elastic_ep = False
+            self.graph_runner = self.decode_cuda_graph_runner = None
+            self.is_draft_worker = False
+            self.canary_manager = None
+
+        def maybe_recover_ep_ranks(self) -> None:
+            pass
+
+        def _forward_raw(self, forward_batch: StandInForwardBatch, *rest: object) -> Any:
+            with torch.no_grad():
+                out = self.model(
+                    input_ids=forward_batch.input_ids.unsqueeze(0),
+                    position_ids=forward_batch.positions.unsqueeze(0),
+                    use_cache=False,  # as verl calls it (SGLang keeps its KV cache elsewhere)
+                )
+            return types.SimpleNamespace(logits=out.logits, can_run_graph=False)
+
+    added = [m for name, m in methods.items() if name == "forward" or name.startswith(("_rlprobe_", "_msprobe_"))]
+    added.append(methods["_init_msprobe_debugger"])
+    for method in added:
+        scope: dict[str, Any] = {}
+        code = compile(ast.Module(body=[method], type_ignores=[]), str(args.patched_file), "exec")
+        exec(code, namespace, scope)
+        setattr(StandInModelRunner, method.name, scope[method.name])
+
+    runner = StandInModelRunner()
+    runner._init_msprobe_debugger(runner.server_args)  # type: ignore[attr-defined]
+    sums = []
+    for prompt in json.loads(args.prompts.read_text()):  # one prefill pass per request
+        n = len(prompt["input_ids"])
+        batch = StandInForwardBatch(
+            ForwardMode.EXTEND,
+            torch.tensor(prompt["input_ids"]),
+            torch.arange(n),
+            [prompt["request_id"]],
+            torch.tensor([n]),
+            [n],
+            [0],
+        )
+        sums.append(float(runner.forward(batch).logits.float().sum()))  # type: ignore[attr-defined]
+    return {"debugger": runner.msprobe_debugger is not None, "logit_sums": sums, "perturbed": args.perturb}  # type: ignore[attr-defined]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("what", choices=["model", "actor", "sglang"])
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--prompts", type=Path, required=True)
+    parser.add_argument("--patched-file", type=Path)
+    parser.add_argument("--logger-file", type=Path)
+    parser.add_argument("--perturb", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    try:
+        result = {"model": make_model, "actor": run_actor, "sglang": run_sglang}[args.what](args)
+        result["ok"] = True
+    except Exception:
+        result = {"ok": False, "error": traceback.format_exc()}
+        traceback.print_exc()
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2, default=str))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
