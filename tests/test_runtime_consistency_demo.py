@@ -12,6 +12,10 @@ transformers' Qwen2ForCausalLM on the same checkpoint (SGLang does not import on
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -30,12 +34,33 @@ def sources(root: Path) -> dict[str, tuple[str, int]]:
     return {k: v for k, v in snapshot(root).items() if "__pycache__" not in k}  # running verl compiles it
 
 
-def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(tmp_path: Path) -> None:
-    with venvs.using("0.9.1") as python:
-        pristine = sources(venvs.site_packages(python) / "verl")
-        code, out = cli_json("demo", "--consistency", "--python", python, "--workdir", tmp_path / "demo")
-        assert sources(venvs.site_packages(python) / "verl") == pristine  # the demo reverted what it applied
+def changed_from_wheel(site: Path, dist_info: str) -> list[str]:
+    """Files of the installed wheel whose bytes differ from its RECORD (sha256, urlsafe base64)."""
+    changed = []
+    with open(site / dist_info / "RECORD", newline="") as record:
+        for path, digest, _size in csv.reader(record):
+            if not path.startswith("verl/") or not digest.startswith("sha256="):
+                continue
+            actual = base64.urlsafe_b64encode(hashlib.sha256((site / path).read_bytes()).digest()).rstrip(b"=")
+            if actual.decode() != digest.removeprefix("sha256="):
+                changed.append(path)
+    return changed
+
+
+def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one command of the README, without --python: the demo builds its own venv (CPU torch from
+    torch's CPU index, falling back to the package index where that index cannot be reached), once."""
+    pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
+    monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)  # the wheels the test venvs downloaded
+    monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
+    code, out = cli_json("demo", "--consistency", "--workdir", tmp_path / "demo")
     assert code == ExitCode.OK and out["ok"], out
+    python = Path(out["python"])
+    assert python.is_relative_to(venvs.cache_root() / "demo-cache")
+    site = venvs.site_packages(python)
+    assert changed_from_wheel(site, "verl-0.9.1.dist-info") == []  # the demo reverted what it applied
     assert (out["verl"], out["sglang"], out["prompts"]) == ("0.9.1", "0.5.10.post1", PROMPTS)
 
     same, flipped = out["same_weights"], out["perturbed"]

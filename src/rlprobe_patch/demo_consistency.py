@@ -64,7 +64,7 @@ def venv_cache() -> Path:
 
 def ensure_demo_venv(data: dict[str, Any], progress: Callable[[str], None]) -> Path:
     """A venv with CPU torch, the demo's verl release and msprobe, built once (minutes) and reused."""
-    spec = {k: data[k] for k in ("verl", "requirements", "extra_index_url")}
+    spec = {k: data[k] for k in ("verl", "torch", "requirements", "extra_index_url")}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     venv = venv_cache() / f"consistency-{digest}"
     python = venv / "bin" / "python"
@@ -79,7 +79,11 @@ def ensure_demo_venv(data: dict[str, Any], progress: Callable[[str], None]) -> P
         pip = [str(python), "-I", "-m", "pip", "--disable-pip-version-check", "--no-input", "install"]
         steps = [
             [sys.executable, "-m", "venv", str(venv)],
-            pip + ["--extra-index-url", data["extra_index_url"], *data["requirements"]],
+            # torch alone from its CPU index (few retries: where that index cannot be reached, pip
+            # falls back to the package index at once instead of retrying it for every package),
+            # then the rest from the package index only.
+            pip + ["--retries", "1", "--timeout", "15", "--extra-index-url", data["extra_index_url"], data["torch"]],
+            pip + [data["torch"], *data["requirements"]],
             pip + ["--no-deps", f"verl=={data['verl']}"],
         ]
         with open(log, "w") as out:
