@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import builtins
 import contextlib
-import enum
-import importlib.util
 import json
 import logging
 import os
@@ -41,16 +38,11 @@ from pathlib import Path
 
 import torch
 
+# The stand-ins ship with rlprobe-patch (the consistency demo runs ModelRunner.forward too).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src" / "rlprobe_patch" / "demo_drivers"))
+from sglang_standins import ForwardMode, Inert, free_names, load_logger_module
+
 logger = logging.getLogger("rlprobe-standin")
-
-
-class ForwardMode(enum.IntEnum):
-    """Our own enum with the member names SGLang's ForwardMode uses for these passes."""
-
-    EXTEND = enum.auto()
-    DECODE = enum.auto()
-    MIXED = enum.auto()
-    IDLE = enum.auto()
 
 
 @dataclass
@@ -110,55 +102,9 @@ class TinyModel(torch.nn.Module):
         return self.proj(self.embed(input_ids))
 
 
-class Inert:
-    """A module-level helper of model_runner.py that does nothing here: callable, a context
-    manager, falsy, every attribute another Inert."""
-
-    def __call__(self, *args: object, **kwargs: object) -> Inert:
-        return self
-
-    def __getattr__(self, name: str) -> Inert:
-        return self
-
-    def __enter__(self) -> Inert:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __gt__(self, other: object) -> bool:
-        return False
-
-    def get(self, key: str, default: object = None) -> object:
-        return default
-
-
-def free_names(fn: ast.FunctionDef) -> set[str]:
-    """Names `fn` reads that it neither binds nor gets from builtins: module-level names."""
-    bound = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-    bound |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    loads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return {n for n in loads - bound if not hasattr(builtins, n)}
-
-
 def _method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | None:
     runner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     return next((n for n in runner.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-
-
-def load_logger_module(path: Path) -> None:
-    """The added module, importable under its real name for the statement rlprobe-patch inserted."""
-    name = "sglang.srt.model_executor.dispatch_logger"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    for package in ("sglang", "sglang.srt", "sglang.srt.model_executor"):
-        sys.modules.setdefault(package, types.ModuleType(package))
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
 
 
 def inserted_rids_statement(path: Path, cls: str, method: str) -> ast.stmt:

@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import builtins
 import contextlib
-import enum
-import importlib.util
 import json
 import logging
 import os
@@ -48,6 +45,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # run with -I: the stand-ins and cpu_platform beside this file
+
+from sglang_standins import ForwardMode, Inert, free_names, load_logger_module  # noqa: E402
+
 SEED = 1234
 VOCAB_SIZE = 256
 PROMPT_LENGTHS = (5, 9, 7, 12)
@@ -163,14 +164,6 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- inference side: the patched ModelRunner.forward of a real SGLang file -------------------
-class ForwardMode(enum.IntEnum):
-    """Our own enum with the member name SGLang's ForwardMode uses for a prefill pass."""
-
-    EXTEND = enum.auto()
-    DECODE = enum.auto()
-    IDLE = enum.auto()
-
-
 @dataclass
 class StandInForwardBatch:
     forward_mode: ForwardMode
@@ -184,50 +177,6 @@ class StandInForwardBatch:
 
     def __post_init__(self) -> None:
         self.batch_size = len(self.rids)
-
-
-class Inert:
-    """A module-level helper of model_runner.py that does nothing here."""
-
-    def __call__(self, *args: object, **kwargs: object) -> Inert:
-        return self
-
-    def __getattr__(self, name: str) -> Inert:
-        return self
-
-    def __enter__(self) -> Inert:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __gt__(self, other: object) -> bool:
-        return False
-
-    def get(self, key: str, default: object = None) -> object:
-        return default
-
-
-def free_names(fn: ast.FunctionDef) -> set[str]:
-    bound = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-    bound |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    loads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return {n for n in loads - bound if not hasattr(builtins, n)}
-
-
-def load_logger_module(path: Path) -> None:
-    """The added dispatch_logger.py, importable under its real name for the inserted statement."""
-    name = "sglang.srt.model_executor.dispatch_logger"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    for package in ("sglang", "sglang.srt", "sglang.srt.model_executor"):
-        sys.modules.setdefault(package, types.ModuleType(package))
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
 
 
 def run_sglang(args: argparse.Namespace) -> dict[str, Any]:
