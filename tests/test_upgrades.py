@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import snapshot, verl_wheel
+from conftest import VLLM_ASCEND_MEMBERS, package_wheel, snapshot, unpack, verl_wheel
 
 from rlprobe_patch.catalogue import get_patch
 from rlprobe_patch.errors import ExitCode
@@ -158,6 +158,63 @@ def test_revert_after_pip_upgrade_drops_the_record(tmp_path: Path, envs) -> None
     assert ledger["records"] == []
     code, out = run_json("status", "--verl-root", site, env=env)
     assert out["trees"][0]["superseded"] == []
+
+
+def pip_upgrade(site: Path, dist: str, version: str, prefixes: tuple[str, ...]) -> None:
+    """What `pip install -U` does: remove the files the installed release's RECORD lists (and only
+    those), then unpack the new release."""
+    (info,) = site.glob(f"{dist.replace('-', '_')}-*.dist-info")
+    for row in (info / "RECORD").read_text().splitlines():
+        path = site / row.split(",")[0]
+        if path.is_file():
+            path.unlink()
+    shutil.rmtree(info, ignore_errors=True)
+    unpack(package_wheel(dist, version), site, prefixes)
+
+
+def test_pip_upgrade_leaves_no_file_a_patch_added(tmp_path: Path, envs) -> None:
+    """vllm-ascend.dispatch-logger adds dispatch_logger.py; `pip install -U vllm-ascend` leaves it
+    (it is in no RECORD). The next apply records it as added again, so revert removes it: the tree
+    ends as the new release alone. Before the fix the new record left it out and revert kept it."""
+    env, _ = envs
+    site = unpack(package_wheel("vllm-ascend", "0.13.0"), tmp_path / "site-packages", VLLM_ASCEND_MEMBERS)
+    added = "vllm_ascend/worker/dispatch_logger.py"
+    args = ("--vllm-ascend-root", site, "--mode", "consistency")
+    assert run("apply", *args, env=env).returncode == 0
+    pip_upgrade(site, "vllm-ascend", "0.18.0", VLLM_ASCEND_MEMBERS)
+    assert (site / added).is_file()  # left behind by the upgrade
+    pristine = {k: v for k, v in snapshot(site).items() if k != added}
+
+    code, out = run_json("apply", *args, env=env)
+    assert code == ExitCode.OK, out
+    ledger = json.loads((site / ".rlprobe-patch" / "ledger.json").read_text())
+    (record,) = ledger["records"]
+    assert record["version"] == "0.18.0" and added in [f["path"] for f in record["files"]]
+    code, out = run_json("verify", *args, env=env)
+    assert code == ExitCode.OK, out
+    code, out = run_json("revert", "--vllm-ascend-root", site, env=env)
+    assert code == ExitCode.OK, out
+    assert snapshot(site) == pristine
+
+
+def test_a_changed_file_left_by_an_upgrade_is_kept(tmp_path: Path, envs) -> None:
+    """The same, but someone edited the left-behind file: it is not ours any more, so apply
+    neither records nor removes it."""
+    env, _ = envs
+    site = unpack(package_wheel("vllm-ascend", "0.13.0"), tmp_path / "site-packages", VLLM_ASCEND_MEMBERS)
+    added = site / "vllm_ascend/worker/dispatch_logger.py"
+    args = ("--vllm-ascend-root", site, "--mode", "consistency")
+    assert run("apply", *args, env=env).returncode == 0
+    pip_upgrade(site, "vllm-ascend", "0.18.0", VLLM_ASCEND_MEMBERS)
+    edited = added.read_bytes() + b"# mine\n"
+    added.write_bytes(edited)
+    code, out = run_json("apply", *args, env=env)
+    # The edit is a comment: the file still has the syntax tree the patch adds (applied), but it
+    # is not recorded as ours, so neither apply nor revert writes it.
+    assert code == ExitCode.OK and out["files"] == ["vllm_ascend/worker/model_runner_v1.py"], out
+    code, out = run_json("revert", "--vllm-ascend-root", site, env=env)
+    assert code == ExitCode.OK, out
+    assert added.read_bytes() == edited
 
 
 # -- our upgrade (a new revision of a patch) -------------------------------------------------------

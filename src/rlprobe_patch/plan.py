@@ -230,6 +230,8 @@ def plan_apply(
             ids_wanted += [i for i in record.patch_ids if i not in ids_wanted]
         wanted = [get_patch(i) for i in ids_wanted]
         params = {**{k: v for r in replaced for k, v in r.params.items()}, **params}
+    if upgrade:
+        bases.update(left_by_upgrade(tree, records.superseded, bases))
     ws = Workspace(tree, bases)
     for rel in bases:  # every file the reversal sets is written, patched again or not
         ws.file(rel)
@@ -319,6 +321,26 @@ def _plan_patch(
         plan.state = State.APPLIED
     elif not plan.reasons:
         plan.state = State.APPLICABLE
+
+
+def left_by_upgrade(
+    tree: Tree, superseded: list[Superseded], taken: dict[str, tuple[bytes | None, int]]
+) -> dict[str, tuple[bytes | None, int]]:
+    """Files a superseded record added that an upgrade of the package left behind (pip removes
+    only the files of its own RECORD), still holding exactly the bytes the record wrote: the plan
+    starts from their absence, so apply records them as added again (a later revert removes them)
+    or removes them when no patch adds them now. Anything else found at such a path stays."""
+    left: dict[str, tuple[bytes | None, int]] = {}
+    for s in superseded:
+        for f in s.record.files:
+            path = tree.root / f.path
+            if f.before or f.path in taken or path.is_symlink():
+                continue
+            if any(p.is_symlink() for p in path.parents if tree.root in p.parents):
+                continue
+            if digest(read_or_none(path)) == f.after:
+                left[f.path] = (None, f.mode)
+    return left
 
 
 def _finish(
