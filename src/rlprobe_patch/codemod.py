@@ -27,8 +27,8 @@ from typing import ClassVar, TypeVar, cast
 
 import libcst as cst
 import libcst.helpers
-import libcst.matchers as m
 
+from rlprobe_patch import matchers as m
 from rlprobe_patch.parts import assemble
 
 Statement = cst.BaseStatement
