@@ -249,7 +249,7 @@ class Payload:
 
     def methods(self, cls: str) -> list[cst.FunctionDef]:
         for stmt in self.module.body:
-            if m.matches(stmt, m.ClassDef(name=m.Name(cls))):
+            if _is_class(stmt, cls):
                 assert isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock)
                 return [s for s in stmt.body.body if isinstance(s, cst.FunctionDef)]
         raise KeyError(f"{self.path}: no class {cls}")
@@ -262,7 +262,7 @@ class Payload:
 
     def statements(self, hook: str) -> list[Statement]:
         for stmt in self.module.body:
-            if m.matches(stmt, m.FunctionDef(name=m.Name(hook))):
+            if _is_def(stmt, hook):
                 assert isinstance(stmt, cst.FunctionDef) and isinstance(stmt.body, cst.IndentedBlock)
                 return list(_without_docstring(stmt.body.body))
         raise KeyError(f"{self.path}: no statement hook {hook}")
@@ -279,8 +279,20 @@ def defined_name(stmt: Statement) -> str | None:
     return None
 
 
+_DOCSTRING = m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])
+
+
 def _is_docstring(stmt: Statement) -> bool:
-    return m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))
+    return m.matches(stmt, _DOCSTRING)
+
+
+# `m.matches(stmt, m.ClassDef(name=m.Name(name)))`, without building a matcher per statement.
+def _is_class(stmt: cst.CSTNode, name: str) -> bool:
+    return type(stmt) is cst.ClassDef and stmt.name.value == name
+
+
+def _is_def(stmt: cst.CSTNode, name: str) -> bool:
+    return type(stmt) is cst.FunctionDef and stmt.name.value == name
 
 
 def _without_docstring(body: Sequence[Statement]) -> Sequence[Statement]:
@@ -419,8 +431,9 @@ class PatchCodemod:
             module = self._apply(module, op, params, strip=False)
         return module
 
-    def strip(self, module: cst.Module) -> cst.Module:
-        params = self.read_params(module)
+    def strip(self, module: cst.Module, params: dict[str, str] | None = None) -> cst.Module:
+        """`module` without our payload; `params`: what `read_params` says of it (read when not given)."""
+        params = self.read_params(module) if params is None else params
         for op in reversed(self.OPERATIONS):
             try:
                 module = self._apply(module, op, params, strip=True)
@@ -430,7 +443,7 @@ class PatchCodemod:
 
     def state(self, module: cst.Module) -> StateReport:
         params = self.read_params(module)
-        stripped = self.strip(module)
+        stripped = self.strip(module, params)
         ours_present = not same_syntax(stripped, module)
         try:
             expected = self.insert(stripped, params)
@@ -512,7 +525,7 @@ class PatchCodemod:
     def _edit_function(
         self, module: cst.Module, name: str, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
     ) -> cst.Module:
-        found = [i for i, s in enumerate(module.body) if m.matches(s, m.FunctionDef(name=m.Name(name)))]
+        found = [i for i, s in enumerate(module.body) if _is_def(s, name)]
         if len(found) != 1:
             raise AnchorError(f"{self.target}", f"one module-level function `{name}`", f"{len(found)} such functions")
         return _replaced(module, module.body, found[0], edit)
@@ -559,7 +572,7 @@ class PatchCodemod:
         return new_fn
 
     def _edit_class(self, module: cst.Module, name: str, edit: Callable[[cst.ClassDef], cst.ClassDef]) -> cst.Module:
-        found = [i for i, s in enumerate(module.body) if m.matches(s, m.ClassDef(name=m.Name(name)))]
+        found = [i for i, s in enumerate(module.body) if _is_class(s, name)]
         if len(found) != 1:
             raise AnchorError(f"{self.target}", f"one module-level class `{name}`", f"{len(found)} such classes")
         return _replaced(module, module.body, found[0], edit)
@@ -568,7 +581,7 @@ class PatchCodemod:
         self, cls: cst.ClassDef, method: str, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
     ) -> cst.ClassDef:
         assert isinstance(cls.body, cst.IndentedBlock)
-        found = [i for i, s in enumerate(cls.body.body) if m.matches(s, m.FunctionDef(name=m.Name(method)))]
+        found = [i for i, s in enumerate(cls.body.body) if _is_def(s, method)]
         if len(found) != 1:
             raise AnchorError(
                 f"{self.target}: class {cls.name.value}", f"one method `{method}`", f"{len(found)} such methods"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, TypeAlias, cast
 
 import libcst as cst
 
@@ -147,6 +147,21 @@ def matches(node: object, matcher: BaseMatcherNode) -> bool:
 
 # Whitespace, comments and newlines hold no node a matcher of this module can name.
 _LEAVES = (cst.BaseParenthesizableWhitespace, cst.EmptyLine, cst.TrailingWhitespace, cst.Newline, cst.Comment)
+_SKIP, _LEAF, _WALK = 0, 1, 2
+_KINDS: dict[type, int] = {list: _SKIP, tuple: _SKIP}  # lists and tuples are walked item by item
+
+
+def _kind(value_type: type) -> int:
+    """_SKIP (not a node), _LEAF (a node that holds nothing to find) or _WALK; one `issubclass` per
+    class (LibCST's base classes are ABCs: `isinstance` on them is slow)."""
+    kind = _KINDS.get(value_type)
+    if kind is None:
+        if not issubclass(value_type, cst.CSTNode):
+            kind = _SKIP
+        else:
+            kind = _LEAF if issubclass(value_type, _LEAVES) else _WALK
+        _KINDS[value_type] = kind
+    return kind
 
 
 def findall(tree: object, matcher: BaseMatcherNode) -> list[cst.CSTNode]:
@@ -155,17 +170,22 @@ def findall(tree: object, matcher: BaseMatcherNode) -> list[cst.CSTNode]:
     stack: list[object] = [tree]
     while stack:
         node = stack.pop()
-        if not isinstance(node, cst.CSTNode) or isinstance(node, _LEAVES):
+        node_type = type(node)
+        kind = _KINDS.get(node_type)
+        if kind is None:
+            kind = _kind(node_type)
+        if kind != _WALK:
             continue
-        if matcher._match(node):
-            found.append(node)
+        cst_node = cast("cst.CSTNode", node)  # _kind said so
+        if matcher._match(cst_node):
+            found.append(cst_node)
         children: list[object] = []
-        for name in _field_names(type(node)):
+        for name in _field_names(type(cst_node)):
             value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
-                children.append(value)
-            elif isinstance(value, (list, tuple)):
+            if type(value) in (list, tuple):
                 children.extend(value)
+            else:
+                children.append(value)
         stack.extend(reversed(children))
     return found
 
