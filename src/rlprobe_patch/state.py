@@ -487,6 +487,7 @@ class StateDir:
     def read_blob(self, hexsha: str) -> bytes:
         if not re.fullmatch(r"[0-9a-f]{40}", hexsha):
             raise ValueError(f"not a blob id: {hexsha!r}")
+        self.check()  # no object is read through a planted link
         try:
             raw = zlib.decompress((self.path / "history.git" / "objects" / hexsha[:2] / hexsha[2:]).read_bytes())
         except FileNotFoundError:
