@@ -5,7 +5,7 @@
 """
 
 import libcst as cst
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import METHOD, AddMethods, ConfigPathParam, Hook, Where
 

@@ -18,7 +18,7 @@ of `train_one_step`; the anchors ignore them):
 name defined inside the module-level function.
 """
 
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import ANY, METHOD, AddDefinitions, ConfigPathParam, Hook, Where, assigns_call
 

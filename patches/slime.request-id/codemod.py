@@ -5,7 +5,7 @@ sampling_params)` builds the SGLang request as one `payload = {...}` dict displa
 optional keys (`return_routed_experts`, `image_data`, `input_ids` or `text`) and posts it.
 """
 
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import METHOD, AddDefinitions, Hook, PatchCodemod, Where
 

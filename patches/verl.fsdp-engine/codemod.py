@@ -12,7 +12,7 @@ below accept every form seen from 0.6.0 to 0.10.0.dev:
 """
 
 import libcst as cst
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import (
     METHOD,

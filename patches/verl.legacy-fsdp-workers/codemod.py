@@ -14,7 +14,7 @@ shape in every release 0.6.0 to 0.7.1:
 """
 
 import libcst as cst
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import METHOD, AddMethods, ConfigPathParam, Hook, Where
 

@@ -18,7 +18,7 @@ release 0.6.0 to 0.7.1:
 the method.
 """
 
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import (
     ANY,

@@ -11,7 +11,7 @@
   3-tuple of >= 0.9.0).
 """
 
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import (
     ANY,

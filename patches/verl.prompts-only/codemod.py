@@ -16,7 +16,7 @@
 """
 
 import libcst as cst
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import ANY, METHOD, AddMethods, Hook, PatchCodemod, Where
 

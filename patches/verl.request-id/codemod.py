@@ -14,7 +14,7 @@ Before 0.7.1 `TokenOutput` has no `extra_fields`, so there is nowhere to carry t
 """
 
 import libcst as cst
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 from rlprobe_patch.codemod import ANY, HoistKeyword, Hook, PatchCodemod, Where, contains
 

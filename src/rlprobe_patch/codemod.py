@@ -17,6 +17,7 @@ statement hooks are inserted verbatim) plus a list of operations, each anchored 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import enum
 import functools
 import textwrap
@@ -27,8 +28,8 @@ from typing import ClassVar, TypeVar, cast
 
 import libcst as cst
 import libcst.helpers
+import libcst.matchers as m
 
-from rlprobe_patch import matchers as m
 from rlprobe_patch.parts import assemble
 
 Statement = cst.BaseStatement
@@ -511,7 +512,7 @@ class PatchCodemod:
         assert inner_name is not None
 
         def edit_outer(outer: cst.FunctionDef) -> cst.FunctionDef:
-            found = m.findall(outer.body, m.FunctionDef(name=m.Name(inner_name)))
+            found = findall(outer.body, m.FunctionDef(name=m.Name(inner_name)))
             if len(found) != 1:
                 raise AnchorError(
                     f"{self.target}: {_scope_name(op)}", f"one nested function `{op.inner}`", f"{len(found)}"
@@ -535,7 +536,7 @@ class PatchCodemod:
         found = 0
 
         def keyword_of(stmt: Statement) -> cst.Arg | None:
-            calls = m.findall(stmt, op.call)
+            calls = findall(stmt, op.call)
             args = [a for c in calls for a in c.args if a.keyword is not None and a.keyword.value == op.keyword]  # type: ignore[attr-defined]
             return args[0] if len(calls) == 1 and len(args) == 1 else None
 
@@ -695,6 +696,47 @@ class PatchCodemod:
         return new_fn
 
 
+# -- finding nodes --------------------------------------------------------------------------
+# `m.findall` walks a tree with a LibCST visitor, which rebuilds every node it passes (and the
+# visitor's `isinstance` checks against LibCST's ABCs are slow): it was the larger part of
+# planning. `findall` below walks the nodes' fields instead and asks `libcst.matchers.matches`
+# about each node, so what matches is libcst.matchers' answer; only the walk is ours. It does not
+# descend into whitespace, comments and newlines (no anchor names them), and it lists the
+# matches in pre-order of the nodes' fields, not in source order.
+_NOT_SEARCHED = (cst.BaseParenthesizableWhitespace, cst.EmptyLine, cst.TrailingWhitespace, cst.Newline, cst.Comment)
+_FIELDS: dict[type, tuple[str, ...] | None] = {}  # per class: the fields to walk, None for a class not walked
+
+
+def _fields_to_walk(node_type: type) -> tuple[str, ...] | None:
+    if node_type not in _FIELDS:  # one `issubclass` per class: on LibCST's ABCs, `isinstance` is slow
+        walked = issubclass(node_type, cst.CSTNode) and not issubclass(node_type, _NOT_SEARCHED)
+        _FIELDS[node_type] = tuple(f.name for f in dataclasses.fields(node_type)) if walked else None
+    return _FIELDS[node_type]
+
+
+def findall(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
+    """The nodes of `tree` (itself included) that `matcher` matches, as `libcst.matchers.matches` says."""
+    found: list[cst.CSTNode] = []
+    stack: list[object] = [tree]
+    while stack:
+        node = cast("cst.CSTNode", stack.pop())  # or a value that is no node: `names` is None then
+        node_type = type(node)
+        names = _FIELDS[node_type] if node_type in _FIELDS else _fields_to_walk(node_type)
+        if names is None:
+            continue
+        if m.matches(node, matcher):
+            found.append(node)
+        children: list[object] = []
+        for name in names:
+            value = getattr(node, name)
+            if type(value) in (list, tuple):
+                children.extend(value)
+            else:
+                children.append(value)
+        stack.extend(reversed(children))
+    return found
+
+
 # -- matchers shared by patches -------------------------------------------------------------
 def self_call(method: str) -> m.Call:
     """Matcher for a call `self.<method>(...)`."""
@@ -702,7 +744,7 @@ def self_call(method: str) -> m.Call:
 
 
 def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
-    return bool(m.findall(node, matcher))
+    return bool(findall(node, matcher))
 
 
 def assigns_call(target: str, call: m.Call) -> StatementPredicate:
@@ -769,7 +811,7 @@ class ConfigPathParam(PatchCodemod):
         return baked
 
     def read_params(self, module: cst.Module) -> dict[str, str]:
-        for call in m.findall(_added_methods_of(self, module), self._env_get()):
+        for call in findall(_added_methods_of(self, module), self._env_get()):
             value = cst.ensure_type(call, cst.Call).args[1].value
             return {self.PARAM: str(cst.ensure_type(value, cst.SimpleString).evaluated_value)}
         return dict(self.PARAMS)

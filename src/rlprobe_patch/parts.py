@@ -21,8 +21,7 @@ from pathlib import Path
 
 import libcst as cst
 import libcst.helpers
-
-from rlprobe_patch import matchers as m
+import libcst.matchers as m
 
 SHARED_PACKAGE = "_shared"
 # `name = Part.name` in a payload class: take the method `name` of the shared class `Part`.
