@@ -1,9 +1,10 @@
-"""history.git as git reads it: the objects rlprobe-patch writes itself, and one `git diff` for all files.
+"""history.git as git reads it: the objects rlprobe-patch writes without git, and one `git diff` for all files.
 
-rlprobe-patch writes blobs, trees and commits in git's loose-object format instead of a `git
-hash-object` per object. git itself must read them back as they are meant: `git fsck --strict`
-finds nothing, the record's commits hold exactly the ledger's files (path, mode, blob), the
-blobs hold the bytes whose sha256 the ledger names, and objects git packed later are still read.
+rlprobe-patch writes blobs, trees and commits as loose objects through gitdb's LooseObjectDB
+(GitPython's object database) instead of a `git hash-object` per object. git itself must read
+them back as they are meant: `git fsck --strict` finds nothing, the record's commits hold
+exactly the ledger's files (path, mode, blob), the blobs hold the bytes whose sha256 the ledger
+names, and objects git packed later are still read. A damaged loose object reads as an I/O error.
 `unified_diff` runs one `git diff --no-index` of two folders: its text must be what one
 `git diff` per file gives (the way it was made before), for changed, added, removed and
 unchanged files, paths with spaces and folders that sort differently from their files.
@@ -12,10 +13,13 @@ The trees are our fixture stand-ins (fixtures/verl-0.9), not verl's code.
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
+import zlib
 from pathlib import Path
 
+import pytest
 from conftest import cli_json
 
 from rlprobe_patch.diffs import unified_diff
@@ -71,6 +75,32 @@ def test_git_reads_the_objects_we_write(fixture_tree) -> None:
     assert sha256(state.read_blob(blob)) == second["files"][0]["after"]
     assert cli_json("verify", "--verl-root", root)[0] == ExitCode.OK
     assert cli_json("revert", "--verl-root", root)[0] == ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"not zlib at all",
+        zlib.compress(b"blob 99\0short"),
+        zlib.compress(b"tree 3\0abc"),
+        zlib.compress(b"no header"),
+    ],
+    ids=["empty", "not-zlib", "short", "not-a-blob", "no-header"],
+)
+def test_a_damaged_loose_object_reads_as_an_io_error(fixture_tree, content: bytes) -> None:
+    root = fixture_tree("0.9")
+    assert cli_json("apply", "--verl-root", root, "--backend", "fsdp")[0] == ExitCode.OK
+    ledger = json.loads((root / ".rlprobe-patch" / "ledger.json").read_text())
+    blob = ledger["records"][0]["files"][0]["after_blob"]
+    path = root / ".rlprobe-patch" / "history.git" / "objects" / blob[:2] / blob[2:]
+    path.chmod(0o644)
+    path.write_bytes(content)
+    with pytest.raises(OSError) as raised:
+        StateDir(root).read_blob(blob)
+    assert raised.value.errno == errno.EIO and blob in str(raised.value)
+    with pytest.raises(ValueError, match="not a blob id"):
+        StateDir(root).read_blob("../" + blob[3:])
 
 
 def test_one_git_diff_gives_the_per_file_text(tmp_path: Path) -> None:

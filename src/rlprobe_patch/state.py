@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import hashlib
 import json
 import os
 import re
@@ -30,8 +29,12 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from io import BytesIO
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from gitdb import IStream, LooseObjectDB
+from gitdb.exc import BadObject
 
 from rlprobe_patch.errors import RefusedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, create_new, locked, remove_stale_temp_files, sha256
@@ -437,10 +440,10 @@ class StateDir:
             pass  # a read-only or full state folder: verify just checks again next time
 
     # -- history.git ------------------------------------------------------------------------
-    # rlprobe-patch writes git's object format itself (loose objects: zlib, named by sha1), as
-    # `git hash-object -w` does: a record is 20-odd objects, and a git process for each would
-    # cost more than the rest of the write. git reads them (log, diff, fsck); refs and reading
-    # objects git may have packed stay with git.
+    # Objects are written and read through gitdb's LooseObjectDB (GitPython's object database,
+    # pure Python: no git process), as `git hash-object -w` would write them: a record is 20-odd
+    # objects, and a git process for each would cost more than the rest of the write. git reads
+    # them (log, diff, fsck); refs, and reading objects git may have packed, stay with git.
     @functools.cached_property
     def history(self) -> Path:
         """history.git, created on first use (bare, no template: no sample hooks to copy)."""
@@ -459,27 +462,16 @@ class StateDir:
         # folder: its `git cat-file` child must outlive the streams it serves.
         return open_repository(self.history)
 
+    @functools.cached_property
+    def _objects(self) -> LooseObjectDB:
+        """history.git's loose objects (created on first use, as `history` is)."""
+        return LooseObjectDB(str(self.history / "objects"))
+
     def _write_object(self, kind: bytes, data: bytes) -> str:
-        raw = b"%s %d\0%s" % (kind, len(data), data)
-        sha = hashlib.sha1(raw, usedforsecurity=False).hexdigest()
-        folder = self.history / "objects" / sha[:2]
-        path = folder / sha[2:]
-        if path.exists():
-            return sha  # git's objects never change: the same content is the same file
-        folder.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="tmp_obj_", dir=folder)  # git's own prefix: `git gc` removes strays
-        try:
-            with os.fdopen(fd, "wb") as f:
-                # Not fsynced, as git does not by default (core.fsync leaves loose objects out): the
-                # same durability as the `git hash-object -w` this replaces.
-                f.write(zlib.compress(raw, 1))
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return sha
+        # Not fsynced, as git does not by default (core.fsync leaves loose objects out): the same
+        # durability as the `git hash-object -w` this replaces.
+        stored = self._objects.store(IStream(kind, len(data), BytesIO(data)))
+        return str(stored.hexsha.decode())
 
     def store_blob(self, data: bytes) -> str:
         return self._write_object(b"blob", data)
@@ -488,16 +480,17 @@ class StateDir:
         if not re.fullmatch(r"[0-9a-f]{40}", hexsha):
             raise ValueError(f"not a blob id: {hexsha!r}")
         self.check()  # no object is read through a planted link
+        binsha = bytes.fromhex(hexsha)
+        loose = LooseObjectDB(str(self.path / "history.git" / "objects"))  # not `history`: reading creates nothing
         try:
-            raw = zlib.decompress((self.path / "history.git" / "objects" / hexsha[:2] / hexsha[2:]).read_bytes())
-        except FileNotFoundError:
-            data: bytes = self.repo.odb.stream(bytes.fromhex(hexsha)).read()  # packed by git, or absent: it raises
-            return data
-        except zlib.error as exc:
+            stream = loose.stream(binsha)
+            data: bytes = stream.read()
+        except BadObject:  # not a loose object (gitdb says so of an unreadable file too)
+            packed: bytes = self.repo.odb.stream(binsha).read()  # packed by git, or absent: it raises
+            return packed
+        except (zlib.error, ValueError) as exc:  # a bad header or stream, an empty file
             raise OSError(errno.EIO, f"history.git: object {hexsha} is damaged ({exc})") from None
-        header, _, data = raw.partition(b"\0")
-        kind, _, size = header.partition(b" ")
-        if kind != b"blob" or size != str(len(data)).encode():
+        if stream.type != b"blob" or stream.size != len(data):
             raise OSError(errno.EIO, f"history.git: object {hexsha} is not a whole blob")
         return data
 
@@ -511,6 +504,9 @@ class StateDir:
                 node = node.setdefault(folder, {})
             node[name] = (blob, 0o100755 if mode & 0o111 else 0o100644)
 
+        # Tree and commit objects are serialized here, in git's format: GitPython's serializers
+        # (`git.objects.fun.tree_to_stream`, `Commit._serialize`) live in the `git` package, whose
+        # import runs `git version` twice, and the commit's wants a Repo; gitdb stores the bytes.
         def write_tree(node: dict[str, Any]) -> str:
             entries = []
             for name, value in node.items():
