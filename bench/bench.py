@@ -2,9 +2,12 @@
 
     python bench/bench.py [--runs 5] [--verl-version 0.9.1] [--set consistency|engines] [--packages 1000]
 
-Prints medians of: a bare LibCST parse + code generation of the files the set patches (the
-floor for any LibCST tool), apply (`--set consistency`, the default: `apply --mode
-consistency --backend fsdp`, six files; `--set engines`: the FSDP and Megatron engine hooks),
+Prints medians of: whole processes, side by side (what a user waits for: start-up and imports
+count): `rlprobe-patch apply` run as a command against `python` parsing and generating the same
+files with LibCST (the floor for any LibCST tool), each pair on the same fresh copy; then, in this
+process: a bare LibCST parse + code generation of the files the set patches, apply (`--set
+consistency`, the default: `apply --mode consistency --backend fsdp`, eight files on 0.9.1;
+`--set engines`: the FSDP and Megatron engine hooks),
 verify (files apply wrote are known to its syntax-tree check: not parsed again), verify
 --recheck (every file parsed and checked again), revert,
 `rlprobe-patch --version`, `python -c pass`, and the discovery of the trees
@@ -43,6 +46,20 @@ SETS = {
     "consistency": [Selection("fsdp", "consistency", worker_impl="engine")],
     "engines": [Selection("fsdp"), Selection("megatron")],
 }
+# The same sets as commands: one `rlprobe-patch apply` per selection.
+COMMANDS = {
+    "consistency": [["--backend", "fsdp", "--mode", "consistency", "--worker-impl", "engine"]],
+    "engines": [["--backend", "fsdp"], ["--backend", "megatron"]],
+}
+# The whole-process floor: a fresh interpreter that imports LibCST, parses each file and generates its code.
+FLOOR = """
+import sys
+from pathlib import Path
+import libcst
+root = Path(sys.argv[1])
+for rel in sys.argv[2:]:
+    libcst.parse_module((root / rel).read_bytes()).code
+"""
 
 
 def interpreter(work: Path, name: str, path: Path) -> str:
@@ -105,6 +122,33 @@ def main() -> None:
     fresh()
     targets = sorted({rel for sel in selections for rel in plan_apply(find_verl_tree(root), sel, {}).changes})
 
+    # Whole processes, as installed: bytecode cached (a PYTHONDONTWRITEBYTECODE=1 shell would
+    # recompile our modules at every start; the first, untimed runs write the caches).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    floor_cmd = [sys.executable, "-c", FLOOR, str(root), *targets]
+    apply_cmds = [
+        [sys.executable, "-m", "rlprobe_patch", "apply", "--verl-root", str(root), *cmd, "--json"]
+        for cmd in COMMANDS[args.set]
+    ]
+
+    def floor_process() -> None:
+        subprocess.run(floor_cmd, check=True, env=env)
+
+    def apply_process() -> None:
+        for cmd in apply_cmds:
+            subprocess.run(cmd, check=True, capture_output=True, env=env)
+
+    floor_process()
+    apply_process()
+    p_floors, p_applies = [], []
+    for _ in range(args.runs):  # interleaved, each pair on the same fresh copy
+        fresh()
+        p_floors.append(median_time(floor_process, 1))
+        p_applies.append(median_time(apply_process, 1))
+    tp_floor, tp_apply = statistics.median(p_floors), statistics.median(p_applies)
+    rp_apply = statistics.median(a / f for a, f in zip(p_applies, p_floors, strict=True))
+    fresh()
+
     def floor() -> None:
         for rel in targets:
             cst.parse_module((root / rel).read_bytes()).code  # noqa: B018 - the codegen is the work
@@ -134,9 +178,6 @@ def main() -> None:
         do_apply()
 
     t_revert = median_time(lambda: revert(root), args.runs, setup=patched)
-    # Start-up as installed: bytecode cached (a PYTHONDONTWRITEBYTECODE=1 shell would recompile
-    # our modules at every start; the first, untimed run writes the cache).
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     cli = [sys.executable, "-m", "rlprobe_patch", "--version"]
     subprocess.run(cli, check=True, capture_output=True, env=env)
     t_cli = median_time(lambda: subprocess.run(cli, check=True, capture_output=True, env=env), 4 * args.runs)
@@ -149,6 +190,8 @@ def main() -> None:
 
     print(f"verl {args.verl_version}, set {args.set} ({len(targets)} files), {args.runs} runs each, medians (s):")
     rows = [
+        (f"process: python, LibCST parse + codegen of the {len(targets)} files", tp_floor),
+        (f"process: rlprobe-patch apply ({args.set})", tp_apply),
         (f"LibCST parse + codegen of the {len(targets)} files", t_floor),
         (f"apply ({args.set})", t_apply),
         ("verify", t_verify),
@@ -160,9 +203,10 @@ def main() -> None:
         ("discovery, bare verl tree", t_bare),
     ]
     for name, value in rows:
-        print(f"  {name:<46} {value:8.3f}")
+        print(f"  {name:<58} {value:8.3f}")
     print("ratios:")
-    print(f"  apply / LibCST floor      {r_apply:6.2f}x  (median of the {args.runs} paired runs)")
+    print(f"  process: apply / LibCST floor  {rp_apply:6.2f}x  (median of the {args.runs} paired runs)")
+    print(f"  in-process: apply / floor      {r_apply:6.2f}x  (median of the {args.runs} paired runs)")
     print(f"  verify / apply            {t_verify / t_apply:6.2f}x")
     print(f"  verify --recheck / apply  {t_recheck / t_apply:6.2f}x")
     print(f"  revert / apply            {t_revert / t_apply:6.2f}x")

@@ -368,11 +368,17 @@ def test_every_git_call_is_isolated(real_tree, tmp_path: Path) -> None:
         if argv[0] == "revert" and "--merge" not in argv:
             with open(root / FSDP, "a") as f:
                 f.write("\n# my own edit after apply\n")
+        if "--merge" in argv:
+            # rlprobe-patch reads the loose objects it writes itself; objects git packed are read
+            # through GitPython (its `cat-file`): pack them, so that the last revert reads them so.
+            history = root / ".rlprobe-patch" / "history.git"
+            subprocess.run(["git", "--git-dir", str(history), "repack", "-a", "-d", "-q"], check=True)
+            assert not list((history / "objects").glob("??/*"))
         proc = run_isolated(*argv, env=env)
         assert proc.returncode == expected, (argv, proc.stderr)
     calls = spied_calls(log)
     commands = {args[0] for args, _ in calls}
-    # Our own subprocesses and GitPython's: init, blobs read by cat-file, refs, diffs, merges, config checks.
+    # Our own subprocesses and GitPython's: init, packed blobs read by cat-file, refs, diffs, merges, config checks.
     assert {"init", "cat-file", "update-ref", "rev-parse", "diff", "apply", "merge-file", "config"} <= commands
     isolated = {f"GIT_CONFIG_KEY_{i}": k for i, k in enumerate(ISOLATION_CONFIG)}
     isolated |= {f"GIT_CONFIG_VALUE_{i}": v for i, v in enumerate(ISOLATION_CONFIG.values())}

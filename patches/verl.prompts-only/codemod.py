@@ -22,9 +22,11 @@ from rlprobe_patch.codemod import ANY, METHOD, AddMethods, Hook, PatchCodemod, W
 
 OLD_LOG_PROB_TIMER = m.Call(func=m.Name("marked_timer"), args=[m.Arg(m.SimpleString('"old_log_prob"')), m.ZeroOrMore()])
 
+OLD_LOG_PROB_BLOCK = m.With(items=[m.WithItem(item=OLD_LOG_PROB_TIMER), m.ZeroOrMore()])
+
 
 def is_old_log_prob_block(stmt: cst.BaseStatement) -> bool:
-    return m.matches(stmt, m.With(items=[m.WithItem(item=OLD_LOG_PROB_TIMER), m.ZeroOrMore()]))
+    return m.matches(stmt, OLD_LOG_PROB_BLOCK)
 
 
 def sets_temperature(stmt: cst.BaseStatement) -> bool:

@@ -17,6 +17,7 @@ statement hooks are inserted verbatim) plus a list of operations, each anchored 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import enum
 import functools
 import textwrap
@@ -249,7 +250,7 @@ class Payload:
 
     def methods(self, cls: str) -> list[cst.FunctionDef]:
         for stmt in self.module.body:
-            if m.matches(stmt, m.ClassDef(name=m.Name(cls))):
+            if _is_class(stmt, cls):
                 assert isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock)
                 return [s for s in stmt.body.body if isinstance(s, cst.FunctionDef)]
         raise KeyError(f"{self.path}: no class {cls}")
@@ -262,7 +263,7 @@ class Payload:
 
     def statements(self, hook: str) -> list[Statement]:
         for stmt in self.module.body:
-            if m.matches(stmt, m.FunctionDef(name=m.Name(hook))):
+            if _is_def(stmt, hook):
                 assert isinstance(stmt, cst.FunctionDef) and isinstance(stmt.body, cst.IndentedBlock)
                 return list(_without_docstring(stmt.body.body))
         raise KeyError(f"{self.path}: no statement hook {hook}")
@@ -279,8 +280,20 @@ def defined_name(stmt: Statement) -> str | None:
     return None
 
 
+_DOCSTRING = m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])
+
+
 def _is_docstring(stmt: Statement) -> bool:
-    return m.matches(stmt, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))
+    return m.matches(stmt, _DOCSTRING)
+
+
+# `m.matches(stmt, m.ClassDef(name=m.Name(name)))`, without building a matcher per statement.
+def _is_class(stmt: cst.CSTNode, name: str) -> bool:
+    return type(stmt) is cst.ClassDef and stmt.name.value == name
+
+
+def _is_def(stmt: cst.CSTNode, name: str) -> bool:
+    return type(stmt) is cst.FunctionDef and stmt.name.value == name
 
 
 def _without_docstring(body: Sequence[Statement]) -> Sequence[Statement]:
@@ -419,8 +432,9 @@ class PatchCodemod:
             module = self._apply(module, op, params, strip=False)
         return module
 
-    def strip(self, module: cst.Module) -> cst.Module:
-        params = self.read_params(module)
+    def strip(self, module: cst.Module, params: dict[str, str] | None = None) -> cst.Module:
+        """`module` without our payload; `params`: what `read_params` says of it (read when not given)."""
+        params = self.read_params(module) if params is None else params
         for op in reversed(self.OPERATIONS):
             try:
                 module = self._apply(module, op, params, strip=True)
@@ -430,7 +444,7 @@ class PatchCodemod:
 
     def state(self, module: cst.Module) -> StateReport:
         params = self.read_params(module)
-        stripped = self.strip(module)
+        stripped = self.strip(module, params)
         ours_present = not same_syntax(stripped, module)
         try:
             expected = self.insert(stripped, params)
@@ -498,7 +512,7 @@ class PatchCodemod:
         assert inner_name is not None
 
         def edit_outer(outer: cst.FunctionDef) -> cst.FunctionDef:
-            found = m.findall(outer.body, m.FunctionDef(name=m.Name(inner_name)))
+            found = findall(outer.body, m.FunctionDef(name=m.Name(inner_name)))
             if len(found) != 1:
                 raise AnchorError(
                     f"{self.target}: {_scope_name(op)}", f"one nested function `{op.inner}`", f"{len(found)}"
@@ -512,7 +526,7 @@ class PatchCodemod:
     def _edit_function(
         self, module: cst.Module, name: str, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
     ) -> cst.Module:
-        found = [i for i, s in enumerate(module.body) if m.matches(s, m.FunctionDef(name=m.Name(name)))]
+        found = [i for i, s in enumerate(module.body) if _is_def(s, name)]
         if len(found) != 1:
             raise AnchorError(f"{self.target}", f"one module-level function `{name}`", f"{len(found)} such functions")
         return _replaced(module, module.body, found[0], edit)
@@ -522,7 +536,7 @@ class PatchCodemod:
         found = 0
 
         def keyword_of(stmt: Statement) -> cst.Arg | None:
-            calls = m.findall(stmt, op.call)
+            calls = findall(stmt, op.call)
             args = [a for c in calls for a in c.args if a.keyword is not None and a.keyword.value == op.keyword]  # type: ignore[attr-defined]
             return args[0] if len(calls) == 1 and len(args) == 1 else None
 
@@ -559,7 +573,7 @@ class PatchCodemod:
         return new_fn
 
     def _edit_class(self, module: cst.Module, name: str, edit: Callable[[cst.ClassDef], cst.ClassDef]) -> cst.Module:
-        found = [i for i, s in enumerate(module.body) if m.matches(s, m.ClassDef(name=m.Name(name)))]
+        found = [i for i, s in enumerate(module.body) if _is_class(s, name)]
         if len(found) != 1:
             raise AnchorError(f"{self.target}", f"one module-level class `{name}`", f"{len(found)} such classes")
         return _replaced(module, module.body, found[0], edit)
@@ -568,7 +582,7 @@ class PatchCodemod:
         self, cls: cst.ClassDef, method: str, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
     ) -> cst.ClassDef:
         assert isinstance(cls.body, cst.IndentedBlock)
-        found = [i for i, s in enumerate(cls.body.body) if m.matches(s, m.FunctionDef(name=m.Name(method)))]
+        found = [i for i, s in enumerate(cls.body.body) if _is_def(s, method)]
         if len(found) != 1:
             raise AnchorError(
                 f"{self.target}: class {cls.name.value}", f"one method `{method}`", f"{len(found)} such methods"
@@ -682,6 +696,47 @@ class PatchCodemod:
         return new_fn
 
 
+# -- finding nodes --------------------------------------------------------------------------
+# `m.findall` walks a tree with a LibCST visitor, which rebuilds every node it passes (and the
+# visitor's `isinstance` checks against LibCST's ABCs are slow): it was the larger part of
+# planning. `findall` below walks the nodes' fields instead and asks `libcst.matchers.matches`
+# about each node, so what matches is libcst.matchers' answer; only the walk is ours. It does not
+# descend into whitespace, comments and newlines (no anchor names them), and it lists the
+# matches in pre-order of the nodes' fields, not in source order.
+_NOT_SEARCHED = (cst.BaseParenthesizableWhitespace, cst.EmptyLine, cst.TrailingWhitespace, cst.Newline, cst.Comment)
+_FIELDS: dict[type, tuple[str, ...] | None] = {}  # per class: the fields to walk, None for a class not walked
+
+
+def _fields_to_walk(node_type: type) -> tuple[str, ...] | None:
+    if node_type not in _FIELDS:  # one `issubclass` per class: on LibCST's ABCs, `isinstance` is slow
+        walked = issubclass(node_type, cst.CSTNode) and not issubclass(node_type, _NOT_SEARCHED)
+        _FIELDS[node_type] = tuple(f.name for f in dataclasses.fields(node_type)) if walked else None
+    return _FIELDS[node_type]
+
+
+def findall(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
+    """The nodes of `tree` (itself included) that `matcher` matches, as `libcst.matchers.matches` says."""
+    found: list[cst.CSTNode] = []
+    stack: list[object] = [tree]
+    while stack:
+        node = cast("cst.CSTNode", stack.pop())  # or a value that is no node: `names` is None then
+        node_type = type(node)
+        names = _FIELDS[node_type] if node_type in _FIELDS else _fields_to_walk(node_type)
+        if names is None:
+            continue
+        if m.matches(node, matcher):
+            found.append(node)
+        children: list[object] = []
+        for name in names:
+            value = getattr(node, name)
+            if type(value) in (list, tuple):
+                children.extend(value)
+            else:
+                children.append(value)
+        stack.extend(reversed(children))
+    return found
+
+
 # -- matchers shared by patches -------------------------------------------------------------
 def self_call(method: str) -> m.Call:
     """Matcher for a call `self.<method>(...)`."""
@@ -689,7 +744,7 @@ def self_call(method: str) -> m.Call:
 
 
 def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
-    return bool(m.findall(node, matcher))
+    return bool(findall(node, matcher))
 
 
 def assigns_call(target: str, call: m.Call) -> StatementPredicate:
@@ -756,7 +811,7 @@ class ConfigPathParam(PatchCodemod):
         return baked
 
     def read_params(self, module: cst.Module) -> dict[str, str]:
-        for call in m.findall(_added_methods_of(self, module), self._env_get()):
+        for call in findall(_added_methods_of(self, module), self._env_get()):
             value = cst.ensure_type(call, cst.Call).args[1].value
             return {self.PARAM: str(cst.ensure_type(value, cst.SimpleString).evaluated_value)}
         return dict(self.PARAMS)

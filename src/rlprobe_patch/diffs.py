@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -17,31 +17,42 @@ from rlprobe_patch.gitsafe import run_git
 def unified_diff(changes: Mapping[str, tuple[bytes | None, bytes | None]]) -> str:
     """`git diff` of {path: (before, after)}, paths relative to the tree root (a/ b/ prefixes).
 
-    None stands for an absent file: a file a patch adds (or a revert removes)."""
-    out = []
+    None stands for an absent file: a file a patch adds (or a revert removes). One `git diff
+    --no-index` of two folders for all the files; its sections come back in the paths' order."""
+    sections: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="rlprobe-diff-") as tmp:
-        for path, (before, after) in sorted(changes.items()):
+        for path, (before, after) in changes.items():
             for side, data in (("a", before), ("b", after)):
                 target = Path(tmp, side, path)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if data is not None:
                     target.write_bytes(data)
-            sides = [
-                f"a/{path}" if before is not None else os.devnull,
-                f"b/{path}" if after is not None else os.devnull,
-            ]
-            proc = run_git(
-                ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--no-textconv", *sides], cwd=tmp
-            )
-            if proc.returncode not in (0, 1):
-                raise RuntimeError(f"git diff failed: {proc.stderr.decode(errors='replace')}")
-            text = proc.stdout.decode("utf-8", errors="surrogateescape")
-            # A side that is /dev/null makes git name both sides after the other one.
-            first, _, rest = text.partition("\n")
-            if first.startswith("diff --git "):
-                text = f"diff --git a/{path} b/{path}\n{rest}"
-            out.append(text)
-    return "".join(out)
+        proc = run_git(
+            ["diff", "--no-index", "--no-prefix", "--no-color", "--no-ext-diff", "--no-textconv", "a", "b"], cwd=tmp
+        )
+        if proc.returncode not in (0, 1):
+            raise RuntimeError(f"git diff failed: {proc.stderr.decode(errors='replace')}")
+        text = proc.stdout.decode("utf-8", errors="surrogateescape")
+    for section in re.split(r"^(?=diff --git )", text, flags=re.MULTILINE):
+        if not section:
+            continue
+        first, _, rest = section.partition("\n")
+        path = _section_path(first, changes)
+        # A side that is absent makes git name both sides after the other one.
+        sections[path] = f"diff --git a/{path} b/{path}\n{rest}"
+    return "".join(sections[path] for path in sorted(sections))
+
+
+def _section_path(header: str, changes: Mapping[str, object]) -> str:
+    """The path of one `diff --git a/P b/P` section (P may hold spaces: matched against the paths given)."""
+    for path in changes:
+        if header in (
+            f"diff --git a/{path} b/{path}",
+            f"diff --git b/{path} b/{path}",
+            f"diff --git a/{path} a/{path}",
+        ):
+            return path
+    raise RuntimeError(f"git diff named a file it was not given: {header}")
 
 
 def provenance_header(fields: list[tuple[str, str]]) -> str:

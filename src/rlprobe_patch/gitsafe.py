@@ -1,5 +1,6 @@
 """Every git command rlprobe-patch runs, isolated from what it does not own. The one place that
-builds git's environment: `run_git` for the commands we spawn, `Repository` for GitPython.
+builds git's environment: `run_git` for the commands we spawn, `open_repository` for GitPython
+(imported only there: importing it runs `git version` twice).
 
 The record (`.rlprobe-patch/history.git`) lives inside trees that other people can often write
 (a shared /verl, an image layer, a copied tree), and rlprobe-patch often runs as root. So git
@@ -14,13 +15,15 @@ so that they never find one around the tree (a verl clone's `.git`, or a planted
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import git
+if TYPE_CHECKING:
+    import git
 
 NO_REPOSITORY = os.devnull
 
@@ -91,24 +94,34 @@ def run_git(
     )
 
 
-class IsolatedGit(git.cmd.Git):
-    """GitPython's command runner for a bare repository: every command gets `git_env`.
-
-    GitPython starts from `os.environ` and lays our variables over it, so the caller's GIT_*
-    variables that `git_env` does not set survive here; `git_env` sets every one that chooses
-    the repository, its objects and its configuration."""
-
-    def execute(self, command: Any, *args: Any, env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
-        git_dir = self._working_dir or NO_REPOSITORY
-        return super().execute(command, *args, env={**git_env(git_dir), **(env or {})}, **kwargs)
+def open_repository(path: Path) -> git.Repo:
+    """history.git through GitPython, its commands isolated like `run_git`'s."""
+    return _repository_class()(path)
 
 
-class Repository(git.Repo):
-    """A bare repository of ours, opened through GitPython: its git commands run through
-    `IsolatedGit`, and its configuration is read from the repository's own file only."""
+@functools.cache
+def _repository_class() -> type[git.Repo]:
+    import git
 
-    GitCommandWrapperType = IsolatedGit
-    config_level = ("repository",)  # type: ignore[assignment]  # GitPython types it as all four levels
+    class IsolatedGit(git.cmd.Git):
+        """GitPython's command runner for a bare repository: every command gets `git_env`.
+
+        GitPython starts from `os.environ` and lays our variables over it, so the caller's GIT_*
+        variables that `git_env` does not set survive here; `git_env` sets every one that chooses
+        the repository, its objects and its configuration."""
+
+        def execute(self, command: Any, *args: Any, env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+            git_dir = self._working_dir or NO_REPOSITORY
+            return super().execute(command, *args, env={**git_env(git_dir), **(env or {})}, **kwargs)
+
+    class Repository(git.Repo):
+        """A bare repository of ours, opened through GitPython: its git commands run through
+        `IsolatedGit`, and its configuration is read from the repository's own file only."""
+
+        GitCommandWrapperType = IsolatedGit
+        config_level = ("repository",)  # type: ignore[assignment]  # GitPython types it as all four levels
+
+    return Repository
 
 
 def config_entries(path: Path) -> list[tuple[str, str]]:

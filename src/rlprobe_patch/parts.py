@@ -15,6 +15,7 @@ slot the name becomes EXPR, and the comments go on their own lines above that li
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +114,19 @@ def _fills(module: cst.Module) -> dict[str, Fill]:
 def _shared_method(shared: Path, part: str, method: str, fills: dict[str, Fill]) -> cst.FunctionDef:
     """Method `method` of class `part` in the file `shared`, its slots filled, without leading lines."""
     source = _parse(shared)
+    method_node, code, slots = _method_and_slots(source, shared, part, method)
+    if not slots:
+        return method_node  # nothing to fill: the node itself
+    used = tuple(sorted((n, fills[n]) for n in {n for _, _, n in slots} if n in fills))
+    return _filled(source, code, slots, used, f"{part}.{method}")
+
+
+# Several payloads take the same shared methods, with the same fills: each is made once per
+# process (the shared file's syntax tree is the key: `_parse` keeps one per content).
+@functools.cache
+def _method_and_slots(
+    source: cst.Module, shared: Path, part: str, method: str
+) -> tuple[cst.FunctionDef, str, tuple[tuple[int, int, str], ...]]:
     found = [
         fn
         for cls in source.body
@@ -124,10 +138,18 @@ def _shared_method(shared: Path, part: str, method: str, fills: dict[str, Fill])
         raise PartError(f"{shared}: no method {part}.{method}")
     method_node = found[0].with_changes(leading_lines=[])
     code = source.code_for_node(method_node)
-    slots = _slots(code)
-    if not slots:
-        return method_node  # nothing to fill: the node itself
-    filled = _fill_slots(code, slots, fills, f"{part}.{method}")
+    return method_node, code, tuple(_slots(code))
+
+
+@functools.cache
+def _filled(
+    source: cst.Module,
+    code: str,
+    slots: tuple[tuple[int, int, str], ...],
+    fills: tuple[tuple[str, Fill], ...],
+    where: str,
+) -> cst.FunctionDef:
+    filled = _fill_slots(code, list(slots), dict(fills), where)  # a slot without a fill: PartError
     spliced = cst.parse_module(filled, config=source.config_for_parsing).body[0]
     assert isinstance(spliced, cst.FunctionDef)
     return spliced

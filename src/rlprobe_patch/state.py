@@ -19,28 +19,31 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import io
 import json
 import os
 import re
 import shutil
 import stat
 import tempfile
+import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from io import BytesIO
 from pathlib import Path, PurePosixPath
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import git
-from git.index import IndexFile
-from git.index.typ import BaseIndexEntry
-from gitdb import IStream  # type: ignore[import-untyped]
+from gitdb import IStream, LooseObjectDB
+from gitdb.exc import BadObject
 
 from rlprobe_patch.errors import RefusedError, WriteFailedError
 from rlprobe_patch.fsio import atomic_write, create_new, locked, remove_stale_temp_files, sha256
-from rlprobe_patch.gitsafe import Repository, config_entries
+from rlprobe_patch.gitsafe import config_entries, open_repository, run_git
 from rlprobe_patch.state_registry import check_state_folder
 from rlprobe_patch.state_registry import dump_json as _dump
+
+if TYPE_CHECKING:
+    import git
 
 STATE_DIR_NAME = ".rlprobe-patch"
 _README = """This folder was written by rlprobe-patch. It records the patches applied to the
@@ -48,7 +51,7 @@ package trees beside it, so that `rlprobe-patch verify`, `status` and `revert` w
 Do not edit it by hand; `rlprobe-patch revert` removes the patches and keeps this history.
 Inspect it with: git --git-dir history.git log --stat --all ; cat ledger.json
 """
-_IDENTITY = git.Actor("rlprobe-patch", "rlprobe-patch@localhost")
+_IDENTITY = "rlprobe-patch <rlprobe-patch@localhost>"  # author and committer of history.git
 
 
 @dataclass
@@ -437,59 +440,104 @@ class StateDir:
             pass  # a read-only or full state folder: verify just checks again next time
 
     # -- history.git ------------------------------------------------------------------------
+    # Objects are written and read through gitdb's LooseObjectDB (GitPython's object database,
+    # pure Python: no git process), as `git hash-object -w` would write them: a record is 20-odd
+    # objects, and a git process for each would cost more than the rest of the write. git reads
+    # them (log, diff, fsck); refs, and reading objects git may have packed, stay with git.
     @functools.cached_property
-    def repo(self) -> git.Repo:
-        # One Repo per state folder: its `git cat-file` child must outlive the streams it serves.
+    def history(self) -> Path:
+        """history.git, created on first use (bare, no template: no sample hooks to copy)."""
         self.check()
         path = self.path / "history.git"
-        if path.is_dir():
-            return Repository(path)
-        try:
-            # No template: no sample hooks to copy (nothing runs in this repository).
-            return Repository.init(path, bare=True, template="", allow_unsafe_options=True)
-        except git.GitCommandError as exc:
-            shutil.rmtree(path, ignore_errors=True)  # a half-made repository would fail every later command
-            raise _os_error(exc) from None
+        if not path.is_dir():
+            proc = run_git(["init", "--bare", "--template="], git_dir=path)
+            if proc.returncode != 0:
+                shutil.rmtree(path, ignore_errors=True)  # a half-made repository would fail every later command
+                raise _git_failed("init", proc.stderr)
+        return path
+
+    @functools.cached_property
+    def repo(self) -> git.Repo:
+        # GitPython, only to read objects that are not loose (git packed them). One Repo per state
+        # folder: its `git cat-file` child must outlive the streams it serves.
+        return open_repository(self.history)
+
+    @functools.cached_property
+    def _objects(self) -> LooseObjectDB:
+        """history.git's loose objects (created on first use, as `history` is)."""
+        return LooseObjectDB(str(self.history / "objects"))
+
+    def _write_object(self, kind: bytes, data: bytes) -> str:
+        # Not fsynced, as git does not by default (core.fsync leaves loose objects out): the same
+        # durability as the `git hash-object -w` this replaces.
+        stored = self._objects.store(IStream(kind, len(data), BytesIO(data)))
+        return str(stored.hexsha.decode())
 
     def store_blob(self, data: bytes) -> str:
-        with _git_errors():
-            stored: bytes = self.repo.odb.store(IStream(b"blob", len(data), io.BytesIO(data))).hexsha
-            return stored.decode()
+        return self._write_object(b"blob", data)
 
     def read_blob(self, hexsha: str) -> bytes:
-        data: bytes = self.repo.odb.stream(bytes.fromhex(hexsha)).read()
+        if not re.fullmatch(r"[0-9a-f]{40}", hexsha):
+            raise ValueError(f"not a blob id: {hexsha!r}")
+        self.check()  # no object is read through a planted link
+        binsha = bytes.fromhex(hexsha)
+        loose = LooseObjectDB(str(self.path / "history.git" / "objects"))  # not `history`: reading creates nothing
+        try:
+            stream = loose.stream(binsha)
+            data: bytes = stream.read()
+        except BadObject:  # not a loose object (gitdb says so of an unreadable file too)
+            packed: bytes = self.repo.odb.stream(binsha).read()  # packed by git, or absent: it raises
+            return packed
+        except (zlib.error, ValueError) as exc:  # a bad header or stream, an empty file
+            raise OSError(errno.EIO, f"history.git: object {hexsha} is damaged ({exc})") from None
+        if stream.type != b"blob" or stream.size != len(data):
+            raise OSError(errno.EIO, f"history.git: object {hexsha} is not a whole blob")
         return data
 
     def commit_files(self, files: dict[str, tuple[str, int]], message: str, parent: str | None) -> str:
         """Commit {path: (blob, mode)} to history.git; returns the commit id."""
-        repo = self.repo
-        with tempfile.TemporaryDirectory() as tmp, _git_errors():
-            index = IndexFile(repo, file_path=os.path.join(tmp, "index"))
-            entries = [
-                BaseIndexEntry((0o100755 if mode & 0o111 else 0o100644, bytes.fromhex(blob), 0, path))
-                for path, (blob, mode) in sorted(files.items())
-            ]
-            index.add(entries, write=False)
-            tree = index.write_tree()
-            parents = [repo.commit(parent)] if parent else []
-            commit = git.Commit.create_from_tree(
-                repo, tree, message, parent_commits=parents, head=False, author=_IDENTITY, committer=_IDENTITY
-            )
-        return commit.hexsha
+        root: dict[str, Any] = {}
+        for path, (blob, mode) in files.items():
+            *folders, name = path.split("/")
+            node = root
+            for folder in folders:
+                node = node.setdefault(folder, {})
+            node[name] = (blob, 0o100755 if mode & 0o111 else 0o100644)
+
+        # Tree and commit objects are serialized here, in git's format: GitPython's serializers
+        # (`git.objects.fun.tree_to_stream`, `Commit._serialize`) live in the `git` package, whose
+        # import runs `git version` twice, and the commit's wants a Repo; gitdb stores the bytes.
+        def write_tree(node: dict[str, Any]) -> str:
+            entries = []
+            for name, value in node.items():
+                if isinstance(value, dict):  # git orders a folder as if its name ended with "/"
+                    entries.append((name + "/", b"40000 " + name.encode() + b"\0" + bytes.fromhex(write_tree(value))))
+                else:
+                    blob, mode = value
+                    entries.append((name, b"%o %s\0" % (mode, name.encode()) + bytes.fromhex(blob)))
+            return self._write_object(b"tree", b"".join(e for _, e in sorted(entries, key=lambda e: e[0].encode())))
+
+        who = f"{_IDENTITY} {int(time.time())} +0000"
+        head = [f"tree {write_tree(root)}", *([f"parent {parent}"] if parent else []), f"author {who}"]
+        return self._write_object(b"commit", "\n".join([*head, f"committer {who}", "", message]).encode())
 
     def set_branch(self, package: str, commit: str) -> None:
-        with _git_errors():
-            self.repo.git.update_ref(f"refs/heads/{package}", commit)
+        proc = run_git(["update-ref", f"refs/heads/{package}", commit], git_dir=self.history)
+        if proc.returncode != 0:
+            raise _git_failed("update-ref", proc.stderr)
 
     def branch_head(self, package: str) -> str | None:
         """The last commit of `package`'s branch in history.git, None before the first record."""
         if not (self.path / "history.git").is_dir():
             return None
-        try:
-            head: str = self.repo.git.rev_parse("--verify", "--quiet", f"refs/heads/{package}")
-            return head
-        except git.GitCommandError:
-            return None
+        self.check()
+        with contextlib.suppress(OSError):  # the loose ref update-ref writes; else ask git (packed refs)
+            loose = (self.path / "history.git" / "refs" / "heads" / package).read_text().strip()
+            if re.fullmatch(r"[0-9a-f]{40}", loose):
+                return loose
+        proc = run_git(["rev-parse", "--verify", "--quiet", f"refs/heads/{package}"], git_dir=self.history, text=True)
+        head: str = proc.stdout.strip()
+        return head if proc.returncode == 0 and head else None
 
     # -- diffs --------------------------------------------------------------------------------
     @staticmethod
@@ -510,18 +558,11 @@ class StateDir:
         return path.read_text(encoding="utf-8", errors="surrogateescape")
 
 
-@contextlib.contextmanager
-def _git_errors() -> Iterator[None]:
-    try:
-        yield
-    except git.GitCommandError as exc:
-        raise _os_error(exc) from None
-
-
-def _os_error(exc: git.GitCommandError) -> OSError:
+def _git_failed(command: str, stderr: bytes) -> OSError:
     """A failed git command as the OSError it stands for, so that callers treat it as a failed write."""
-    stderr = str(exc.stderr).strip().strip("'").strip()
-    full = "No space left on device" in stderr
+    said = stderr.decode(errors="replace").strip()
+    full = "No space left on device" in said
     code = errno.ENOSPC if full else errno.EIO
-    said = stderr.splitlines()[-1] if stderr else str(exc)
-    return OSError(code, os.strerror(code) if full else f"git {exc.command[1]} failed ({said})")
+    return OSError(
+        code, os.strerror(code) if full else f"git {command} failed ({said.splitlines()[-1] if said else 'no message'})"
+    )
