@@ -143,3 +143,26 @@ def test_a_notice_above_a_run_fact() -> None:
     assert notice.applies(release, {"actor_pp": 1, "actor_vpp": 2})
     assert not notice.applies(release, {"actor_pp": 1, "actor_vpp": None})
     assert not notice.applies(release, {"actor_pp": True})  # a bool is not a size
+
+
+def test_src_keys_nothing_on_a_release_or_a_patch_id() -> None:
+    """Release knowledge lives in the catalogue's data, so the next upstream release is a data
+    edit: no release number of any package's data file is written in `src/` (code, messages,
+    comments), and no code compares with a patch id (a string constant that is exactly an id).
+    Messages may name a patch for the user. (The rule regressed once, unnoticed, before this test.)"""
+    import ast
+    import re
+
+    src = Path(catalogue.__file__).resolve().parent
+    ids = {p.id for p in load_catalogue()}
+    numbers = sorted({r for package in PACKAGES for r in releases(package).all_releases}, key=len, reverse=True)
+    release = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, numbers)) + r")(?![\w-]|\.\d)")
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for n, line in enumerate(text.splitlines(), 1):
+            found += [f"{path.relative_to(src)}:{n}: release {m.group(1)}" for m in release.finditer(line)]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and node.value in ids:
+                found.append(f"{path.relative_to(src)}:{node.lineno}: patch id {node.value}")
+    assert found == []

@@ -165,7 +165,7 @@ def sglang_version(root: Path) -> tuple[Version, str]:
 
 
 def vllm_ascend_version(root: Path) -> tuple[Version, str]:
-    # vllm_ascend/_version.py is written by setuptools-scm as `__version__ = version = '0.13.0'`.
+    # vllm_ascend/_version.py is written by setuptools-scm as `__version__ = version = '<release>'`.
     path = root / "vllm_ascend" / "_version.py"
     if path.is_file():
         for node in ast.parse(path.read_text(encoding="utf-8", errors="replace")).body:

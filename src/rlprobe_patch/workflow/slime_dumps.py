@@ -4,7 +4,7 @@ slime saves what a rollout produced and what training received, with `torch.save
 
 - `--save-debug-rollout-data PATH` (template with `{rollout_id}`; eval rollouts get
   `eval_<id>`): `{"rollout_id", "samples": [Sample.to_dict(), ...]}`, each sample with its
-  `index` (slime's global sample counter) and `metadata`, where `slime.request-id` keeps the
+  `index` (slime's global sample counter) and `metadata`, where our rollout patch keeps the
   ids it sent SGLang (`rlprobe_request_ids`: `slime-<index>`, then `slime-<index>-<n>`);
 - `--save-debug-train-data PATH` (`{rollout_id}`, `{rank}`), up to v0.3.1 one file per rank:
   `{"rollout_id", "rank", "rollout_data"}`, the rank's `rollout_data` with `sample_indices`
@@ -191,7 +191,8 @@ def tie(report: SlimeDebugReport, actor_log: list[dict[str, Any]]) -> None:
             if missing and not evaluation:
                 report.notes.append(
                     f"{item['path']}: {len(missing)} of {len(samples)} sample(s) carry no rlprobe_request_ids "
-                    "(slime.request-id not applied, or DUMP_ON off in the rollout): paired by index only"
+                    "(the slime rollout patch that keeps them not applied, or DUMP_ON off in the rollout): "
+                    "paired by index only"
                 )
             if not evaluation:
                 for s in samples:

@@ -11,7 +11,7 @@ Each setting keeps the file and line its flag was written on.
 A collection script for slime (`--mode consistency`, `--mode inference`) sets, each with its
 reason:
 
-- the switches of our hooks (`slime.megatron-actor`, `slime.request-id`): `DUMP_ON=1`,
+- the switches of our hooks (the slime actor and rollout patches): `DUMP_ON=1`,
   `DUMP_PHASE` in slime's list grammar (`log_prob`), `MSPROBE_ACTOR_CONFIG`, and
   `TORCHDYNAMO_DISABLE=1` (slime compiles parts of its loss; msprobe refuses TorchDynamo);
   `PROMPTS_ONLY` is not set: slime's hooks do not cut batches to their prompts;
