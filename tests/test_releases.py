@@ -153,7 +153,7 @@ def test_src_keys_nothing_on_a_release_or_a_patch_id() -> None:
     import ast
     import re
 
-    src = Path(catalogue.__file__).resolve().parent
+    src = Path(__file__).resolve().parents[1] / "src" / "rlprobe_patch"  # the source, not an installed copy
     ids = {p.id for p in load_catalogue()}
     numbers = sorted({r for package in PACKAGES for r in releases(package).all_releases}, key=len, reverse=True)
     release = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, numbers)) + r")(?![\w-]|\.\d)")
