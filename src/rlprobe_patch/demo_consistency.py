@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -147,16 +146,12 @@ def _config(work: Path, name: str) -> Path:
 
 
 def _unpack_sglang(version: str, dest: Path, progress: Callable[[str], None]) -> Path:
-    from rlprobe_patch.matrix import fetch_wheel
+    from rlprobe_patch.matrix import fetch_wheel, unpack
 
     progress(f"fetching SGLang {version} (cached)")
     wheel = fetch_wheel("sglang", version)
     shutil.rmtree(dest, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as zf:
-        for member in zf.namelist():
-            if member.startswith(("sglang/", "sglang-")) and not member.endswith((".so", ".a")):
-                zf.extract(member, dest)
-    return dest
+    return unpack(wheel, dest, "sglang")
 
 
 def _check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str, Any]:
