@@ -20,7 +20,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from rlprobe_patch import __version__, parts
+from rlprobe_patch import __version__, partial, parts
 from rlprobe_patch import codemod as toolkit
 from rlprobe_patch.codemod import PatchCodemod, Payload
 from rlprobe_patch.releases import patches_dir, releases
@@ -101,11 +101,18 @@ class Patch:
     @functools.cached_property
     def fingerprint(self) -> str:
         """Identifies the code that decides this patch's state: the tool's version, the codemod
-        toolkit, the files of the patch's folder and the shared parts its payload takes. A state
-        remembered for a file's bytes (`StateDir.checked`) holds only under the same fingerprint."""
+        toolkit (partial parsing included), the files of the patch's folder and the shared parts
+        its payload takes. A state remembered for a file's bytes (`StateDir.checked`) holds only
+        under the same fingerprint."""
         digest = hashlib.sha256(__version__.encode())
         folder = sorted(p for p in self.folder.iterdir() if p.is_file())
-        for path in [Path(toolkit.__file__), Path(parts.__file__), *folder, *self.payload.sources[1:]]:
+        for path in [
+            Path(toolkit.__file__),
+            Path(partial.__file__),
+            Path(parts.__file__),
+            *folder,
+            *self.payload.sources[1:],
+        ]:
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
         return digest.hexdigest()[:32]
 

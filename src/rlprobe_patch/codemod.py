@@ -30,6 +30,7 @@ import libcst as cst
 import libcst.helpers
 import libcst.matchers as m
 
+from rlprobe_patch.partial import Scope
 from rlprobe_patch.parts import assemble
 
 Statement = cst.BaseStatement
@@ -424,6 +425,24 @@ class PatchCodemod:
         """Read the parameters an already patched tree was baked with."""
         return dict(self.PARAMS)
 
+    def scope(self) -> Scope:
+        """What `insert`, `strip`, `state` and `read_params` read of a file (besides its module-level
+        statement lines): the methods and functions the operations name, and the payload's own
+        methods and definitions where it adds them. The rest of the file is never looked at."""
+        names: set[str] = set()
+        methods: dict[str, set[str]] = {}
+        for op in self.OPERATIONS:
+            if isinstance(op, AddDefinitions):
+                names.update(op.names)
+            elif isinstance(op, AddMethods):
+                ours = self.payload.methods(op.payload_cls or op.cls)
+                methods.setdefault(op.cls, set()).update(fn.name.value for fn in ours)
+            elif op.cls is None:
+                names.add(op.method)
+            else:
+                methods.setdefault(op.cls, set()).add(op.method)
+        return Scope(frozenset(names), {cls: frozenset(found) for cls, found in methods.items()})
+
     # -- the three derived operations -----------------------------------------------------
     def insert(self, module: cst.Module, params: dict[str, str] | None = None) -> cst.Module:
         params = {**self.PARAMS, **(params or {})}
@@ -581,7 +600,8 @@ class PatchCodemod:
     def _edit_method(
         self, cls: cst.ClassDef, method: str, edit: Callable[[cst.FunctionDef], cst.FunctionDef]
     ) -> cst.ClassDef:
-        assert isinstance(cls.body, cst.IndentedBlock)
+        if not isinstance(cls.body, cst.IndentedBlock):  # `class A: pass`
+            raise AnchorError(f"{self.target}: class {cls.name.value}", f"one method `{method}`", "a one-line body")
         found = [i for i, s in enumerate(cls.body.body) if _is_def(s, method)]
         if len(found) != 1:
             raise AnchorError(
@@ -590,7 +610,10 @@ class PatchCodemod:
         return _replaced(cls, cls.body.body, found[0], edit)
 
     def _add_methods(self, cls: cst.ClassDef, op: AddMethods, params: dict[str, str], strip: bool) -> cst.ClassDef:
-        assert isinstance(cls.body, cst.IndentedBlock)
+        if not isinstance(cls.body, cst.IndentedBlock):  # `class A: pass` holds nothing of ours
+            if strip:
+                return cls
+            raise AnchorError(f"{self.target}: class {op.cls}", "a class body of its own lines", "a one-line body")
         ours = [self.bake(fn, params) for fn in self.payload.methods(op.payload_cls or op.cls)]
         names = {fn.name.value for fn in ours}  # type: ignore[attr-defined]
         body = [s for s in cls.body.body if not (isinstance(s, cst.FunctionDef) and s.name.value in names)]

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlprobe_patch.catalogue import Patch, get_patch, load_catalogue, select
+from rlprobe_patch.catalogue import Patch, Site, get_patch, load_catalogue, select
 from rlprobe_patch.codemod import CreateFile, PatchCodemod, State
 from rlprobe_patch.diffs import unified_diff
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.records import Superseded, TreeRecords, sort_records
-from rlprobe_patch.sites import Workspace, digest, read_or_none, site_present, site_state
+from rlprobe_patch.sites import Workspace, digest, read_or_none, scopes_of, site_present, site_state
 from rlprobe_patch.state import Record, StateDir, checked_key
 from rlprobe_patch.trees import BACKENDS, Tree
 
@@ -232,7 +232,7 @@ def plan_apply(
         params = {**{k: v for r in replaced for k, v in r.params.items()}, **params}
     if upgrade:
         bases.update(left_by_upgrade(tree, records.superseded, bases))
-    ws = Workspace(tree, bases)
+    ws = Workspace(tree, bases, scopes_of([(p, s) for p in wanted for s in _sites(p, tree)]))
     for rel in bases:  # every file the reversal sets is written, patched again or not
         ws.file(rel)
     plans: list[PatchPlan] = []
@@ -279,9 +279,8 @@ def _plan_patch(
             f"{tree.package} {tree.version} is not a tested release of {patch.id} "
             f"(tested: {', '.join(patch.tested)}); its anchors matched"
         )
-    sites = patch.sites_for(tree.version) or list(patch.sites[-1:])  # --force: the newest layout
     states: list[State] = []
-    for site in sites:
+    for site in _sites(patch, tree):
         if not site_present(tree, site):
             continue  # an optional part of the package this tree does not have
         plan.targets.append(site.target)
@@ -309,7 +308,7 @@ def _plan_patch(
                 )
             hooked.append((patch, codemod))
         else:
-            new = st.expected if st.params == want else codemod.insert(ws.module(site.target), want)
+            new = st.expected if st.params == want else codemod.insert(ws.module(site.target, codemod.scope()), want)
             assert new is not None
             f = ws.file(site.target)
             f.module, f.edited = new, True  # its code is generated once, when every patch is in
@@ -321,6 +320,10 @@ def _plan_patch(
         plan.state = State.APPLIED
     elif not plan.reasons:
         plan.state = State.APPLICABLE
+
+
+def _sites(patch: Patch, tree: Tree) -> list[Site]:
+    return patch.sites_for(tree.version) or list(patch.sites[-1:])  # --force: the newest layout
 
 
 def left_by_upgrade(
@@ -361,7 +364,10 @@ def _finish(
             assert f.module is not None
             code = f.module.code
             if check:
+                # What was parsed (placeholders included) compiles: the rest is the file's own text.
                 compile_in_memory(tree, rel, code)
+            if f.partial is not None:
+                code = f.partial.splice(code)
             finals[rel] = code.encode(f.module.encoding)
         else:
             finals[rel] = f.content if f.content is not None else f.base

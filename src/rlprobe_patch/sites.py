@@ -17,6 +17,7 @@ from rlprobe_patch.catalogue import Patch, Site
 from rlprobe_patch.codemod import CreateFile, State
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import sha256
+from rlprobe_patch.partial import Partial, Scope, reduce
 from rlprobe_patch.state import checked_key
 from rlprobe_patch.trees import Tree
 
@@ -35,8 +36,12 @@ def file_mode(path: Path) -> int:
     return path.stat().st_mode & 0o7777
 
 
-def parse_target(tree: Tree, rel: str, data: bytes | None = None) -> tuple[bytes, cst.Module]:
-    """The bytes (read from the tree unless given) and syntax tree of a file a patch edits.
+def parse_target(
+    tree: Tree, rel: str, data: bytes | None = None, scope: Scope | None = None
+) -> tuple[bytes, cst.Module, Partial | None]:
+    """The bytes (read from the tree unless given) and syntax tree of a file a patch edits: with
+    `scope`, of only what it names where the file allows it (`partial`: the syntax tree is then
+    of `Partial.text`, and `Partial.splice` makes its code the whole file's).
 
     Refused: a file reached through a symbolic link, missing, not UTF-8 or not Python."""
     path = tree.root / rel
@@ -53,8 +58,16 @@ def parse_target(tree: Tree, rel: str, data: bytes | None = None) -> tuple[bytes
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RefusedError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    partial = reduce(data, scope) if scope is not None else None
+    if partial is not None:
+        try:
+            module = cst.parse_module(partial.text)
+        except cst.ParserSyntaxError:
+            module = None  # the whole-file parse says where
+        if module is not None and module.default_indent == partial.indent:
+            return data, module, partial
     try:
-        return data, cst.parse_module(data)
+        return data, cst.parse_module(data), None
     except cst.ParserSyntaxError as exc:
         raise RefusedError(
             f"{path}:{exc.raw_line}:{exc.raw_column}: syntax error, cannot patch it",
@@ -64,7 +77,8 @@ def parse_target(tree: Tree, rel: str, data: bytes | None = None) -> tuple[bytes
 
 
 def read_target(tree: Tree, rel: str) -> tuple[bytes, cst.Module]:
-    return parse_target(tree, rel)
+    data, module, _ = parse_target(tree, rel)
+    return data, module
 
 
 @dataclass
@@ -75,18 +89,28 @@ class WorkFile:
     base: bytes | None  # the content the plan starts from (the disk's, or an upgrade's reverted record)
     mode: int
     module: cst.Module | None = None  # parsed `base`, then transformed (None for CreateFile sites)
+    partial: Partial | None = None  # `module` holds only what the codemods read: `Partial.splice` its code
     content: bytes | None = None  # a CreateFile site's planned content
     edited: bool = False  # `module` was transformed: its code is generated once, when every patch is in
     error: RefusedError | None = None  # the file cannot be parsed
 
 
 class Workspace:
-    """The files of one tree that a plan or a verify reads: each read and parsed at most once."""
+    """The files of one tree that a plan or a verify reads: each read and parsed at most once.
 
-    def __init__(self, tree: Tree, bases: dict[str, tuple[bytes | None, int]] | None = None) -> None:
+    `scopes`: for each file, what every codemod the plan or verify may run on it reads
+    (`PatchCodemod.scope`, united): only that is parsed (`partial`). A file without one is parsed whole."""
+
+    def __init__(
+        self,
+        tree: Tree,
+        bases: dict[str, tuple[bytes | None, int]] | None = None,
+        scopes: dict[str, Scope] | None = None,
+    ) -> None:
         self.tree = tree
         self.files: dict[str, WorkFile] = {}
         self._bases = bases or {}  # {path: (content, mode)} to start from instead of the disk's
+        self._scopes = scopes or {}
 
     def file(self, rel: str) -> WorkFile:
         if rel not in self.files:
@@ -99,20 +123,22 @@ class Workspace:
             self.files[rel] = WorkFile(disk, base, mode)
         return self.files[rel]
 
-    def module(self, rel: str) -> cst.Module:
+    def module(self, rel: str, reads: Scope | None = None) -> cst.Module:
+        """The file's syntax tree; `reads`: what the caller reads of it (None: all of it)."""
         f = self.file(rel)
+        scope = self._scopes.get(rel)
         if f.module is None and f.error is None:
             try:
-                if rel in self._bases:
-                    if f.base is None:
-                        raise RefusedError(f"{self.tree.root / rel}: missing")
-                    f.module = parse_target(self.tree, rel, f.base)[1]
-                else:
-                    f.module = read_target(self.tree, rel)[1]
+                if rel in self._bases and f.base is None:
+                    raise RefusedError(f"{self.tree.root / rel}: missing")
+                data = f.base if rel in self._bases else None
+                _, f.module, f.partial = parse_target(self.tree, rel, data, scope)
             except RefusedError as exc:
                 f.error = exc
         if f.error is not None:
             raise f.error
+        if f.partial is not None and (reads is None or scope is None or not scope.covers(reads)):
+            raise RuntimeError(f"{rel}: parsed for {scope}, read for {reads}")  # the caller's scopes are wrong
         assert f.module is not None
         return f.module
 
@@ -135,6 +161,16 @@ class SiteState:
     key: str = ""  # the `checked_key` of the bytes decided, "" when none
 
 
+def scopes_of(sites: list[tuple[Patch, Site]]) -> dict[str, Scope]:
+    """What the codemods of `sites` read, per file (`Workspace`'s `scopes`)."""
+    scopes: dict[str, Scope] = {}
+    for patch, site in sites:
+        codemod = patch.codemod(site)
+        if not isinstance(codemod, CreateFile):
+            scopes[site.target] = scopes.get(site.target, Scope()) | codemod.scope()
+    return scopes
+
+
 def site_present(tree: Tree, site: Site) -> bool:
     """False for an optional site whose file this tree does not have (skipped everywhere)."""
     return site.required or (tree.root / site.target).is_file()
@@ -154,7 +190,7 @@ def site_state(ws: Workspace, patch: Patch, site: Site, known: set[str] | frozen
     if key and key in known:
         return SiteState(site, State.APPLIED, remembered=True, key=key)
     try:
-        module = ws.module(site.target)
+        module = ws.module(site.target, codemod.scope())
     except RefusedError as exc:
         return SiteState(site, State.DRIFTED, [exc.message + (f" ({exc.hint})" if exc.hint else "")])
     report = codemod.state(module)

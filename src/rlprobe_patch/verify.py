@@ -64,7 +64,7 @@ def verify(
     recorded at an older revision is checked against its record and reported as upgradable."""
     from rlprobe_patch.records import sort_records
     from rlprobe_patch.rules import package_checks
-    from rlprobe_patch.sites import Workspace, site_present, site_state
+    from rlprobe_patch.sites import Workspace, scopes_of, site_present, site_state
 
     state = StateDir(tree.root, trust_record)
     checks: list[Check] = []
@@ -101,7 +101,8 @@ def verify(
             changed = sha256(path.read_bytes()) != f.after
             detail = "edited after apply (drift); `rlprobe-patch revert` will show the edit" if changed else ""
             checks.append(Check(f"unchanged since apply: {f.path}", not changed, detail))
-    ws = Workspace(tree)
+    checked_sites = [(p, s) for p in patches if p.id not in outdated for s in p.sites_for(tree.version)]
+    ws = Workspace(tree, scopes=scopes_of(checked_sites))
     compiled: set[str] = set()
     known = set() if recheck else state.checked()
     found: set[str] = set()
