@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import pytest
 from conftest import FIXTURES, snapshot
 
 from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.releases import CATALOGUE_ENV, patches_dir
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'rlprobe-patch[ray]' (in the test extra)")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -149,9 +151,10 @@ def test_apply_verify_status_revert_on_every_node(rc: RayCluster) -> None:
         ("drift", "the patched tree would differ"),
         ("missing", "no verl tree here"),
         ("patched", "already carries record"),
+        ("outdated", "holds an older revision (verl.fsdp-engine r1 -> r"),
     ],
 )
-def test_nodes_that_disagree_write_nothing(rc: RayCluster, odd: str, why: str) -> None:
+def test_nodes_that_disagree_write_nothing(rc: RayCluster, odd: str, why: str, tmp_path: Path) -> None:
     before = rc.reset(**({"c": "0.8"} if odd == "release" else {}))
     if odd == "drift":  # edited by hand on one node
         target = rc.tree("c") / FSDP
@@ -160,6 +163,17 @@ def test_nodes_that_disagree_write_nothing(rc: RayCluster, odd: str, why: str) -
         shutil.rmtree(rc.tree("c") / "verl")
     elif odd == "patched":  # the FSDP hook applied there by hand; the cluster asked for the Megatron one
         env = {**os.environ, "RLPROBE_PATCH_STATE_HOME": str(rc.dirs["c"] / "state")}
+        local = [sys.executable, "-m", "rlprobe_patch", "apply", "--verl-root", str(rc.tree("c")), "--backend", "fsdp"]
+        assert subprocess.run(local, env=env, capture_output=True).returncode == 0
+    elif odd == "outdated":  # the FSDP hook applied there at an older revision (another payload)
+        older = tmp_path / "catalogue-r1"
+        shutil.copytree(patches_dir(), older, ignore=shutil.ignore_patterns("__pycache__"))
+        payload = older / "verl.fsdp-engine" / "payload.py"
+        line = "    self._update_actor_logger_fp = None\n"  # a statement the older revision adds after it
+        payload.write_text(payload.read_text().replace(line, line + "    self._dump_steps = 0  # revision 1\n"))
+        meta = older / "verl.fsdp-engine" / "patch.toml"
+        meta.write_text(re.sub(r"(?m)^revision = \d+$", "revision = 1", meta.read_text(), count=1))
+        env = {**os.environ, "RLPROBE_PATCH_STATE_HOME": str(rc.dirs["c"] / "state"), CATALOGUE_ENV: str(older)}
         local = [sys.executable, "-m", "rlprobe_patch", "apply", "--verl-root", str(rc.tree("c")), "--backend", "fsdp"]
         assert subprocess.run(local, env=env, capture_output=True).returncode == 0
     before = {name: snapshot(rc.tree(name)) for name in before}

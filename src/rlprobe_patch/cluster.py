@@ -356,7 +356,14 @@ def apply_cmd(
             for detail in (r.get("document") or {}).get("details", []):
                 reasons[n].append(f"  {detail}")
         for tree in r.get("trees", []):
-            if tree["records"] and tree["planned"]:
+            if tree["records"] and tree["planned"] and tree.get("upgrades"):
+                reasons[n].append(
+                    f"{tree['package']} holds an older revision ({', '.join(tree['upgrades'])}): cluster apply "
+                    "does not upgrade in place, because its rollback could restore the tree only unpatched, not "
+                    "at the older revision; `rlprobe-patch cluster revert`, then `cluster apply` (or "
+                    "`rlprobe-patch apply` on each node, which upgrades in one transaction)"
+                )
+            elif tree["records"] and tree["planned"]:
                 reasons[n].append(
                     f"{tree['package']} already carries record(s) {', '.join(tree['records'])}: cluster apply "
                     "writes only to unpatched trees (so that a rollback restores them exactly); "
