@@ -26,7 +26,8 @@ UNCHANGED = "file unchanged since its syntax-tree check"
 def hooks_check(root: Path, *extra: str) -> dict:
     code, out = cli_json("verify", "--verl-root", root, *extra)
     checks = {c["check"]: c for c in out["trees"][0]["checks"]}
-    return {"code": code, **checks[HOOKS], "compiles": checks[f"compiles: {FSDP}"]["ok"]}
+    compiles = checks[f"compiles: {FSDP}"]
+    return {"code": code, **checks[HOOKS], "compiles": compiles["ok"], "compiles_detail": compiles["detail"]}
 
 
 def checked(root: Path) -> list[str]:
@@ -40,8 +41,22 @@ def test_apply_remembers_the_final_files_and_verify_uses_it(fixture_tree) -> Non
     assert key.startswith(f"verl.fsdp-engine|{FSDP}|")
     first = hooks_check(root)
     assert first["code"] == ExitCode.OK and first["ok"] and first["detail"] == UNCHANGED and first["compiles"]
+    assert first["compiles_detail"] == "file unchanged since it compiled"  # apply compiled what it wrote
     full = hooks_check(root, "--recheck")
     assert full["code"] == ExitCode.OK and full["ok"] and full["detail"] == "" and full["compiles"]
+    assert full["compiles_detail"] == ""
+
+
+def test_bytes_that_do_not_compile_are_never_remembered(fixture_tree) -> None:
+    root = fixture_tree("0.9")
+    assert cli_json("apply", "--verl-root", root, "--backend", "fsdp")[0] == ExitCode.OK
+    path = root / FSDP
+    path.write_text(path.read_text() + "\nreturn None\n")  # parses (LibCST, ast), but Python refuses to compile it
+    for _ in range(2):
+        check = hooks_check(root)
+        assert check["ok"] and check["detail"] == ""  # the hooks are in place
+        assert not check["compiles"] and "outside function" in check["compiles_detail"]
+        assert len(checked(root)) == 1  # only apply's bytes: the edited ones are checked again each time
 
 
 def test_an_edited_file_gets_the_full_check(fixture_tree) -> None:

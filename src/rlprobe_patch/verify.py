@@ -1,8 +1,8 @@
 """Verify: our per-site checks, compile checks, the records against the tree and their history,
 and the package's own rules (rules.py: worker paths, the skill's checkers).
 
-A file whose bytes this patch's code already found APPLIED (before apply wrote it, or in an
-earlier verify) is not parsed again unless `recheck` (`StateDir.checked`).
+A file whose bytes this patch's code already found APPLIED and compiling (before apply wrote
+it, or in an earlier verify) is not parsed or compiled again unless `recheck` (`StateDir.checked`).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def verify(
             checks.append(Check(f"unchanged since apply: {f.path}", not changed, detail))
     checked_sites = [(p, s) for p in patches if p.id not in outdated for s in p.sites_for(tree.version)]
     ws = Workspace(tree, scopes=scopes_of(checked_sites))
-    compiled: set[str] = set()
+    compiles: dict[str, bool] = {}
     known = set() if recheck else state.checked()
     found: set[str] = set()
     for patch in patches:
@@ -125,11 +125,16 @@ def verify(
                     checks.append(compile_check(site.target, work.base, tree.root))
                 continue
             checks.append(Check(f"{patch.id}: hooks in place in {site.target}", applied, detail))
-            if applied and st.key and not st.remembered:
+            if work.base is None or work.error is not None:
+                continue
+            if site.target not in compiles:
+                # Remembered bytes compiled when they were remembered (apply compiles what it writes).
+                compile_ok = Check(f"compiles: {site.target}", True, "file unchanged since it compiled")
+                check = compile_ok if st.remembered else compile_check(site.target, work.base, tree.root)
+                compiles[site.target] = check.ok
+                checks.append(check)
+            if applied and st.key and not st.remembered and compiles[site.target]:
                 found.add(st.key)
-            if work.base is not None and work.error is None and site.target not in compiled:
-                compiled.add(site.target)
-                checks.append(compile_check(site.target, work.base, tree.root))
         facts = {k: v for k, (v, _) in run[1].items()} if run else None
         warnings = patch.warnings_for(tree.version, facts)
         checks += [Check(f"{patch.id}: notice", True, n, warning=True) for n in warnings]
