@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from conftest import FIXTURES, snapshot
 
+from rlprobe_patch.catalogue import get_patch
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.releases import CATALOGUE_ENV, patches_dir
 
@@ -150,8 +151,8 @@ def test_apply_verify_status_revert_on_every_node(rc: RayCluster) -> None:
         ("release", "verl 0.8.0 here; elsewhere: verl 0.9.1"),
         ("drift", "the patched tree would differ"),
         ("missing", "no verl tree here"),
-        ("patched", "already carries record"),
-        ("outdated", "holds an older revision (verl.fsdp-engine r1 -> r"),
+        ("patched", "verl carries records of verl.fsdp-engine here; of no patch elsewhere"),
+        ("outdated", "verl carries records of verl.fsdp-engine here; of no patch elsewhere"),
     ],
 )
 def test_nodes_that_disagree_write_nothing(rc: RayCluster, odd: str, why: str, tmp_path: Path) -> None:
@@ -165,17 +166,8 @@ def test_nodes_that_disagree_write_nothing(rc: RayCluster, odd: str, why: str, t
         env = {**os.environ, "RLPROBE_PATCH_STATE_HOME": str(rc.dirs["c"] / "state")}
         local = [sys.executable, "-m", "rlprobe_patch", "apply", "--verl-root", str(rc.tree("c")), "--backend", "fsdp"]
         assert subprocess.run(local, env=env, capture_output=True).returncode == 0
-    elif odd == "outdated":  # the FSDP hook applied there at an older revision (another payload)
-        older = tmp_path / "catalogue-r1"
-        shutil.copytree(patches_dir(), older, ignore=shutil.ignore_patterns("__pycache__"))
-        payload = older / "verl.fsdp-engine" / "payload.py"
-        line = "    self._update_actor_logger_fp = None\n"  # a statement the older revision adds after it
-        payload.write_text(payload.read_text().replace(line, line + "    self._dump_steps = 0  # revision 1\n"))
-        meta = older / "verl.fsdp-engine" / "patch.toml"
-        meta.write_text(re.sub(r"(?m)^revision = \d+$", "revision = 1", meta.read_text(), count=1))
-        env = {**os.environ, "RLPROBE_PATCH_STATE_HOME": str(rc.dirs["c"] / "state"), CATALOGUE_ENV: str(older)}
-        local = [sys.executable, "-m", "rlprobe_patch", "apply", "--verl-root", str(rc.tree("c")), "--backend", "fsdp"]
-        assert subprocess.run(local, env=env, capture_output=True).returncode == 0
+    elif odd == "outdated":  # the FSDP hook applied there at an older revision
+        apply_older_revision(rc, "c", older_catalogue(tmp_path))
     before = {name: snapshot(rc.tree(name)) for name in before}
     code, doc = rc.cli("apply", "--verl-root", ROOT, "--backend", "megatron" if odd == "patched" else "fsdp")
     assert code == ExitCode.REFUSED, doc
@@ -187,6 +179,57 @@ def test_nodes_that_disagree_write_nothing(rc: RayCluster, odd: str, why: str, t
     unchanged(rc, before)
     for name in ("head", "b"):
         assert not (rc.tree(name) / ".rlprobe-patch" / "ledger.json").exists()
+
+
+def older_catalogue(tmp_path: Path) -> Path:
+    """A copy of the catalogue where verl.fsdp-engine is at revision 1, with another payload."""
+    older = tmp_path / "catalogue-r1"
+    shutil.copytree(patches_dir(), older, ignore=shutil.ignore_patterns("__pycache__"))
+    payload = older / "verl.fsdp-engine" / "payload.py"
+    line = "    self._update_actor_logger_fp = None\n"  # a statement the older revision adds after it
+    payload.write_text(payload.read_text().replace(line, line + "    self._dump_steps = 0  # revision 1\n"))
+    meta = older / "verl.fsdp-engine" / "patch.toml"
+    meta.write_text(re.sub(r"(?m)^revision = \d+$", "revision = 1", meta.read_text(), count=1))
+    return older
+
+
+def apply_older_revision(rc: RayCluster, name: str, older: Path) -> None:
+    """The FSDP hook applied on node `name`'s tree by an rlprobe-patch whose catalogue is `older`."""
+    env = {**os.environ, "RLPROBE_PATCH_STATE_HOME": str(rc.dirs[name] / "state"), CATALOGUE_ENV: str(older)}
+    local = [sys.executable, "-m", "rlprobe_patch", "apply", "--verl-root", str(rc.tree(name)), "--backend", "fsdp"]
+    assert subprocess.run(local, env=env, capture_output=True).returncode == 0
+
+
+def test_an_upgrade_failing_on_one_node_is_undone_on_every_node(rc: RayCluster, tmp_path: Path) -> None:
+    """Every node holds the FSDP hook at r1; the cluster upgrades it to the current revision, one
+    node is killed mid-write: every node goes back to r1 exactly (files and record), then the
+    upgrade without the fault lands everywhere."""
+    names = ("head", "b", "c", "faulty")
+    node = rc.add("faulty", RLPROBE_PATCH_FAULT_APPLY="kill-at=5")
+    try:
+        rc.reset(names)
+        older = older_catalogue(tmp_path)
+        for name in names:
+            apply_older_revision(rc, name, older)
+        ledgers = {name: rc.dirs[name] / "tree" / ".rlprobe-patch" / "ledger.json" for name in names}
+        before = {name: (snapshot(rc.tree(name)), ledgers[name].read_text()) for name in names}
+        code, doc = rc.cli("apply", "--verl-root", ROOT, "--backend", "fsdp")
+        assert code == ExitCode.WRITE_FAILED, doc
+        nodes = by_node(doc)
+        assert nodes["faulty"]["result"] == "write failed; rolled back", nodes["faulty"]
+        assert {nodes[n]["result"] for n in ("head", "b", "c")} == {"applied; rolled back"}, doc
+        assert "every reachable tree as before" in doc["verdict"]
+        assert all("rolled back: undid " in " ".join(nodes[n]["reasons"]) for n in names), doc
+        for name in names:  # at r1 again: the same files, the same record
+            assert (snapshot(rc.tree(name)), ledgers[name].read_text()) == before[name], name
+    finally:
+        rc.remove(node)
+    code, doc = rc.cli("apply", "--verl-root", ROOT, "--backend", "fsdp")
+    assert code == ExitCode.OK and {n["result"] for n in doc["nodes"]} == {"applied"}, doc
+    revision = get_patch("verl.fsdp-engine").revision
+    for name in ("head", "b", "c"):
+        (record,) = json.loads(ledgers[name].read_text())["records"]
+        assert [(p["id"], p["revision"]) for p in record["patches"]] == [("verl.fsdp-engine", revision)]
 
 
 @pytest.mark.parametrize("fault", ["enospc-at=5", "kill-at=5", "enospc-at=1"])

@@ -103,7 +103,8 @@ def apply(
 
 def _write_apply(state: StateDir, plan: Plan) -> tuple[Record | None, str]:
     tree = plan.tree
-    ledger = state.read_ledger().without({r.id for r in plan.replaces} | {s.record.id for s in plan.superseded})
+    previous = state.read_ledger()
+    ledger = previous.without({r.id for r in plan.replaces} | {s.record.id for s in plan.superseded})
     ledger.root = str(tree.root)  # a tree moved after an earlier apply: the record follows it
     applied = [p for p in plan.patches if p.state is State.APPLICABLE]
     record_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
@@ -124,7 +125,7 @@ def _write_apply(state: StateDir, plan: Plan) -> tuple[Record | None, str]:
     record: Record | None = None
     diff = ""
     branches: dict[str, str] = {}
-    head = state.branch_head(tree.package)
+    head = previous_head = state.branch_head(tree.package)
     if files:
         params = {k: v for p in applied for k, v in p.params.items()}
         patch_list = [PatchRef(p.patch.id, p.patch.revision) for p in applied]
@@ -171,5 +172,19 @@ def _write_apply(state: StateDir, plan: Plan) -> tuple[Record | None, str]:
         for rel, c in sorted(plan.writes.items())
     )
     dropped = [r.id for r in plan.replaces] + [s.record.id for s in plan.superseded]
+    undo = None
+    if record is not None and previous.records:  # written before the tree changes: a kill leaves it valid
+        undone = tuple(
+            JournalFile(
+                rel,
+                c.mode,
+                digest(c.after),
+                digest(c.current),
+                state.store_blob(c.current) if c.current is not None else "",
+            )
+            for rel, c in sorted(plan.writes.items())
+        )
+        undo = Journal("undo", record_id, undone, previous, {tree.package: previous_head} if previous_head else {})
+    state.write_undo(undo)
     run_journal(state, Journal("apply", record_id if record else ",".join(dropped), writes, ledger, branches))
     return record, diff

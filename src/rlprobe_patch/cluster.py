@@ -142,8 +142,10 @@ def _majority(values: dict[str, Any]) -> Any:
     return counts[0][0]
 
 
-def disagreements(reports: dict[str, Report], targets: bool = True) -> dict[str, list[str]]:
-    """Per node, why it differs from the others: tool, trees, versions, the change (target hash)."""
+def disagreements(reports: dict[str, Report], targets: bool = True, records: bool = False) -> dict[str, list[str]]:
+    """Per node, why it differs from the others: tool, trees, versions, the change (target hash);
+    with `records`, the patches a tree to be written already carries (a tree carrying none, or one
+    that is not written, is left to the target check: a node that joined later is patched alone)."""
     reasons: dict[str, list[str]] = {node: [] for node in reports}
     if len(reports) < 2:
         return reasons
@@ -160,6 +162,15 @@ def disagreements(reports: dict[str, Report], targets: bool = True) -> dict[str,
             if v != ref:
                 here = f"{package} {v}" if v else f"no {package} tree"
                 reasons[n].append(f"{here} here; elsewhere: {_others(versions, n, package)}")
+        carried = {n: ", ".join(by[package].get("record_patches") or []) for n, by in trees.items() if package in by}
+        ref_carried = _majority(carried) if records else None
+        for n, v in carried.items():
+            if records and v and v != ref_carried and trees[n][package].get("planned"):
+                elsewhere = " or ".join(sorted({c or "no patch" for c in carried.values() if c != v}))
+                reasons[n].append(
+                    f"{package} carries records of {v} here; of {elsewhere} elsewhere: cluster "
+                    "apply starts every node from the same records (`rlprobe-patch revert` on this node first)"
+                )
         same = {n: by[package]["target"] for n, by in trees.items() if versions[n] == ref and ref is not None}
         if not targets:
             continue
@@ -347,7 +358,7 @@ def apply_cmd(
             done = [m for t in (r.get("document") or {}).get("trees", []) for m in t.get("recovered", [])]
             repaired[n] = "; ".join(done) or _outcome(r)
         plans.update(run_on(interrupted, [*args, "--dry-run"], python, out.progress, "plan again"))
-    reasons = disagreements(plans)
+    reasons = disagreements(plans, records=True)
     for n, r in plans.items():
         if n in repaired:
             reasons[n].insert(0, f"recovered an interrupted write: {repaired[n]}")
@@ -355,20 +366,6 @@ def apply_cmd(
             reasons[n].append(f"refused: {r.get('message') or _outcome(r)}")
             for detail in (r.get("document") or {}).get("details", []):
                 reasons[n].append(f"  {detail}")
-        for tree in r.get("trees", []):
-            if tree["records"] and tree["planned"] and tree.get("upgrades"):
-                reasons[n].append(
-                    f"{tree['package']} holds an older revision ({', '.join(tree['upgrades'])}): cluster apply "
-                    "does not upgrade in place, because its rollback could restore the tree only unpatched, not "
-                    "at the older revision; `rlprobe-patch cluster revert`, then `cluster apply` (or "
-                    "`rlprobe-patch apply` on each node, which upgrades in one transaction)"
-                )
-            elif tree["records"] and tree["planned"]:
-                reasons[n].append(
-                    f"{tree['package']} already carries record(s) {', '.join(tree['records'])}: cluster apply "
-                    "writes only to unpatched trees (so that a rollback restores them exactly); "
-                    "`rlprobe-patch cluster revert` first, or apply the whole set at once"
-                )
     blocking = {n for n, why in reasons.items() if any(not w.startswith("recovered") for w in why)}
     writers = [n for n in nodes if any(t["planned"] for t in plans[n["NodeID"]].get("trees", []))]
     if blocking:
@@ -405,8 +402,9 @@ def apply_cmd(
     for n, (ok, text) in rollback.items():
         results[n] = f"{results[n]}; rolled back" if ok else f"{results[n]}; ROLLBACK FAILED"
         reasons[n].append(text)
+        found = {t["root"]: t.get("records", []) for t in plans[n].get("trees", [])}
         for tree in applied[n]["trees"] if ok else []:
-            tree["records"] = []  # reverted: the ledger is empty again
+            tree["records"] = found.get(tree["root"], [])  # back to the records the plan found
     lost = [n for n in failed if applied[n].get("lost")]
     for n in lost:
         reasons[n].append(
@@ -426,17 +424,33 @@ def apply_cmd(
 
 
 def _revert_exactly(node: dict[str, Any], plan: Report, python: str | None, out: Out) -> tuple[bool, str]:
-    args = ["revert", *_resolved_roots(plan)]
-    report = run_on([node], args, python, out.progress, "rollback")[node["NodeID"]]
-    if report.get("code") == 0:
-        recovered = [m for t in report["document"].get("trees", []) for m in t.get("recovered", [])]
-        ids = [i for t in report["document"].get("trees", []) for i in t.get("reverted", [])]
-        return True, "rolled back: reverted " + (", ".join(ids) or "nothing (nothing was written)") + (
-            f" after finishing the interrupted write ({'; '.join(recovered)})" if recovered else ""
-        )
-    if report.get("message", "").startswith("nothing recorded for"):
-        return True, "rolled back: nothing was written"
-    return False, f"rollback failed: {report.get('message') or _outcome(report)}"
+    """Take each tree the node planned back to what the plan found: a tree that had records (an
+    upgrade, or patches added to a patched tree) by undoing the newest apply (`revert --back-to`
+    the records the plan saw), an unpatched one by reverting what this run recorded."""
+    trees = [t for t in plan.get("trees", []) if t.get("package") in ROOT_OPTIONS]
+    patched = {t["root"]: t for t in trees if t.get("records")}  # trees sharing a root share its records
+    commands = [
+        ["revert", ROOT_OPTIONS[t["package"]], t["root"], "--back-to", ",".join(t["records"])] for t in patched.values()
+    ]
+    unpatched = [t for t in trees if t["root"] not in patched]
+    if unpatched:
+        commands.append(["revert", *_resolved_roots({"trees": unpatched})])
+    done = []
+    for args in commands:
+        report = run_on([node], args, python, out.progress, "rollback")[node["NodeID"]]
+        if report.get("code") == 0:
+            recovered = [m for t in report["document"].get("trees", []) for m in t.get("recovered", [])]
+            ids = [i for t in report["document"].get("trees", []) for i in t.get("reverted", [])]
+            word = "undid" if "--back-to" in args else "reverted"
+            done.append(
+                f"{word} {', '.join(ids) or 'nothing (nothing was written)'}"
+                + (f" after finishing the interrupted write ({'; '.join(recovered)})" if recovered else "")
+            )
+        elif report.get("message", "").startswith("nothing recorded for"):
+            done.append("nothing was written")
+        else:
+            return False, f"rollback failed: {report.get('message') or _outcome(report)}"
+    return True, "rolled back: " + "; ".join(done)
 
 
 @cluster.command("verify")

@@ -334,6 +334,11 @@ def check_consistency_patch_cmd(
 @tree_options
 @click.option("--merge", is_flag=True, help="Keep edits made after apply (three-way merge) instead of stopping.")
 @click.option("--dry-run", is_flag=True, help="Print what revert would write; write nothing.")
+@click.option(
+    "--back-to",
+    metavar="RECORD[,RECORD]",
+    help="Only undo the newest apply, back to exactly these records (cluster apply's rollback of an upgrade).",
+)
 @click.option("--lock-timeout", type=float, default=10.0, show_default=True)
 @command
 def revert_cmd(
@@ -344,10 +349,12 @@ def revert_cmd(
     vllm_ascend_root: Path | None,
     merge: bool,
     dry_run: bool,
+    back_to: str | None,
     lock_timeout: float,
     trust_record: bool,
 ) -> int:
     """Restore, byte for byte, what apply changed; never destroys later edits."""
+    from rlprobe_patch.revert import back_to as undo_newest
     from rlprobe_patch.revert import revert
     from rlprobe_patch.state import StateDir
 
@@ -356,9 +363,17 @@ def revert_cmd(
     roots = list(dict.fromkeys(t.root for t in trees))  # trees sharing a root (site-packages) share one record
     if len(roots) > 1:
         roots = [r for r in roots if StateDir(r).exists()] or roots[:1]
+    if back_to is not None and (merge or dry_run):
+        raise RefusedError("--back-to undoes the newest apply as it was written: no --merge, no --dry-run")
     results = []
     for root in roots:
         tree = next(t for t in trees if t.root == root)
+        if back_to is not None:
+            ids = [i for i in back_to.split(",") if i]
+            results.append(
+                undo_newest(root, ids, lock_timeout=lock_timeout, progress=out.progress, trust_record=trust_record)
+            )
+            continue
         results.append(
             revert(
                 root,

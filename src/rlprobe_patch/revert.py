@@ -210,5 +210,49 @@ def revert(
         )
         progress(f"writing {len(files)} file(s)")
         ids = [r.id for r in reverted] + [s.record.id for s in superseded]
+        state.write_undo(None)
         run_journal(state, Journal("revert", ",".join(ids), files, Ledger(root=str(root)), branches))
     return result
+
+
+def back_to(
+    root: Path,
+    records: list[str],
+    *,
+    lock_timeout: float = 10.0,
+    progress: Progress = _quiet,
+    trust_record: bool = False,
+) -> RevertResult:
+    """Take the tree back to exactly the ledger of `records` (ids, oldest first) by undoing the
+    newest apply (`undo.json`): what `cluster apply`'s rollback does on a tree it upgraded.
+
+    Nothing to do when the ledger already holds exactly `records` (the apply never landed).
+    Refused when the newest apply is not the one that followed them, or when a file it wrote
+    changed since (exit 5, nothing written)."""
+    state = StateDir(root, trust_record)
+    with state.lock(lock_timeout), write_phase(state, f"undo of the newest apply on {root}"):
+        recovered = recover(state)
+        ledger = state.read_ledger()
+        result = RevertResult(None, root, [], [], [], recovered, False, "")
+        if [r.id for r in ledger.records] == records:
+            return result
+        undo = state.read_undo()
+        newest = ledger.records[-1] if ledger.records else None
+        if undo is None or newest is None or undo.record != newest.id or [r.id for r in undo.ledger.records] != records:
+            raise RefusedError(
+                f"{root}: the newest apply does not follow records {', '.join(records) or '(none)'}; "
+                "nothing was written",
+                details=[f"records now: {', '.join(r.id for r in ledger.records) or '(none)'}"],
+                hint="`rlprobe-patch revert` takes every record back to the original files",
+            )
+        edited = [f.path for f in undo.files if digest(read_or_none(root / f.path)) != f.before]
+        if edited:
+            raise RevertBlockedError(
+                f"undo of {newest.id} stopped: a file it wrote changed since; nothing was written",
+                details=edited,
+                hint="`rlprobe-patch revert` shows the edit (and --merge keeps it)",
+            )
+        progress(f"undoing {newest.id}: writing {len(undo.files)} file(s)")
+        run_journal(state, undo)
+        state.write_undo(None)
+    return RevertResult(None, root, [newest], sorted(f.path for f in undo.files), [], recovered, False, "")

@@ -6,6 +6,7 @@
         lock            held by apply and revert (one writer at a time)
         ledger.json     the records of what is applied (readable, hand-inspectable)
         journal.json    only while a write is in flight: what to finish after a crash
+        undo.json       how to undo the newest apply, when the tree had records before it
         diffs/<id>.diff the unified diff of each apply, with its provenance header
         history.git/    a bare git repository: per record, a commit of the original files
                         and a commit of the patched files on branch <package>; reverts too
@@ -148,7 +149,7 @@ class JournalFile:
 class Journal:
     """What a write in flight must leave: the files, the ledger and the branch heads after it."""
 
-    op: str  # "apply" or "revert"
+    op: str  # "apply", "revert" or "undo"
     record: str  # the record id(s) it writes, for messages
     files: tuple[JournalFile, ...]
     ledger: Ledger
@@ -381,27 +382,52 @@ class StateDir:
 
     # -- journal ----------------------------------------------------------------------------
     def read_journal(self) -> Journal | None:
+        return self._load_journal(
+            self.journal_path,
+            "the interrupted write it records cannot be finished",
+            "it was edited by hand or damaged; `rlprobe-patch revert` cannot help: restore the tree's files "
+            "from history.git or reinstall the package, then delete the journal",
+        )
+
+    def _load_journal(self, path: Path, what: str, hint: str) -> Journal | None:
         self.check()
-        if not self.journal_path.is_file():
+        if not path.is_file():
             return None
         try:
-            data = json.loads(self.journal_path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"))
             paths = [f["path"] for f in data["files"]]
             outside = [p for p in paths if not isinstance(p, str) or _outside(p)]
             journal = None if outside else Journal.from_json(data)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise RefusedError(
-                f"{self.journal_path} is unreadable ({exc}); the interrupted write it records cannot be finished",
-                hint="it was edited by hand or damaged; `rlprobe-patch revert` cannot help: restore the tree's files "
-                "from history.git or reinstall the package, then delete the journal",
-            ) from None
+            raise RefusedError(f"{path} is unreadable ({exc}); {what}", hint=hint) from None
         if journal is None:
             raise RefusedError(
-                f"{self.journal_path} names a path outside its tree: {', '.join(map(str, outside))}; "
-                "nothing was written",
+                f"{path} names a path outside its tree: {', '.join(map(str, outside))}; nothing was written",
                 hint="it was edited by hand or damaged; delete it after checking the tree's files",
             )
         return journal
+
+    # -- the undo of the newest apply ---------------------------------------------------------
+    # `undo.json`: a journal that takes the tree back to what it held before the newest apply,
+    # written by an apply on a tree that already had records (an upgrade of a patch's revision):
+    # the files as they were, the ledger and the branch heads. `revert --back-to` carries it out
+    # (the rollback of `cluster apply`); a plain revert takes every record back to the original.
+    @property
+    def undo_path(self) -> Path:
+        return self.path / "undo.json"
+
+    def read_undo(self) -> Journal | None:
+        return self._load_journal(
+            self.undo_path,
+            "the newest apply cannot be undone",
+            "it was edited by hand or damaged; `rlprobe-patch revert` still reverts every record",
+        )
+
+    def write_undo(self, journal: Journal | None) -> None:
+        if journal is None:
+            self.undo_path.unlink(missing_ok=True)
+        else:
+            atomic_write(self.undo_path, _dump(journal.to_json()))
 
     def write_journal(self, journal: Journal) -> None:
         atomic_write(self.journal_path, _dump(journal.to_json()))
