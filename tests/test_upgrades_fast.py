@@ -133,6 +133,8 @@ def test_back_to_undoes_an_upgrade_exactly(fixture_tree, catalogue_r2) -> None:
     code, out = cli_json("revert", "--verl-root", root, "--back-to", "someone-else")
     assert code == ExitCode.REFUSED and "does not follow records someone-else" in out["message"]
     assert snapshot(root) == upgraded
+    code, out = cli_json("revert", "--verl-root", root, "--back-to", old_id, "--dry-run")
+    assert code == ExitCode.REFUSED and "no --dry-run" in out["message"] and snapshot(root) == upgraded
     # A file the upgrade wrote, edited since: stopped (exit 5), nothing written.
     target = root / "verl/workers/engine/megatron/transformer_impl.py"
     edited = target.read_bytes()

@@ -163,9 +163,9 @@ def disagreements(reports: dict[str, Report], targets: bool = True, records: boo
                 here = f"{package} {v}" if v else f"no {package} tree"
                 reasons[n].append(f"{here} here; elsewhere: {_others(versions, n, package)}")
         carried = {n: ", ".join(by[package].get("record_patches") or []) for n, by in trees.items() if package in by}
-        ref_carried = _majority(carried) if records else None
-        for n, v in carried.items():
-            if records and v and v != ref_carried and trees[n][package].get("planned"):
+        ref_carried = _majority(carried)
+        for n, v in carried.items() if records else ():
+            if v and v != ref_carried and trees[n][package].get("planned"):
                 elsewhere = " or ".join(sorted({c or "no patch" for c in carried.values() if c != v}))
                 reasons[n].append(
                     f"{package} carries records of {v} here; of {elsewhere} elsewhere: cluster "

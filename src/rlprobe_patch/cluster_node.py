@@ -89,12 +89,6 @@ def _facts(document: dict[str, Any]) -> list[dict[str, Any]]:
                 "record_patches": sorted({p.get("id") for r in records for p in r.get("patches") or []}),
                 "journal": journal,
                 "planned": bool(planned),
-                # Patches the plan upgrades from an older revision the tree holds ("id r1 -> r2").
-                "upgrades": [
-                    f"{u.get('id')} r{u.get('from')} -> r{u.get('to')}"
-                    for u in entry.get("upgraded") or []
-                    if isinstance(u, dict)
-                ],
                 # What the tree is once patched, relative to its original: recorded diffs, then the plan.
                 "target": hashlib.sha256((recorded + planned).encode()).hexdigest()[:16],
             }

@@ -363,28 +363,28 @@ def revert_cmd(
     roots = list(dict.fromkeys(t.root for t in trees))  # trees sharing a root (site-packages) share one record
     if len(roots) > 1:
         roots = [r for r in roots if StateDir(r).exists()] or roots[:1]
-    if back_to is not None and (merge or dry_run):
-        raise RefusedError("--back-to undoes the newest apply as it was written: no --merge, no --dry-run")
-    results = []
-    for root in roots:
-        tree = next(t for t in trees if t.root == root)
-        if back_to is not None:
-            ids = [i for i in back_to.split(",") if i]
-            results.append(
-                undo_newest(root, ids, lock_timeout=lock_timeout, progress=out.progress, trust_record=trust_record)
-            )
-            continue
-        results.append(
+    if back_to is not None and (merge or dry_run or len(roots) > 1):
+        raise RefusedError(
+            "--back-to undoes the newest apply of one tree as it was written: one tree, no --merge, no --dry-run"
+        )
+    if back_to is not None:
+        ids = [i for i in back_to.split(",") if i]
+        results = [
+            undo_newest(roots[0], ids, lock_timeout=lock_timeout, progress=out.progress, trust_record=trust_record)
+        ]
+    else:
+        results = [
             revert(
                 root,
-                tree,
+                next(t for t in trees if t.root == root),
                 merge=merge,
                 dry_run=dry_run,
                 lock_timeout=lock_timeout,
                 progress=out.progress,
                 trust_record=trust_record,
             )
-        )
+            for root in roots
+        ]
     out.emit(
         {
             "ok": True,
