@@ -7,6 +7,7 @@ Real releases are downloaded once from the package index (`pip download --no-dep
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -18,7 +19,7 @@ from runtime import venvs
 from rlprobe_patch import matrix
 from rlprobe_patch.cli import main
 from rlprobe_patch.fsio import sha256
-from rlprobe_patch.releases import releases
+from rlprobe_patch.releases import patches_dir, releases
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
@@ -116,6 +117,23 @@ def snapshot(root: Path) -> dict[str, tuple[str, int]]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and ".rlprobe-patch" not in p.relative_to(root).parts
     }
+
+
+# The statement a test catalogue adds at the end of a worker hook's `__init__` (its new payload).
+END_OF_INIT = "    self._update_actor_logger_fp = None\n"
+
+
+def changed_catalogue(dest: Path, patch: str, revision: int) -> Path:
+    """A copy of the catalogue at `dest` where `patch`'s payload adds one statement at the end of
+    `__init__` and its revision is `revision`: another revision of the patch, for upgrade tests."""
+    shutil.copytree(patches_dir(), dest, ignore=shutil.ignore_patterns("__pycache__"))
+    payload = dest / patch / "payload.py"
+    text = payload.read_text()
+    assert text.count(END_OF_INIT) == 1
+    payload.write_text(text.replace(END_OF_INIT, END_OF_INIT + f"    self._dump_steps = 0  # revision {revision}\n"))
+    meta = dest / patch / "patch.toml"
+    meta.write_text(re.sub(r"(?m)^revision = \d+$", f"revision = {revision}", meta.read_text(), count=1))
+    return dest
 
 
 def cli(*args: str) -> Result:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -22,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES, snapshot
+from conftest import FIXTURES, changed_catalogue, snapshot
 
 from rlprobe_patch.catalogue import get_patch
 from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.releases import CATALOGUE_ENV, patches_dir
+from rlprobe_patch.releases import CATALOGUE_ENV
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'rlprobe-patch[ray]' (in the test extra)")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -183,14 +182,7 @@ def test_nodes_that_disagree_write_nothing(rc: RayCluster, odd: str, why: str, t
 
 def older_catalogue(tmp_path: Path) -> Path:
     """A copy of the catalogue where verl.fsdp-engine is at revision 1, with another payload."""
-    older = tmp_path / "catalogue-r1"
-    shutil.copytree(patches_dir(), older, ignore=shutil.ignore_patterns("__pycache__"))
-    payload = older / "verl.fsdp-engine" / "payload.py"
-    line = "    self._update_actor_logger_fp = None\n"  # a statement the older revision adds after it
-    payload.write_text(payload.read_text().replace(line, line + "    self._dump_steps = 0  # revision 1\n"))
-    meta = older / "verl.fsdp-engine" / "patch.toml"
-    meta.write_text(re.sub(r"(?m)^revision = \d+$", "revision = 1", meta.read_text(), count=1))
-    return older
+    return changed_catalogue(tmp_path / "catalogue-r1", "verl.fsdp-engine", 1)
 
 
 def apply_older_revision(rc: RayCluster, name: str, older: Path) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -22,12 +21,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import VLLM_ASCEND_MEMBERS, package_wheel, snapshot, unpack, verl_wheel
+from conftest import VLLM_ASCEND_MEMBERS, changed_catalogue, package_wheel, snapshot, unpack, verl_wheel
 
 from rlprobe_patch.catalogue import get_patch
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.fsio import sha256
-from rlprobe_patch.releases import patches_dir
 
 pytestmark = pytest.mark.real
 
@@ -36,10 +34,6 @@ PATCH = "verl.fsdp-engine"
 OLD = get_patch(PATCH).revision  # the catalogue's revision, then the test catalogue's
 NEW = OLD + 1
 UPGRADE = f"applied r{OLD}, current r{NEW}"
-# The payload edit of revision 2: a real change of the inserted code (a statement added to the
-# end of `FSDPEngine.__init__`).
-OLD_LINE = "    self._update_actor_logger_fp = None\n"
-NEW_LINE = OLD_LINE + "    self._dump_steps = 0  # revision 2\n"
 
 
 def run(*args: object, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -57,15 +51,7 @@ def run_json(*args: object, env: dict[str, str]) -> tuple[int, dict]:
 @pytest.fixture
 def catalogue_r2(tmp_path: Path) -> Path:
     """A copy of the catalogue with `verl.fsdp-engine`'s payload changed and its revision bumped."""
-    dest = tmp_path / "catalogue-r2"
-    shutil.copytree(patches_dir(), dest, ignore=shutil.ignore_patterns("__pycache__"))
-    payload = dest / PATCH / "payload.py"
-    text = payload.read_text()
-    assert text.count(OLD_LINE) == 1
-    payload.write_text(text.replace(OLD_LINE, NEW_LINE))
-    meta = dest / PATCH / "patch.toml"
-    meta.write_text(re.sub(r"(?m)^revision = \d+$", f"revision = {NEW}", meta.read_text(), count=1))
-    return dest
+    return changed_catalogue(tmp_path / "catalogue-r2", PATCH, NEW)
 
 
 @pytest.fixture

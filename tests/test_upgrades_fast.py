@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -17,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, cli, cli_json, snapshot
+from conftest import FIXTURES, changed_catalogue, cli, cli_json, snapshot
 
 from rlprobe_patch.catalogue import get_patch, load_catalogue
 from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.releases import CATALOGUE_ENV, patches_dir
+from rlprobe_patch.releases import CATALOGUE_ENV
 
 PATCH = "verl.megatron-engine"
 OLD = get_patch(PATCH).revision  # the catalogue's revision, then the test catalogue's
@@ -31,14 +30,7 @@ NEW = OLD + 1
 @pytest.fixture
 def catalogue_r2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Switch to a copy of the catalogue whose `verl.megatron-engine` payload changed (revision 2)."""
-    dest = tmp_path / "catalogue-r2"
-    shutil.copytree(patches_dir(), dest, ignore=shutil.ignore_patterns("__pycache__"))
-    payload = dest / PATCH / "payload.py"
-    old = "    self._update_actor_logger_fp = None\n"  # the end of __init__: a statement added there
-    assert payload.read_text().count(old) == 1
-    payload.write_text(payload.read_text().replace(old, old + "    self._dump_steps = 0  # revision 2\n"))
-    meta = dest / PATCH / "patch.toml"
-    meta.write_text(re.sub(r"(?m)^revision = \d+$", f"revision = {NEW}", meta.read_text(), count=1))
+    dest = changed_catalogue(tmp_path / "catalogue-r2", PATCH, NEW)
 
     def switch() -> None:
         monkeypatch.setenv(CATALOGUE_ENV, str(dest))
