@@ -35,13 +35,13 @@ from pathlib import Path
 
 import libcst as cst
 
-from rlprobe_patch.apply import apply
-from rlprobe_patch.cli_base import Roots
-from rlprobe_patch.demo import fetch_verl_wheel
-from rlprobe_patch.plan import Selection, plan_apply
-from rlprobe_patch.revert import revert
-from rlprobe_patch.trees import find_verl_tree
-from rlprobe_patch.verify import verify
+from rlprobe_patch.catalogue.trees import find_verl_tree
+from rlprobe_patch.core.apply import apply
+from rlprobe_patch.core.plan import Selection, plan_apply
+from rlprobe_patch.core.revert import revert
+from rlprobe_patch.core.roots import Roots
+from rlprobe_patch.core.verify import verify
+from rlprobe_patch.demo.patch_cycle import fetch_verl_wheel
 
 SETS = {
     "consistency": [Selection("fsdp", "consistency", worker_impl="engine")],
@@ -186,8 +186,8 @@ def main() -> None:
     crowded = interpreter(work, "many", many_packages(work, pristine, args.packages))
     bare = interpreter(work, "bare", pristine)
     entries = len(list((work / "site-packages").iterdir()))
-    t_many = median_time(lambda: Roots(None, None, None, crowded).for_apply("consistency", True), args.runs)
-    t_bare = median_time(lambda: Roots(None, None, None, bare).for_apply("consistency", True), args.runs)
+    t_many = median_time(lambda: Roots({}, crowded).for_apply("consistency", True), args.runs)
+    t_bare = median_time(lambda: Roots({}, bare).for_apply("consistency", True), args.runs)
 
     print(f"verl {args.verl_version}, set {args.set} ({len(targets)} files), {args.runs} runs each, medians (s):")
     rows = [

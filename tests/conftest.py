@@ -17,9 +17,9 @@ from click.testing import CliRunner, Result
 from runtime import venvs
 
 from rlprobe_patch import matrix
+from rlprobe_patch.catalogue.releases import patches_dir, releases
 from rlprobe_patch.cli import main
 from rlprobe_patch.fsio import sha256
-from rlprobe_patch.releases import patches_dir, releases
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"

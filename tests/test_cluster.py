@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from conftest import FIXTURES, changed_catalogue, snapshot
 
-from rlprobe_patch.catalogue import get_patch
+from rlprobe_patch.catalogue.patches import get_patch
+from rlprobe_patch.catalogue.releases import CATALOGUE_ENV
 from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.releases import CATALOGUE_ENV
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'rlprobe-patch[ray]' (in the test extra)")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -312,7 +312,7 @@ def test_slime_root_reaches_every_node(rc: RayCluster, monkeypatch: pytest.Monke
     from test_slime import MODEL, SHARED
 
     from rlprobe_patch import matrix
-    from rlprobe_patch.releases import releases
+    from rlprobe_patch.catalogue.releases import releases
 
     monkeypatch.setenv("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
     version = releases("slime").tested[-1]

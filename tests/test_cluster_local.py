@@ -7,7 +7,7 @@ import sys
 
 from conftest import FIXTURES
 
-from rlprobe_patch.cluster import disagreements
+from rlprobe_patch.cluster.operations import disagreements
 
 
 def test_local_commands_never_import_ray(tmp_path) -> None:

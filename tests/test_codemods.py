@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
 
-from rlprobe_patch.catalogue import load_catalogue
+from rlprobe_patch.catalogue.patches import load_catalogue
 from rlprobe_patch.codemod import CreateFile, State
 
 if sys.version_info >= (3, 11):

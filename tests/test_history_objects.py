@@ -26,7 +26,7 @@ from rlprobe_patch.diffs import unified_diff
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.fsio import sha256
 from rlprobe_patch.gitsafe import run_git
-from rlprobe_patch.state import StateDir
+from rlprobe_patch.record.folder import RecordFolder
 
 
 def git(history: Path, *args: str) -> str:
@@ -70,7 +70,7 @@ def test_git_reads_the_objects_we_write(fixture_tree) -> None:
     # Packed by git (gc, repack): still read, through GitPython; verify and revert work.
     git(history, "repack", "-a", "-d", "-q")
     assert not list((history / "objects").glob("??/*"))
-    state = StateDir(root)
+    state = RecordFolder(root)
     blob = second["files"][0]["after_blob"]
     assert sha256(state.read_blob(blob)) == second["files"][0]["after"]
     assert cli_json("verify", "--verl-root", root)[0] == ExitCode.OK
@@ -97,10 +97,10 @@ def test_a_damaged_loose_object_reads_as_an_io_error(fixture_tree, content: byte
     path.chmod(0o644)
     path.write_bytes(content)
     with pytest.raises(OSError) as raised:
-        StateDir(root).read_blob(blob)
+        RecordFolder(root).read_blob(blob)
     assert raised.value.errno == errno.EIO and blob in str(raised.value)
     with pytest.raises(ValueError, match="not a blob id"):
-        StateDir(root).read_blob("../" + blob[3:])
+        RecordFolder(root).read_blob("../" + blob[3:])
 
 
 def test_one_git_diff_gives_the_per_file_text(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Piece of issue 12: Hydra decides the values (rlprobe_patch.workflow.hydra_config)."""
+"""Piece of issue 12: Hydra decides the values (rlprobe_patch.launch.hydra_compose)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from conftest import VERL_RELEASES
 from script_oracle import verl_root
 
-from rlprobe_patch.workflow.hydra_config import (
+from rlprobe_patch.launch.hydra_compose import (
     Arg,
     compose_launch,
     override_key,
-    parse_launch,
+    parse_hydra_args,
     release_defaults,
     release_defaults_path,
 )
@@ -30,7 +30,7 @@ def args(*texts: str) -> list[Arg]:
 
 
 def test_hydra_flags_are_split_from_overrides() -> None:
-    launch = parse_launch(args("--config-path=cfg", "-cn", "mine", "a.b=1", "--multirun", "+c=2"))
+    launch = parse_hydra_args(args("--config-path=cfg", "-cn", "mine", "a.b=1", "--multirun", "+c=2"))
     assert launch.config_path == Arg("cfg", "run.sh:1")
     assert launch.config_name == Arg("mine", "run.sh:3")
     assert [a.text for a in launch.overrides] == ["a.b=1", "+c=2"]

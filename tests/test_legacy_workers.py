@@ -29,7 +29,7 @@ import unidiff
 from conftest import cli_json, snapshot
 from runtime import venvs
 
-from rlprobe_patch.catalogue import load_catalogue
+from rlprobe_patch.catalogue.patches import load_catalogue
 from rlprobe_patch.errors import ExitCode
 
 LEGACY_RELEASES = ("0.6.0", "0.6.1", "0.7.0", "0.7.1")

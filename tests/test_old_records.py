@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, cli, cli_json, snapshot
 
-from rlprobe_patch.catalogue import get_patch
+from rlprobe_patch.catalogue.patches import get_patch
 from rlprobe_patch.errors import ExitCode
 
 DATA = Path(__file__).parent / "data"

@@ -22,9 +22,19 @@ import pytest
 from conftest import package_wheel, verl_wheel
 from hypothesis import HealthCheck, given, settings
 
-from rlprobe_patch.catalogue import load_catalogue
-from rlprobe_patch.codemod import AddDefinitions, AddMethods, AnchorError, Hook, PatchCodemod, Payload, State, Where
-from rlprobe_patch.partial import Scope, reduce
+from rlprobe_patch.catalogue.patches import load_catalogue
+from rlprobe_patch.codemod import (
+    AddDefinitions,
+    AddMethods,
+    AnchorError,
+    Hook,
+    PatchCodemod,
+    Payload,
+    Scope,
+    State,
+    Where,
+    reduce,
+)
 
 PAYLOAD = """\
 class Added:

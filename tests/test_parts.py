@@ -13,9 +13,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from rlprobe_patch.catalogue import load_catalogue, patches_dir
-from rlprobe_patch.codemod import Payload
-from rlprobe_patch.parts import PartError
+from rlprobe_patch.catalogue.patches import load_catalogue, patches_dir
+from rlprobe_patch.codemod import PartError, Payload
 
 SHARED = patches_dir() / "_shared"
 WORKER_HOOKS = ["verl.fsdp-engine", "verl.megatron-engine", "verl.legacy-fsdp-workers", "verl.legacy-megatron-workers"]

@@ -22,9 +22,9 @@ from packaging.version import Version
 from script_oracle import SHARED
 
 from rlprobe_patch import matrix
-from rlprobe_patch.catalogue import Patch, load_catalogue
+from rlprobe_patch.catalogue.patches import Patch, load_catalogue
+from rlprobe_patch.catalogue.trees import ROOT_OPTIONS
 from rlprobe_patch.cli import main
-from rlprobe_patch.trees import ROOT_OPTIONS
 
 DATA = Path(__file__).parent / "data" / "patched-bytes.json"
 # A non-default config path baked into each hook, on one release per patch (the newest it takes).

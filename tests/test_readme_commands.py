@@ -25,7 +25,10 @@ EVERYWHERE = {"--json", "--help"}
 
 def commands(group: click.Group = main, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
     """Every command the CLI runs, by its full name (`cluster apply`)."""
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         full = f"{prefix} {name}".strip()
         if isinstance(command, click.Group):
             yield from commands(command, full)

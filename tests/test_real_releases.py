@@ -14,7 +14,7 @@ import unidiff
 from conftest import REFUSED_RELEASES, VERL_RELEASES, cli, cli_json, snapshot
 from packaging.version import Version
 
-from rlprobe_patch.catalogue import select
+from rlprobe_patch.catalogue.patches import select
 from rlprobe_patch.errors import ExitCode
 
 pytestmark = pytest.mark.real

@@ -1,4 +1,4 @@
-"""The release data (`patches/releases/<package>.toml`) and its loader, `rlprobe_patch.releases`.
+"""The release data (`patches/releases/<package>.toml`) and its loader, `rlprobe_patch.catalogue.releases`.
 
 The only tests that name release numbers of the engine's cut-offs: they pin what the data
 says, so that a data edit that changes behaviour shows up here."""
@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from rlprobe_patch import catalogue, matrix
-from rlprobe_patch import releases as releases_module
-from rlprobe_patch.catalogue import load_catalogue
-from rlprobe_patch.releases import PACKAGE_FILES, releases
-from rlprobe_patch.rules import resolve_worker_impl
-from rlprobe_patch.trees import Tree
+from rlprobe_patch import matrix
+from rlprobe_patch.catalogue import patches as catalogue
+from rlprobe_patch.catalogue import releases as releases_module
+from rlprobe_patch.catalogue.patches import load_catalogue
+from rlprobe_patch.catalogue.releases import PACKAGE_FILES, releases
+from rlprobe_patch.catalogue.trees import Tree
+from rlprobe_patch.core.rules import resolve_worker_impl
 
 PACKAGES = tuple(PACKAGE_FILES)
 

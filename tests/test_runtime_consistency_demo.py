@@ -5,7 +5,7 @@ Real: verl 0.9.1's `FSDPEngineWithLMHead` in the cached runtime venv (CPU torch 
 DUMP_PHASE=log_prob`; SGLang 0.5.10.post1's `ModelRunner.forward` as it stands in the wheel's
 model_runner.py patched by sglang.model-runner and sglang.dispatch-logger (the debugger and the
 dispatch log are the inserted code); check-dump's pairing and msprobe's own compare and
-thresholds. Stand-ins (src/rlprobe_patch/demo_drivers/consistency_demo.py): SGLang's
+thresholds. Stand-ins (src/rlprobe_patch/demo/drivers/consistency_demo.py): SGLang's
 ModelRunner object and ForwardBatch, and SGLang's model code: the rollout side runs
 transformers' Qwen2ForCausalLM on the same checkpoint (SGLang does not import on CPU).
 """

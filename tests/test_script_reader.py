@@ -17,8 +17,8 @@ import pytest
 from conftest import cli
 
 from rlprobe_patch.errors import ExitCode, RefusedError
-from rlprobe_patch.workflow.launch import launches
-from rlprobe_patch.workflow.shell import read_shell
+from rlprobe_patch.launch.commands import launches
+from rlprobe_patch.launch.shell import read_shell
 
 # `python3 -c 'import X'` probes fail, as where the module is not installed (neither is it here).
 RECORDER = '#!/bin/bash\n[ "$1" = -c ] && exit 1\nprintf \'%s\\0\' "$@" > "$RECORD"\n'

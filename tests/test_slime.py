@@ -19,9 +19,9 @@ from conftest import cli, cli_json, snapshot
 from script_oracle import SHARED
 
 from rlprobe_patch import matrix
+from rlprobe_patch.catalogue.releases import releases
+from rlprobe_patch.catalogue.trees import find_tree
 from rlprobe_patch.errors import ExitCode, NotATreeError
-from rlprobe_patch.releases import releases
-from rlprobe_patch.trees import find_tree
 
 pytestmark = [
     pytest.mark.real,

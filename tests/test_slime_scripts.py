@@ -22,8 +22,8 @@ from click.testing import CliRunner
 
 from rlprobe_patch.cli import main
 from rlprobe_patch.errors import PatchError
+from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.workflow.config import build_config
-from rlprobe_patch.workflow.scriptmodel import read_script
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "upstream" / "slime"
 RELEASES = ("0.2.2", "0.2.4", "0.3.0", "0.3.1")

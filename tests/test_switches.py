@@ -13,7 +13,7 @@ from conftest import cli_json
 from script_oracle import EXAMPLES
 
 from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.workflow.script import shared_switches
+from rlprobe_patch.workflow.derive import shared_switches
 
 switches = shared_switches()
 
@@ -145,7 +145,7 @@ def test_the_sglang_hook_reads_both_trainers_phase_grammars() -> None:
     passes) must not stop it, a typo still does, and it prints no warning of the training side."""
     import importlib.util
 
-    from rlprobe_patch.releases import patches_dir
+    from rlprobe_patch.catalogue.releases import patches_dir
 
     path = patches_dir() / "_shared" / "inference_switches.py"
     spec = importlib.util.spec_from_file_location("inference_switches", path)

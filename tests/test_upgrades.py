@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import VLLM_ASCEND_MEMBERS, changed_catalogue, package_wheel, snapshot, unpack, verl_wheel
 
-from rlprobe_patch.catalogue import get_patch
+from rlprobe_patch.catalogue.patches import get_patch
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.fsio import sha256
 

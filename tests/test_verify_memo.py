@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import cli_json
 
-from rlprobe_patch.catalogue import get_patch
+from rlprobe_patch.catalogue.patches import get_patch
 from rlprobe_patch.errors import ExitCode
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"

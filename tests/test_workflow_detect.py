@@ -11,8 +11,8 @@ import pytest
 from conftest import FIXTURES, cli
 
 from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.workflow.detect import detect_script
-from rlprobe_patch.workflow.scriptmodel import read_script
 
 SCRIPTS = FIXTURES / "workflow" / "scripts"
 

@@ -13,7 +13,7 @@ from conftest import FIXTURES, cli
 
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.fsio import sha256
-from rlprobe_patch.workflow.scriptmodel import read_script
+from rlprobe_patch.launch.script import read_script
 
 SCRIPTS = FIXTURES / "workflow" / "scripts"
 CONFIGS = ("--actor-config", "/d/config_actor.json", "--generate-config", "/d/config_generate.json")

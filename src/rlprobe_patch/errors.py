@@ -46,6 +46,12 @@ class NotATreeError(RefusedError):
     pass
 
 
+class UsageError(PatchError):
+    """A bad combination of options, found inside a command (exit 2, like click's own usage errors)."""
+
+    exit_code = ExitCode.USAGE
+
+
 class RevertBlockedError(PatchError):
     exit_code = ExitCode.REVERT_BLOCKED
 

@@ -1,4 +1,5 @@
-"""Writes that land whole or not at all, the per-tree lock, and fault-injection checkpoints."""
+"""Files: hashes and reads, writes that land whole or not at all, the per-tree lock, and
+fault-injection checkpoints. A leaf: it imports nothing of ours but `errors`."""
 
 from __future__ import annotations
 
@@ -6,18 +7,39 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import signal
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rlprobe_patch.errors import LockedError, RefusedError
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def digest(data: bytes | None) -> str:
+    """sha256 of the bytes; "" stands for an absent file."""
+    return "" if data is None else sha256(data)
+
+
+def read_or_none(path: Path) -> bytes | None:
+    """A file's bytes, or None when it does not exist (a file a patch adds)."""
+    return path.read_bytes() if path.is_file() else None
+
+
+def file_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o7777
+
+
+def dump_json(data: Any) -> bytes:
+    """The JSON files we keep (ledger, journal, registry): indented, UTF-8, a final newline."""
+    return (json.dumps(data, indent=2) + "\n").encode("utf-8")
 
 
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:

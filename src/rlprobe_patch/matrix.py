@@ -28,16 +28,16 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from rlprobe_patch.catalogue import Patch, load_catalogue
+from rlprobe_patch.catalogue.patches import Patch, load_catalogue
+from rlprobe_patch.catalogue.releases import patches_dir, releases
+from rlprobe_patch.catalogue.trees import find_tree
 from rlprobe_patch.errors import PatchError, RefusedError
 from rlprobe_patch.fsio import atomic_write, sha256
-from rlprobe_patch.releases import patches_dir, releases
-from rlprobe_patch.state import STATE_DIR_NAME
-from rlprobe_patch.trees import find_tree
+from rlprobe_patch.record.folder import RECORD_FOLDER_NAME
 
 APPLIED, REFUSED, NATIVE, FAILING = "applied", "refused-by-design", "native", "failing"
 MARKERS = ("<!-- matrix -->", "<!-- /matrix -->")
-# The README's release tables, generated from the catalogue and the release data (no run).
+# The compatibility page's release tables, generated from the catalogue and the release data (no run).
 RELEASE_MARKERS = ("<!-- releases -->", "<!-- /releases -->")
 
 
@@ -135,7 +135,7 @@ def snapshot(root: Path) -> dict[str, tuple[str, int]]:
     return {
         p.relative_to(root).as_posix(): (sha256(p.read_bytes()), p.stat().st_mode & 0o7777)
         for p in sorted(root.rglob("*"))
-        if p.is_file() and STATE_DIR_NAME not in p.relative_to(root).parts
+        if p.is_file() and RECORD_FOLDER_NAME not in p.relative_to(root).parts
     }
 
 
@@ -171,10 +171,10 @@ def releases_of(package: str) -> list[str]:
 
 def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[str, str]]:
     """One apply/verify/re-apply/revert cycle; {patch id: (outcome, detail)} for `patches`."""
-    from rlprobe_patch.apply import apply
-    from rlprobe_patch.plan import Selection
-    from rlprobe_patch.revert import revert
-    from rlprobe_patch.verify import verify
+    from rlprobe_patch.core.apply import apply
+    from rlprobe_patch.core.revert import revert
+    from rlprobe_patch.core.selection import Selection
+    from rlprobe_patch.core.verify import verify
 
     tree = find_tree(patches[0].package, root)
     if group == "consistency":
@@ -187,7 +187,7 @@ def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[
         result = apply(tree, selection)
     except PatchError as exc:
         detail = "; ".join([exc.message, *exc.details])
-        outcome = REFUSED if snapshot(root) == original and not (root / STATE_DIR_NAME).exists() else FAILING
+        outcome = REFUSED if snapshot(root) == original and not (root / RECORD_FOLDER_NAME).exists() else FAILING
         return {p.id: (outcome, detail) for p in patches}
     states = {p.patch.id: p for p in result.plan.patches}
     failure = ""
@@ -235,7 +235,7 @@ def groups_of(package: str, patches: list[Patch]) -> dict[str, list[Patch]]:
 
 def expected_cells() -> list[Cell]:
     """Every cell of the matrix with the outcome the catalogue and the release data claim, in
-    the order `run_matrix` produces them: the README's matrix must read like this."""
+    the order `run_matrix` produces them: the compatibility page's matrix must read like this."""
     cells = []
     catalogue = load_catalogue()
     for package in dict.fromkeys(p.package for p in catalogue):
@@ -322,16 +322,16 @@ def section(text: str, markers: tuple[str, str], where: Path) -> tuple[str, str,
     return head, between.removeprefix("\n"), tail
 
 
-def write_readme(readme: Path, table: str) -> None:
-    """Replace the text between the matrix markers of `readme`, and the release tables between
+def write_tables(page: Path, table: str) -> None:
+    """Replace the text between the matrix markers of `page` (docs/compatibility.md), and the release tables between
     the release markers when it has them."""
-    text = readme.read_text(encoding="utf-8")
-    head, _, tail = section(text, MARKERS, readme)
+    text = page.read_text(encoding="utf-8")
+    head, _, tail = section(text, MARKERS, page)
     text = f"{head}{MARKERS[0]}\n{table}{MARKERS[1]}{tail}"
     if RELEASE_MARKERS[0] in text:
-        head, _, tail = section(text, RELEASE_MARKERS, readme)
+        head, _, tail = section(text, RELEASE_MARKERS, page)
         text = f"{head}{RELEASE_MARKERS[0]}\n{release_tables()}{RELEASE_MARKERS[1]}{tail}"
-    atomic_write(readme, text.encode())
+    atomic_write(page, text.encode())
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -361,7 +361,7 @@ def _consistency_cell(patch: Patch, release: str) -> str:
 
 
 def release_tables() -> str:
-    """The README's release tables, from the catalogue and `patches/releases/` alone."""
+    """The compatibility page's release tables, from the catalogue and `patches/releases/` alone."""
     catalogue = load_catalogue()
     verl = releases("verl")
     engines = [p for p in catalogue if p.package == "verl" and p.worker_impl == "engine" and "any" not in p.backends]

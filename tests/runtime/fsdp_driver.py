@@ -21,7 +21,7 @@ writes a JSON result (see ``main``) and exits 0, or writes ``{"ok": false, ...}`
 the traceback and exits 1.
 
 Works with verl 0.9.x (engine from ``EngineRegistry`` with the CPU platform of
-``src/rlprobe_patch/demo_drivers/cpu_platform.py``, loaded through ``VERL_USE_EXTERNAL_MODULES``) and 0.7.x/0.8.x
+``src/rlprobe_patch/demo/drivers/cpu_platform.py``, loaded through ``VERL_USE_EXTERNAL_MODULES``) and 0.7.x/0.8.x
 (engine class built directly, as their registry has no CPU entry).
 """
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # cpu_platform.py ships with rlprobe-patch (the consistency demo runs verl's engine on the CPU too).
-CPU_PLATFORM_DIR = HERE.parents[1] / "src" / "rlprobe_patch" / "demo_drivers"
+CPU_PLATFORM_DIR = HERE.parents[1] / "src" / "rlprobe_patch" / "demo" / "drivers"
 SEED = 1234
 VOCAB_SIZE = 256
 PROMPT_LEN = 4

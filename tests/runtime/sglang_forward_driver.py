@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 # The stand-ins ship with rlprobe-patch (the consistency demo runs ModelRunner.forward too).
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src" / "rlprobe_patch" / "demo_drivers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src" / "rlprobe_patch" / "demo" / "drivers"))
 from sglang_standins import ForwardMode, Inert, free_names, load_logger_module
 
 logger = logging.getLogger("rlprobe-standin")

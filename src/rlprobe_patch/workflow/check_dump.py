@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.workflow.envprobe import last_json, run_python
 
 _STEP = re.compile(r"^step_?(\d+)$")
 _RANK = re.compile(r"^(?:rank_?(\d+)|proc(\d+))$")
@@ -484,8 +485,6 @@ print(json.dumps(results))
 
 def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[dict[str, Any]]:
     """msprobe's own compare (actor = target, generate = golden) on each pair, in `python`."""
-    from rlprobe_patch.workflow.envprobe import last_json, run_python
-
     jobs = []
     for index, pair in enumerate(report.pairs):
         name = f"{index:03d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', pair['request_id'])}"

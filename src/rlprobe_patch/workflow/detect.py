@@ -15,11 +15,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.errors import PatchError
-from rlprobe_patch.workflow.scriptmodel import Script, is_true, read_script
+from rlprobe_patch.launch.model import Script, is_true
+from rlprobe_patch.launch.script import read_script
+from rlprobe_patch.workflow.envprobe import packages
 from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING, same_value
 
-MODES = ("training", "inference", "consistency")
+COLLECTION_MODES = ("training", "inference", "consistency")  # what `detect` tells apart
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 ROLLOUT_BACKENDS = ("sglang", "vllm", "trtllm", "hf")
 
@@ -228,9 +231,11 @@ def detect_script(
     script = read_script(path, args=args, env=env, verl_root=verl_root, release=release, extra=extra)
     own = {k: v for k, v in script.settings.items() if not v.source.startswith("verl default")}
     signals = _hint_signals(hint) + _mode_signals(replace(script, settings=own))  # what the script sets
-    scores = {mode: sum(s.points for s in signals if s.decision == "mode" and s.value == mode) for mode in MODES}
+    scores = {
+        mode: sum(s.points for s in signals if s.decision == "mode" and s.value == mode) for mode in COLLECTION_MODES
+    }
     best = max(scores.values())
-    mode = next(m for m in MODES if scores[m] == best) if best > 0 else "unknown"
+    mode = next(m for m in COLLECTION_MODES if scores[m] == best) if best > 0 else "unknown"
     train_backend, train_signals, notices = _train_backend(script)
     rollout_backend, rollout_signals = _rollout_backend(script)
     pairing: list[dict[str, Any]] = []
@@ -251,9 +256,6 @@ def detect_script(
 
 def found_trees(python: str | None) -> dict[str, Any]:
     """verl (our tree finder) and the other packages (find_spec + metadata) in `python`."""
-    from rlprobe_patch.trees import find_verl_tree
-    from rlprobe_patch.workflow.envprobe import packages
-
     result: dict[str, Any] = {}
     try:
         found, info = packages(python)

@@ -11,6 +11,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlprobe_patch.catalogue.trees import find_verl_tree
+from rlprobe_patch.core.status import status
 from rlprobe_patch.errors import PatchError
 from rlprobe_patch.workflow.envprobe import Package, interpreter, msprobe_import, packages
 
@@ -70,13 +72,9 @@ def run_doctor(
     verl: dict[str, Any]
     patches: list[dict[str, Any]] = []
     try:
-        from rlprobe_patch.trees import find_verl_tree
-
         tree = find_verl_tree(None, python)
         verl = {"found": True, **tree.to_json()}
         try:
-            from rlprobe_patch.status import status
-
             result = status(tree)
             patches = [{"id": p.patch.id, "state": p.state_name, "skipped": p.skipped or None} for p in result.patches]
         except PatchError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-ROLLOUT = "actor_rollout_ref.rollout"
+from rlprobe_patch.launch.hydra_compose import ROLLOUT
 
 
 @dataclass(frozen=True)

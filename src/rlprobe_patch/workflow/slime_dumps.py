@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.workflow.envprobe import run_python
 
 _READER = r"""
 import json, sys
@@ -140,8 +141,6 @@ def debug_files(paths: list[Path]) -> list[Path]:
 
 def read_debug_files(files: list[Path], python: str | None) -> list[dict[str, Any]]:
     """Each file's summary, read by torch (weights_only) in `python`."""
-    from rlprobe_patch.workflow.envprobe import run_python
-
     if not files:
         return []
     proc = run_python(python, _READER, json.dumps([str(f) for f in files]), timeout=600)

@@ -1,0 +1,105 @@
+"""`rlprobe-patch config`: an msprobe config.json for a mode and side, checked by msprobe itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rlprobe_patch.cli.options import python_option
+from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.errors import ExitCode, UsageError
+from rlprobe_patch.workflow.config import LEVELS, TASKS
+from rlprobe_patch.workflow.detect import COLLECTION_MODES
+
+
+def _int_list(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.replace("[", "").replace("]", "").split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{text!r}: expected comma-separated integers") from None
+
+
+@click.command("config")
+@click.option("--mode", type=click.Choice(COLLECTION_MODES), required=True)
+@click.option("--side", type=click.Choice(["actor", "generate", "training"]), help="Default: the mode's first side.")
+@click.option("--dump-path", metavar="DIR", help="Required for inference/consistency; forbidden for training.")
+@click.option("--level", type=click.Choice(LEVELS), default="mix", show_default=True)
+@click.option("--task", type=click.Choice(TASKS), default="statistics", show_default=True)
+@click.option("--step", "steps", metavar="N[,N]", help="msprobe steps (default: [0] generate, [] otherwise).")
+@click.option("--rank", "ranks", metavar="N[,N]", help="msprobe ranks (default: all).")
+@click.option(
+    "--rollout-backend",
+    type=click.Choice(["vllm", "sglang"]),
+    help="The rollout engine; sglang: the consistency generate side dumps every forward pass (step []) "
+    "and the answer lists the server settings rid pairing needs.",
+)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The config.json to write.")
+@python_option
+@click.option("--no-check", is_flag=True, help="Do not load it with msprobe (when msprobe is not installed here).")
+@command
+def config_cmd(
+    out: Out,
+    mode: str,
+    side: str | None,
+    dump_path: str | None,
+    level: str,
+    task: str,
+    steps: str | None,
+    ranks: str | None,
+    rollout_backend: str | None,
+    output: Path,
+    python: str | None,
+    no_check: bool,
+) -> int:
+    """Write an msprobe config.json for MODE and SIDE, checked by msprobe's own config loading."""
+    from rlprobe_patch.workflow.config import SIDES, build_config, sglang_consistency_generate, write_config
+    from rlprobe_patch.workflow.sglang_pairing import SGLANG_GENERATE_STEPS_WHY, SGLANG_PAIRING
+
+    side = side or SIDES[mode][0]
+    data = build_config(
+        mode,
+        side,
+        dump_path,
+        level=level,
+        task=task,
+        steps=_int_list(steps),
+        ranks=_int_list(ranks),
+        rollout_backend=rollout_backend,
+    )
+    checked = write_config(data, output, python, check=not no_check)
+    needs: list[dict[str, Any]] = []
+    if sglang_consistency_generate(mode, side, rollout_backend):
+        needs = [{"key": s.key, "value": s.value, "why": s.why} for s in SGLANG_PAIRING]
+        needs.append({"key": "step", "value": data["step"], "why": SGLANG_GENERATE_STEPS_WHY})
+    out.emit(
+        {
+            "ok": True,
+            "output": str(output),
+            "mode": mode,
+            "side": side,
+            "rollout_backend": rollout_backend,
+            "config": data,
+            "msprobe_check": checked,
+            "pairing_needs": needs,
+        }
+    )
+    out.line(f"wrote {output} ({mode}, {side} side, level {level})", fg="green")
+    if needs:
+        out.line(f"step {data['step']}: {needs[-1]['why']}")
+        out.line(
+            "the SGLang server also needs, for check-dump to pair its prefills by rid (script --mode consistency):"
+        )
+        for need in needs[:-1]:
+            out.line(f"    {need['key']}={need['value']}: {need['why']}")
+    if checked:
+        out.line(
+            f"msprobe {checked.get('msprobe')} loads it: task {checked['task']}, level {checked['level']}, "
+            f"step {checked['step']}, rank {checked['rank']}"
+        )
+    else:
+        out.line("not checked with msprobe (--no-check)", fg="yellow")
+    return int(ExitCode.OK)

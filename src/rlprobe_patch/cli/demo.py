@@ -1,0 +1,54 @@
+"""`rlprobe-patch demo`: the patch cycle on a real verl release, or the consistency chain end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from packaging.version import Version
+
+from rlprobe_patch.catalogue.releases import releases
+from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.errors import ExitCode, UsageError
+
+
+@click.command("demo")
+@click.option(
+    "--verl-version",
+    default=lambda: max(releases("verl").tested, key=Version),
+    show_default="the newest tested release",
+    help="Release fetched from the package index.",
+)
+@click.option("--offline", is_flag=True, help="Use the bundled fixture tree instead of downloading.")
+@click.option("--workdir", type=click.Path(path_type=Path), help="Scratch folder (default: a new temp folder).")
+@click.option(
+    "--consistency",
+    is_flag=True,
+    help="Instead: the consistency chain end to end on the CPU (verl's FSDP engine and SGLang's patched forward "
+    "dump the same tiny model; check-dump --compare pairs them by request id; a flipped weight must disagree).",
+)
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="With --consistency: a venv's python with CPU torch, verl and msprobe (default: one built once in the cache).",
+)
+@command
+def demo_cmd(
+    out: Out, verl_version: str, offline: bool, workdir: Path | None, consistency: bool, python: str | None
+) -> int:
+    """Fetch a real verl release into a scratch folder; apply, verify, diff stat, revert, prove identity."""
+    from rlprobe_patch.demo.patch_cycle import run_demo
+
+    if consistency:
+        from rlprobe_patch.demo.consistency import run_consistency_demo
+
+        if offline:
+            raise UsageError("--offline does not go with --consistency (it needs verl, SGLang and msprobe)")
+        result = run_consistency_demo(python=python, workdir=workdir, say=out.line, progress=out.progress)
+        out.emit(result)
+        return int(ExitCode.OK if result["ok"] else ExitCode.VERIFY_FAILED)
+    if python:
+        raise UsageError("--python goes with --consistency")
+    report = run_demo(verl_version, offline=offline, workdir=workdir, say=out.line, progress=out.progress)
+    out.emit({"ok": report["identical"] and report["verified"], **report})
+    return int(ExitCode.OK if report["identical"] and report["verified"] else ExitCode.VERIFY_FAILED)

@@ -1,0 +1,184 @@
+"""`rlprobe-patch script` and `check-script`: a collection script derived from a training script, and its check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
+from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
+from rlprobe_patch.workflow.detect import COLLECTION_MODES, STAGES
+
+
+def _script_options(fn: Any) -> Any:
+    options = [
+        click.option("--mode", type=click.Choice(COLLECTION_MODES), help="Default: the mode detect finds."),
+        click.option("--train-backend", type=click.Choice(["fsdp", "fsdp2", "megatron"]), help="Default: detected."),
+        click.option("--rollout-backend", type=click.Choice(["vllm", "sglang"]), help="Default: detected."),
+        click.option("--n-gpus", type=click.IntRange(min=1), help="Training GPUs in all (default: from the script)."),
+        click.option(
+            "--actor-config", metavar="PATH", help="msprobe config of the engine hook (MSPROBE_ACTOR_CONFIG)."
+        ),
+        click.option("--generate-config", metavar="PATH", help="msprobe config of the rollout side."),
+        click.option("--training-config", metavar="PATH", help="msprobe config of verl's precision_debugger."),
+        click.option("--stages", help=f"Training-mode stages (default: the script's, else {','.join(STAGES)})."),
+        click.option("--save-path", metavar="DIR", help="Training mode: global_profiler.save_path."),
+        click.option("--sglang-version", metavar="V", help="Default: the one --python imports."),
+        click.option("--vllm-ascend-version", metavar="V", help="Default: the one --python imports."),
+        verl_root_option,
+        python_option,
+        click.option("--hint", default="", help="As for detect."),
+        reader_options,
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
+    """(detection, requirements, verl root) of SCRIPT under the options `_script_options` define."""
+    from rlprobe_patch.workflow.derive import derive
+
+    reader = read_options(opts)
+    stages = tuple(s.strip() for s in opts["stages"].split(",") if s.strip()) if opts["stages"] else ()
+    return derive(
+        script,
+        mode=opts["mode"],
+        hint=opts["hint"],
+        verl_root=opts["verl_root"],
+        python=opts["python"],
+        args=reader["args"],
+        env=reader["env"],
+        sets=tuple(opts.get("sets", ())),
+        train_backend=opts["train_backend"],
+        rollout_backend=opts["rollout_backend"],
+        n_gpus=opts["n_gpus"],
+        configs={
+            side: opts[f"{side}_config"] for side in ("actor", "generate", "training") if opts.get(f"{side}_config")
+        },
+        stages=stages,
+        save_path=opts["save_path"],
+        sglang_version=opts["sglang_version"],
+        vllm_ascend_version=opts["vllm_ascend_version"],
+    )
+
+
+@click.command("script")
+@click.argument("original", type=click.Path(path_type=Path))
+@_script_options
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: run_<mode>_dump_<date>.sh beside it.")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
+@click.option("--dry-run", is_flag=True, help="Print the new script; write nothing.")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="An override to add to the derived script (checked with the others); repeatable. "
+    "For slime, FLAG=VALUE adds --FLAG VALUE.",
+)
+@command
+def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_run: bool, **opts: Any) -> int:
+    """Write a collection script derived from ORIGINAL (never edited) with the skill's overrides."""
+    from rlprobe_patch.workflow.config import SIDES
+    from rlprobe_patch.workflow.derive import default_output, render_script, write_script
+
+    for item in opts.get("sets", ()):
+        if "=" not in item or item.startswith("-"):
+            raise UsageError(f"--set {item!r}: expected a Hydra override KEY=VALUE")
+
+    detection, req, verl_root = _derive(original, opts)
+    missing = [side for side in SIDES[req.mode] if side not in req.configs]
+    if missing:
+        flags = " ".join(f"--{side}-config PATH" for side in missing)
+        raise UsageError(f"--mode {req.mode} needs {flags}", hint="write them with rlprobe-patch config")
+    if req.refusals:
+        fixes = " ".join(dict.fromkeys(f for f in req.fixes if f.startswith("--set")))
+        others = [f for f in req.fixes if not f.startswith("--set")]
+        hint = "nothing was written"
+        if fixes:
+            hint += f"; to collect with these values, add: {fixes}" + (f" (or {' / '.join(others)})" if others else "")
+        raise RefusedError(f"{original}: cannot derive a {req.mode} collection script", details=req.refusals, hint=hint)
+    text, changes = render_script(detection.script, req, original.name, composed=verl_root is not None)
+    output = output or default_output(original, req.mode)
+    if not dry_run:
+        write_script(original, output, text, force)
+    out.emit(
+        {
+            "ok": True,
+            "original": str(original),
+            "output": None if dry_run else str(output),
+            "mode": req.mode,
+            "train_backend": req.train_backend,
+            "rollout_backend": req.rollout_backend,
+            "changes": [c.to_json() for c in changes],
+            "set": list(opts.get("sets", ())),
+            "env": req.env,
+            "notices": req.notices,
+            "text": text if dry_run else None,
+        }
+    )
+    for c in changes:
+        where = f" (was {c.old} at {c.source})" if c.action in ("set", "removed") else ""
+        colour = {"skipped": "yellow", "kept": None}.get(c.action, "green")
+        out.line(f"  {c.action:<9} {c.key}={c.value}{where}", fg=colour)
+    for name, value in req.env.items():
+        out.line(f"  export    {name}={value}", fg="green")
+    for notice in req.notices:
+        out.line(f"notice: {notice}", fg="yellow")
+    if dry_run:
+        out.line(text)
+    else:
+        out.line(f"wrote {output} ({req.mode}); {original} is unchanged", fg="green", bold=True)
+        out.line(f"next: rlprobe-patch check-script {output} --mode {req.mode}")
+    return int(ExitCode.OK)
+
+
+@click.command("check-script")
+@click.argument("script", type=click.Path(path_type=Path))
+@_script_options
+@command
+def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
+    """Check a collection script against the rules of its mode (exit 4 when a rule fails, 3 when verl would
+    refuse its overrides)."""
+    from rlprobe_patch.workflow.derive import check_script
+
+    detection, req, _ = _derive(script, opts)
+    checks = check_script(detection.script, req)
+    _missing_dump_arg(detection.script, req, checks)
+    ok = all(c.ok for c in checks)
+    out.emit(
+        {
+            "ok": ok,
+            "script": str(script),
+            "mode": req.mode,
+            "train_backend": req.train_backend,
+            "rollout_backend": req.rollout_backend,
+            "checks": [c.to_json() for c in checks],
+        }
+    )
+    out.line(f"{script}: {req.mode} ({req.train_backend} / {req.rollout_backend})", bold=True)
+    for c in checks:
+        word = "WARN" if c.warning else ("PASS" if c.ok else "FAIL")
+        out.line(
+            f"  {word}  {c.name}" + (f": {c.detail}" if c.detail else ""),
+            fg="yellow" if c.warning else (None if c.ok else "red"),
+        )
+    out.line("script OK" if ok else "script check FAILED", fg="green" if ok else "red", bold=True)
+    return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
+
+
+def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:
+    from rlprobe_patch.workflow.derive import ScriptCheck, framework_of
+
+    if req.mode in ("inference", "consistency") and "generate" not in req.configs:
+        if not (req.rollout_backend == "sglang" and any("ModelRunner" in n for n in req.notices)):
+            where = framework_of(script).dump_config_arg
+            checks.append(ScriptCheck("rollout dump config", False, f"no {where} argument in the script"))
+    if req.mode == "training" and "training" not in req.configs:
+        checks.append(
+            ScriptCheck("precision_debugger.config_path", False, "not set (global_tool_config.precision_debugger)")
+        )

@@ -1,0 +1,75 @@
+"""The codemod toolkit every patch in `patches/` is written with: its one public import path.
+
+A patch's `codemod.py` imports from here only (`from rlprobe_patch.codemod import Hook, ...`);
+so does the engine. The modules behind it are private:
+
+- `_toolkit`: the declaration (a payload file plus operations anchored on syntax: `Hook`,
+  `AddMethods`, `AddDefinitions`, `HoistKeyword`, `CreateFile`) and what is derived from it,
+  `insert`, `strip` and `state` (`State`: applied / applicable / drifted); anchor helpers
+  (`self_call`, `assigns_call`, `returns_tuple`, `findall`, `contains`);
+- `_payload_parts`: shared payload parts, the methods written once in `patches/_shared/` and
+  spliced into each payload that takes them (`assemble`);
+- `_partial_parse`: parsing only what a codemod reads (`Scope`, `reduce`, `Partial`).
+
+`catalogue.patches.Patch.fingerprint` hashes every module of this package: a change here
+clears the memo of files found patched (`checked.json`).
+"""
+
+from rlprobe_patch.codemod._partial_parse import Partial, Scope, reduce
+from rlprobe_patch.codemod._payload_parts import PartError, assemble
+from rlprobe_patch.codemod._toolkit import (
+    ANY,
+    METHOD,
+    AddDefinitions,
+    AddMethods,
+    AnchorError,
+    ConfigPathParam,
+    CreateFile,
+    HoistKeyword,
+    Hook,
+    PatchCodemod,
+    Payload,
+    State,
+    Statement,
+    StatementPredicate,
+    StateReport,
+    Where,
+    assigns_call,
+    contains,
+    findall,
+    first_returned,
+    returns_tuple,
+    same_syntax,
+    self_call,
+)
+
+__all__ = [
+    "ANY",
+    "METHOD",
+    "AddDefinitions",
+    "AddMethods",
+    "AnchorError",
+    "ConfigPathParam",
+    "CreateFile",
+    "HoistKeyword",
+    "Hook",
+    "PartError",
+    "Partial",
+    "PatchCodemod",
+    "Payload",
+    "Scope",
+    "State",
+    "StateReport",
+    "Statement",
+    "StatementPredicate",
+    "Where",
+    "assemble",
+    "assigns_call",
+    "contains",
+    "findall",
+    "first_returned",
+    "reduce",
+    "returns_tuple",
+    "same_syntax",
+    "self_call",
+]

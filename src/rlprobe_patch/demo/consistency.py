@@ -1,0 +1,280 @@
+"""`rlprobe-patch demo --consistency`: the consistency chain end to end, on the CPU.
+
+The same tiny Qwen2 (same weights, same prompts) on both sides of an RL run:
+
+- training: verl's real FSDP engine, patched with `apply --mode consistency`, one forward-only
+  pass over the prompts (what compute_log_prob runs) with `DUMP_ON=1 PROMPTS_ONLY=1
+  DUMP_PHASE=log_prob`, one prompt per micro-batch, each carrying the request id the rollout sent;
+- rollout: `ModelRunner.forward` of a real SGLang release, patched with `apply --mode consistency`
+  (its msprobe debugger and the dispatch logger), one prefill pass per prompt. Stand-ins: the
+  ModelRunner object and the ForwardBatch, and the model it runs, which is transformers' Qwen2 on
+  the same checkpoint instead of SGLang's own model code (SGLang does not import without CUDA
+  kernels); see drivers/consistency_demo.py;
+
+then `check-dump --compare` pairs every prompt by its request id and runs msprobe's compare on
+each pair; a second rollout with one weight flipped must show up as a mismatch. Both sides run in
+a venv with CPU torch, verl and msprobe (`--python`, or one built once under the cache folder).
+The releases and the venv recipe are data: patches/releases/demo.toml.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlprobe_patch.catalogue.releases import releases_dir
+from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DRIVER = Path(__file__).resolve().parent / "drivers" / "consistency_demo.py"
+MARKER = ".rlprobe-demo-venv-complete"
+SWITCHES = ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG", "MSPROBE_SGLANG_CONFIG")
+
+
+class DemoError(PatchError):
+    """A step of the demo failed (exit 4, with the step's error)."""
+
+    exit_code = ExitCode.VERIFY_FAILED
+
+
+def demo_data() -> dict[str, Any]:
+    data: dict[str, Any] = tomllib.loads((releases_dir() / "demo.toml").read_text(encoding="utf-8"))["consistency"]
+    return data
+
+
+def venv_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rlprobe-patch" / "demo-venvs"
+
+
+def ensure_demo_venv(data: dict[str, Any], progress: Callable[[str], None]) -> Path:
+    """A venv with CPU torch, the demo's verl release and msprobe, built once (minutes) and reused."""
+    spec = {k: data[k] for k in ("verl", "torch", "requirements", "extra_index_url")}
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    venv = venv_cache() / f"consistency-{digest}"
+    python = venv / "bin" / "python"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / MARKER).is_file() and python.exists():
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        log = venv.parent / f"{venv.name}.build.log"
+        progress(f"building the demo venv {venv} (once, minutes; log: {log})")
+        pip = [str(python), "-I", "-m", "pip", "--disable-pip-version-check", "--no-input", "install"]
+        steps = [
+            [sys.executable, "-m", "venv", str(venv)],
+            # torch alone from its CPU index (few retries: where that index cannot be reached, pip
+            # falls back to the package index at once instead of retrying it for every package),
+            # then the rest from the package index only.
+            pip + ["--retries", "1", "--timeout", "15", "--extra-index-url", data["extra_index_url"], data["torch"]],
+            pip + [data["torch"], *data["requirements"]],
+            pip + ["--no-deps", f"verl=={data['verl']}"],
+        ]
+        with open(log, "w") as out:
+            for cmd in steps:
+                out.write(f"$ {' '.join(cmd)}\n")
+                out.flush()
+                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode:
+                    raise DemoError(f"building the demo venv failed at `{' '.join(cmd[:6])} ...`; see {log}")
+        (venv / MARKER).write_text(json.dumps(spec, indent=2) + "\n")
+        return python
+
+
+def _cli(state: Path, *args: str) -> dict[str, Any]:
+    """One rlprobe-patch command, as a user types it (its --json answer)."""
+    env = {**os.environ, "RLPROBE_PATCH_STATE_HOME": str(state)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlprobe_patch", *args, "--json"], env=env, capture_output=True, text=True
+    )
+    try:
+        answer: dict[str, Any] = json.loads(proc.stdout)
+    except ValueError:
+        raise DemoError(f"rlprobe-patch {' '.join(args)} failed:\n{proc.stderr[-2000:]}") from None
+    if proc.returncode != 0:
+        raise DemoError(f"rlprobe-patch {' '.join(args)} failed (exit {proc.returncode}): {json.dumps(answer)[:2000]}")
+    return answer
+
+
+def _drive(python: Path, work: Path, what: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    out = work / f"{what}-{len(list(work.glob(f'{what}-*.json')))}.json"
+    clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    proc = subprocess.run(
+        [
+            str(python),
+            "-I",
+            str(DRIVER),
+            what,
+            "--model-dir",
+            str(work / "model"),
+            "--prompts",
+            str(work / "prompts.json"),
+        ]
+        + [*args, "--out", str(out)],
+        env={**clean, **(env or {})},
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {"ok": False}
+    if proc.returncode != 0 or not result.get("ok"):
+        raise DemoError(f"the {what} side failed:\n{result.get('error') or proc.stderr[-3000:]}")
+    return result
+
+
+def _config(work: Path, name: str) -> Path:
+    path = work / f"{name}.json"
+    # Tensors of every module (level L0): msprobe's compare then gives cosine and max abs error per tensor.
+    config = {"task": "tensor", "dump_path": str(work / "dumps" / name), "level": "L0", "async_dump": False}
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def _unpack_sglang(version: str, dest: Path, progress: Callable[[str], None]) -> Path:
+    from rlprobe_patch.matrix import fetch_wheel, unpack
+
+    progress(f"fetching SGLang {version} (cached)")
+    wheel = fetch_wheel("sglang", version)
+    shutil.rmtree(dest, ignore_errors=True)
+    return unpack(wheel, dest, "sglang")
+
+
+def _check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str, Any]:
+    from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs
+
+    report = check_dumps(actor, generate)
+    if report.pairs:
+        compare_pairs(report, output, str(python))
+    data = report.to_json()
+    agree = [p["compare"].get("agree") for p in report.pairs if "compare" in p]
+    return {
+        "pairs": len(report.pairs),
+        "paired_ids": sorted(p["request_id"] for p in report.pairs),
+        "agree": sum(1 for a in agree if a is True),
+        "disagree": sum(1 for a in agree if a is False),
+        "compare": [p.get("compare") for p in report.pairs],
+        "problems": data["problems"],
+        "unpaired": data["unpaired"],
+    }
+
+
+def run_consistency_demo(
+    *,
+    python: str | None,
+    workdir: Path | None,
+    say: Callable[..., None],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    data = demo_data()
+    started = time.monotonic()
+    work = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="rlprobe-consistency-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for folder in ("dumps", "compare", "state"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    for result in work.glob("*-[0-9]*.json"):
+        result.unlink()
+    state = work / "state"
+    venv_python = Path(python) if python else ensure_demo_venv(data, progress)
+    say(f"workdir: {work}", bold=True)
+    say(f"python:  {venv_python}")
+    # The demo patches verl in that venv and reverts it at the end: it starts only from an unpatched verl,
+    # so that the revert cannot take away patches someone applied before.
+    status = _cli(state, "status", "--python", str(venv_python))
+    present = [p["id"] for t in status["trees"] for p in t["patches"] if p.get("recorded_revision") is not None]
+    present += [p["id"] for t in status["trees"] for p in t["patches"] if p["state"] in ("applied", "outdated")]
+    if present:
+        raise RefusedError(
+            f"verl in {venv_python} already carries rlprobe-patch patches ({', '.join(sorted(set(present)))}); "
+            "the demo applies and reverts the consistency set itself",
+            hint=f"revert them first (rlprobe-patch revert --python {venv_python}) or use another venv",
+        )
+    _drive(venv_python, work, "model")
+    prompts = json.loads((work / "prompts.json").read_text())
+    say(
+        f"tiny Qwen2 (random weights) in {work / 'model'}; {len(prompts)} prompts: "
+        + ", ".join(f"{p['request_id']} ({len(p['input_ids'])} tokens)" for p in prompts)
+    )
+
+    applied = _cli(state, "apply", "--python", str(venv_python), "--backend", "fsdp2", "--mode", "consistency")
+    say(
+        f"verl ({applied['tree']['version']}): {applied.get('status')} "
+        + ", ".join(p["id"] for p in applied["patches"] if p["state"] in ("applicable", "applied")),
+        fg="green",
+    )
+    try:
+        actor_cfg = _config(work, "actor")
+        env = {"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "log_prob", "MSPROBE_ACTOR_CONFIG": str(actor_cfg)}
+        progress("training side: verl's FSDP engine, one forward-only pass (compute_log_prob)")
+        actor = _drive(venv_python, work, "actor", env=env)
+        say(f"training side: {actor['engine']}, {len(prompts)} micro-batches dumped to {work / 'dumps/actor'}")
+    finally:
+        _cli(state, "revert", "--python", str(venv_python))
+    say("verl: reverted")
+
+    root = _unpack_sglang(data["sglang"], work / "sglang", progress)
+    sglang = _cli(state, "apply", "--sglang-root", str(root), "--mode", "consistency")
+    say(f"SGLang {sglang['tree']['version']}: " + ", ".join(p["id"] for p in sglang["patches"]), fg="green")
+    runner = root / "sglang" / "srt" / "model_executor"
+    files = ["--patched-file", str(runner / "model_runner.py"), "--logger-file", str(runner / "dispatch_logger.py")]
+    runs: dict[str, dict[str, Any]] = {}
+    for name, extra in (("generate", []), ("generate-perturbed", ["--perturb"])):
+        cfg = _config(work, name)
+        progress(f"rollout side ({name}): one prefill pass per prompt through the patched ModelRunner.forward")
+        _drive(venv_python, work, "sglang", *files, *extra, env={"MSPROBE_SGLANG_CONFIG": str(cfg)})
+        runs[name] = _check(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, venv_python)
+
+    same, flipped = runs["generate"], runs["generate-perturbed"]
+    for name, run in runs.items():
+        say(
+            f"check-dump --compare ({name}): {run['pairs']} of {len(prompts)} prompts paired; msprobe: "
+            f"{run['agree']} agree, {run['disagree']} disagree",
+            bold=True,
+        )
+        for compare in run["compare"]:
+            if compare and compare.get("mismatched"):
+                say(f"    first mismatch: {compare['mismatched'][0]}", fg="yellow")
+                break
+    ok = (
+        same["pairs"] == flipped["pairs"] == len(prompts)
+        and same["agree"] == len(prompts)
+        and flipped["disagree"] == len(prompts)
+        and not same["problems"]
+        and not flipped["problems"]
+    )
+    say(
+        "consistency chain: same weights agree, a flipped weight is caught"
+        if ok
+        else "consistency chain: UNEXPECTED verdicts (see the JSON / compare folders)",
+        fg="green" if ok else "red",
+        bold=True,
+    )
+    return {
+        "ok": ok,
+        "workdir": str(work),
+        "python": str(venv_python),
+        "verl": applied["tree"]["version"],
+        "sglang": sglang["tree"]["version"],
+        "prompts": [p["request_id"] for p in prompts],
+        "stand_ins": [
+            "SGLang's ModelRunner object and ForwardBatch (the patched ModelRunner.forward runs as written)",
+            "SGLang's model code: transformers' Qwen2ForCausalLM on the same checkpoint (eager attention, bfloat16)",
+        ],
+        "same_weights": same,
+        "perturbed": flipped,
+        "seconds": round(time.monotonic() - started, 1),
+    }

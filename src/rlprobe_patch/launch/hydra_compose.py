@@ -1,0 +1,458 @@
+"""Hydra decides the values: compose a launch's overrides with the verl tree's own config.
+
+A launch is the argv a script passes to a verl entry point (`python3 -m verl.trainer.main_ppo
+ARGS...`), each argument with the place it came from. With a verl tree, the arguments are
+parsed by Hydra's own command-line parser (`--config-path`/`-cp`, `--config-name`/`-cn`), the
+primary config is found the way `@hydra.main(config_path=..., config_name=...)` of the entry
+point finds it (a relative `--config-path` is relative to the entry point's file, a relative
+`file://` search path to the launch's working directory), and `hydra.compose` gives the final
+config. The facts the workflow needs are read from it, each with its source: the last override
+that set the key, a parent of it or the group that chose it, else the config file.
+
+Without a tree, the facts are the release's defaults kept in `patches/releases/verl.toml`,
+marked as assumed. Hydra is imported only when a tree is given.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlprobe_patch.catalogue.releases import releases
+
+PPO_CONFIG_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
+
+
+@dataclass
+class Arg:
+    """One argument of the launch, as bash passes it, and where it came from ("run.sh:42")."""
+
+    text: str
+    source: str
+
+
+@dataclass
+class Fact:
+    """A value verl will run with and its source: "run.sh:42", "verl default (ppo_trainer.yaml)",
+    "assumed: verl <release> default (catalogue)"."""
+
+    value: Any
+    source: str
+
+
+@dataclass
+class Composed:
+    """The composed config (None without a tree or when Hydra refused), the facts read from it,
+    Hydra's errors with the source of the override at fault, notes, and whether facts are assumed."""
+
+    config: Any
+    facts: dict[str, Fact] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    assumed: bool = False
+    ppo: bool = True  # the entry point composes a PPO trainer config (actor_rollout_ref.*)
+    config_file: str = ""  # the primary config, e.g. "ppo_trainer.yaml"
+
+
+# verl's config nodes of the three roles (the one place these keys are spelt).
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+# Each fact: the config keys read (first present wins) and the override keys that decide it
+# besides the key itself and its parents (groups that swap the node holding it).
+_ENGINE_GROUPS = ("model_engine", "actor@actor_rollout_ref.actor", "ref@actor_rollout_ref.ref")
+
+
+def _engine_keys(node: str, what: str) -> tuple[str, ...]:
+    """TP/PP/EP of a training engine: megatron-like sections, then torchtitan's."""
+    megatron = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size"}
+    megatron["ep"] = "expert_model_parallel_size"
+    titan = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "ep": "expert_parallel_size"}
+    return (
+        f"{node}.megatron.{megatron[what]}",
+        f"{node}.mindspeed.{megatron[what]}",
+        f"{node}.torchtitan.{titan[what]}",
+        f"{node}.veomni.{titan[what]}",
+    )
+
+
+FACT_KEYS: dict[str, tuple[str, ...]] = {
+    "train_backend": (f"{ACTOR}.strategy",),
+    "rollout_backend": (f"{ROLLOUT}.name",),
+    "use_legacy_worker_impl": ("trainer.use_legacy_worker_impl",),
+    "use_v1": ("trainer.use_v1",),
+    "actor_tp": _engine_keys(ACTOR, "tp"),
+    "actor_pp": _engine_keys(ACTOR, "pp"),
+    "actor_ep": _engine_keys(ACTOR, "ep"),
+    "actor_vpp": (f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size",),
+    "ref_tp": _engine_keys(REF, "tp"),
+    "ref_pp": _engine_keys(REF, "pp"),
+    "rollout_tp": (f"{ROLLOUT}.tensor_model_parallel_size",),
+    "rollout_dp": (f"{ROLLOUT}.data_parallel_size",),
+    "rollout_ep": (f"{ROLLOUT}.expert_parallel_size",),
+    "rollout_pp": (f"{ROLLOUT}.pipeline_model_parallel_size",),
+    "enforce_eager": (f"{ROLLOUT}.enforce_eager",),
+    "n_gpus_per_node": ("trainer.n_gpus_per_node",),
+    "nnodes": ("trainer.nnodes",),
+    "train_batch_size": ("data.train_batch_size",),
+    "ppo_mini_batch_size": (f"{ACTOR}.ppo_mini_batch_size",),
+    "ppo_micro_batch_size_per_gpu": (f"{ACTOR}.ppo_micro_batch_size_per_gpu",),
+    "log_prob_micro_batch_size_per_gpu": (f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",),
+    "ref_log_prob_micro_batch_size_per_gpu": (f"{REF}.log_prob_micro_batch_size_per_gpu",),
+    "rollout_n": (f"{ROLLOUT}.n",),
+    "use_dynamic_bsz": (f"{ACTOR}.use_dynamic_bsz",),
+    "profiler_tool": ("global_profiler.tool",),
+    "profiler_steps": ("global_profiler.steps",),
+}
+# Engine facts where no engine section holds the key: FSDP / VeOmni have no TP or PP.
+ENGINE_FACT_DEFAULT = {"actor_tp": 1, "actor_pp": 1, "actor_ep": 1, "ref_tp": 1, "ref_pp": 1}
+FACT_GROUPS: dict[str, tuple[str, ...]] = {
+    key: _ENGINE_GROUPS for key in ("train_backend", *ENGINE_FACT_DEFAULT, "ppo_mini_batch_size", "use_dynamic_bsz")
+}
+FACT_GROUPS["ppo_micro_batch_size_per_gpu"] = _ENGINE_GROUPS
+FACT_GROUPS["ref_log_prob_micro_batch_size_per_gpu"] = _ENGINE_GROUPS
+FACT_GROUPS["rollout_backend"] = ("rollout@actor_rollout_ref.rollout",)
+
+
+# --- the entry point ------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    file: Path
+    config_path: str | None
+    config_name: str | None
+
+
+def entry_file(verl_root: Path, entry: str) -> Path:
+    """The entry point's file in the tree: a module (`verl.trainer.main_ppo`) or a path to it."""
+    if entry.endswith(".py"):
+        parts = Path(entry).parts
+        if "verl" in parts:  # .../verl/trainer/main_ppo.py -> <root>/verl/trainer/main_ppo.py
+            return verl_root.joinpath(*parts[len(parts) - 1 - parts[::-1].index("verl") :])
+        return Path(entry)
+    return verl_root.joinpath(*entry.split(".")).with_suffix(".py")
+
+
+def read_entry(verl_root: Path, entry: str) -> Entry:
+    """The `@hydra.main(config_path=..., config_name=...)` of the entry point, read (not imported)."""
+    path = entry_file(verl_root, entry)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for deco in node.decorator_list:
+                if isinstance(deco, ast.Call) and ast.unparse(deco.func) in ("hydra.main", "main"):
+                    kw = {k.arg: k.value for k in deco.keywords}
+                    return Entry(path, _literal(kw.get("config_path")), _literal(kw.get("config_name")))
+    raise ValueError(f"{path}: no @hydra.main entry point")
+
+
+def _literal(node: ast.expr | None) -> str | None:
+    if node is None:
+        return None
+    value = ast.literal_eval(node)
+    return value if isinstance(value, str) else None
+
+
+# --- the command line, as Hydra parses it ---------------------------------------------------
+
+
+@dataclass
+class HydraArgs:
+    """A launch's argv as Hydra's own parser splits it: its flags, and the overrides."""
+
+    overrides: list[Arg]
+    config_path: Arg | None = None
+    config_name: Arg | None = None
+    ignored: list[Arg] = field(default_factory=list)  # Hydra flags that do not change the config
+
+
+_VALUE_FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name", "--config-dir": "dir"}
+_VALUE_FLAGS |= {"-cd": "dir", "--package": "", "-p": "", "--experimental-rerun": "", "--shell-completion": ""}
+_VALUE_FLAGS |= {"-sc": ""}
+
+
+def parse_hydra_args(args: list[Arg]) -> HydraArgs:
+    """Split the arguments like Hydra's argparse parser: flags with their value, the rest overrides."""
+    launch = HydraArgs(overrides=[])
+    pending: str | None = None
+    for arg in args:
+        text = arg.text
+        if pending is not None:
+            _set_flag(launch, pending, Arg(text, arg.source))
+            pending = None
+            continue
+        flag, eq, value = text.partition("=")
+        if flag in _VALUE_FLAGS and text.startswith("-"):
+            if eq:
+                _set_flag(launch, _VALUE_FLAGS[flag], Arg(value, arg.source))
+            else:
+                pending = _VALUE_FLAGS[flag]
+        elif text.startswith("-"):
+            launch.ignored.append(arg)  # --multirun, --cfg job, --resolve, ...
+        else:
+            launch.overrides.append(arg)
+    return launch
+
+
+def _set_flag(launch: HydraArgs, kind: str, value: Arg) -> None:
+    if kind == "path":
+        launch.config_path = value
+    elif kind == "name":
+        launch.config_name = value
+    else:
+        launch.ignored.append(value)
+
+
+# --- composing ------------------------------------------------------------------------------
+
+
+def compose_launch(
+    verl_root: Path | None, entry: str, args: list[Arg], *, cwd: Path, release: str | None = None
+) -> Composed:
+    """The facts of one verl launch: composed with the tree's config, else the release's defaults."""
+    if verl_root is None:
+        return apply_overrides_assumed(assumed_facts(release), args)
+    launch = parse_hydra_args(args)
+    try:
+        found = read_entry(verl_root, entry)
+    except (OSError, SyntaxError, ValueError) as exc:
+        return Composed(None, errors=[f"entry point {entry}: {exc}"])
+    config_path = launch.config_path.text if launch.config_path else found.config_path
+    config_name = launch.config_name.text if launch.config_name else found.config_name
+    if config_name is None or config_path is None:
+        return Composed(None, errors=[f"entry point {entry}: no config_path/config_name"])
+    config_name = config_name.removesuffix(".yaml")
+    # Hydra: an absolute --config-path as is, a relative one against the entry point's folder.
+    config_dir = Path(config_path) if os.path.isabs(config_path) else found.file.resolve().parent / config_path
+    config_file = f"{config_name}.yaml"
+    result = Composed(None, config_file=config_file)
+    overrides = [a.text for a in launch.overrides]
+    try:
+        config = _compose(config_dir, config_name, overrides, cwd)
+    except Exception as exc:  # Hydra's exceptions and OmegaConf's
+        result.errors.append(_blame(exc, launch, config_dir, config_name, cwd))
+        return result
+    result.config = config
+    result.ppo = "actor_rollout_ref" in config
+    if not result.ppo:
+        result.notes.append(f"{entry} ({config_file}) is not a PPO trainer: no actor / rollout / ref facts")
+    default_source = (
+        f"{config_file} ({launch.config_name.source})" if launch.config_name else f"verl default ({config_file})"
+    )
+    result.facts = read_facts(config, launch.overrides, default_source)
+    return result
+
+
+def _compose(config_dir: Path, config_name: str, overrides: list[str], cwd: Path) -> Any:
+    """`hydra.compose` in `cwd` (relative `file://` search paths), leaving no global state behind."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with _in_dir(cwd), contextlib.redirect_stdout(io.StringIO()):
+            with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+                return compose(config_name=config_name, overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@contextlib.contextmanager
+def _in_dir(path: Path) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _blame(exc: Exception, launch: HydraArgs, config_dir: Path, config_name: str, cwd: Path) -> str:
+    """Hydra's message with the source of the override at fault: the shortest failing prefix."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    texts = [a.text for a in launch.overrides]
+    where = _config_source(launch)
+
+    def fails(n: int) -> bool:
+        try:
+            _compose(config_dir, config_name, texts[:n], cwd)
+        except Exception:
+            return True
+        return False
+
+    if texts and not fails(0):
+        lo, hi = 1, len(texts)  # texts[:hi] fails, texts[:lo-1] composes
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fails(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        culprit = launch.overrides[lo - 1]
+        where = f"{culprit.source}: {culprit.text}"
+    return f"{where}: {message}"
+
+
+def _config_source(launch: HydraArgs) -> str:
+    chosen = [a for a in (launch.config_path, launch.config_name) if a is not None]
+    return ", ".join(f"{a.source}: {a.text}" for a in chosen) or "verl config"
+
+
+# --- facts ----------------------------------------------------------------------------------
+
+
+def override_key(text: str) -> str:
+    """The key an override sets: `++a.b=1` -> `a.b`, `actor@actor_rollout_ref.actor=x` -> as is."""
+    key = text.split("=", 1)[0].lstrip("+~")
+    return key
+
+
+def _covers(key: str, path: str) -> bool:
+    """An override of `key` sets `path` (the key itself, a parent, or a group placed at a parent)."""
+    package = key.split("@", 1)[1] if "@" in key else key
+    return path == package or path.startswith(package + ".")
+
+
+def _select(config: Any, key: str) -> tuple[bool, Any]:
+    """(present, value) of a dotted key; unresolvable interpolations give their message."""
+    from omegaconf import OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(config, parent_key) if parent_key else config
+    if parent is None or not OmegaConf.is_dict(parent) or leaf not in parent.keys():
+        return False, None
+    if OmegaConf.is_missing(parent, leaf):
+        return True, None
+    try:
+        value = OmegaConf.select(config, key, throw_on_resolution_failure=True)
+    except Exception as exc:
+        return True, f"<unresolved: {' '.join(str(exc).split())}>"
+    return True, OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+_INTERP = re.compile(r"^\$\{(?:oc\.select:)?([\w.]+)(?:,[^}]*)?\}$")
+
+
+def _interpolated_from(config: Any, key: str) -> str | None:
+    """`a.b` when the node at `key` is `${a.b}` or `${oc.select:a.b,default}`."""
+    from omegaconf import OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(config, parent_key) if parent_key else config
+    if parent is None or not OmegaConf.is_dict(parent) or leaf not in parent.keys():
+        return None
+    raw = parent._get_node(leaf)
+    match = _INTERP.match(str(raw._value())) if raw is not None and raw._is_interpolation() else None
+    return match.group(1) if match else None
+
+
+def _source(config: Any, fact: str, key: str, overrides: list[Arg], default: str) -> str:
+    position, source = _last_setter(config, fact, key, overrides, 0)
+    return source if position >= 0 else default
+
+
+def _last_setter(config: Any, fact: str, key: str, overrides: list[Arg], depth: int) -> tuple[int, str]:
+    """(position, source) of the last override that set `key`, its parent or its group; for an
+    interpolated node (`${oc.select:other,1}`), the later of that and the one that set `other`."""
+    groups = FACT_GROUPS.get(fact, ())
+    found = (-1, "")
+    for position in range(len(overrides) - 1, -1, -1):
+        okey = override_key(overrides[position].text)
+        if _covers(okey, key) or okey in groups:
+            found = (position, overrides[position].source)
+            break
+    target = _interpolated_from(config, key) if depth < 4 else None
+    if target:
+        found = max(found, _last_setter(config, fact, target, overrides, depth + 1))
+    return found
+
+
+def read_facts(config: Any, overrides: list[Arg], default_source: str) -> dict[str, Fact]:
+    """Each fact the config has: its value and the last override that set it, else the config file."""
+    facts: dict[str, Fact] = {}
+    for fact, keys in FACT_KEYS.items():
+        for key in keys:
+            present, value = _select(config, key)
+            if present:
+                facts[fact] = Fact(value, _source(config, fact, key, overrides, default_source))
+                break
+        else:
+            if fact in ENGINE_FACT_DEFAULT and _select(config, ACTOR)[0]:
+                backend = facts.get("train_backend")
+                source = backend.source if backend else default_source
+                facts[fact] = Fact(ENGINE_FACT_DEFAULT[fact], source)
+    return facts
+
+
+# --- without a tree: the catalogue's release defaults ---------------------------------------
+
+
+def release_defaults_path() -> Path:
+    return releases("verl").path
+
+
+def release_defaults(release: str) -> tuple[str, dict[str, Any]] | None:
+    """(range label, defaults) of the release data's entry for `release`, None when none covers it.
+
+    Entries cover `from` <= release < `below` (no `below`: open-ended)."""
+    found = releases("verl").defaults_for(release)
+    return None if found is None else (found.label, dict(found.defaults))
+
+
+def assumed_facts(release: str | None) -> Composed:
+    """The release defaults the reader falls back to without a tree, marked as assumed."""
+    result = Composed(None, assumed=True, config_file="ppo_trainer.yaml")
+    if release is None:
+        release = releases("verl").assume_when_unknown
+        result.notes.append(f"verl release unknown: assuming {release}")
+    found = release_defaults(release)
+    if found is None:
+        result.errors.append(f"no release defaults for verl {release} in {release_defaults_path().name}")
+        return result
+    _, defaults = found
+    source = f"assumed: verl {release} default (catalogue)"
+    result.facts = {key: Fact(value, source) for key, value in defaults.items()}
+    return result
+
+
+def apply_overrides_assumed(result: Composed, args: list[Arg]) -> Composed:
+    """Without a tree: the defaults, with the overrides that set a fact's key directly on top.
+
+    No Hydra here: values are taken as written (`true`/`false`/integers/`null` converted)."""
+    launch = parse_hydra_args(args)
+    for arg in launch.overrides:
+        key, eq, text = arg.text.partition("=")
+        if not eq or key.startswith("~"):
+            continue
+        key = key.lstrip("+")
+        for fact, keys in FACT_KEYS.items():
+            if key in keys:
+                result.facts[fact] = Fact(_scalar(text), arg.source)
+        if key == "model_engine":
+            result.facts["train_backend"] = Fact("fsdp" if text == "dp" else text, arg.source)
+    if launch.config_name and "megatron" in launch.config_name.text:
+        facts = result.facts
+        if facts.get("train_backend") and facts["train_backend"].source.startswith("assumed"):
+            facts["train_backend"] = Fact("megatron", launch.config_name.source)
+    return result
+
+
+def _scalar(text: str) -> Any:
+    lowered = text.strip().strip("'\"")
+    if lowered.lower() in ("true", "false"):
+        return lowered.lower() == "true"
+    if lowered.lower() in ("null", "~"):
+        return None
+    try:
+        return int(lowered)
+    except ValueError:
+        return lowered

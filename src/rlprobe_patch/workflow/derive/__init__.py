@@ -1,0 +1,156 @@
+"""`script` and `check-script`: a collection script derived from a training script, and its check.
+
+One adapter per training framework (`base.Framework`), chosen once from `FRAMEWORKS` by the
+launch the script runs (`Script.framework`):
+
+- `verl.Verl`: `python3 -m verl.trainer.main_ppo` and its Hydra overrides;
+- `slime.Slime`: slime's `train.py` and its argparse flags.
+
+A third framework is one module with a `Framework` subclass, a line in `FRAMEWORKS`, and the
+reader of its launch in `launch/`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlprobe_patch.catalogue.trees import find_verl_tree
+from rlprobe_patch.errors import PatchError, RefusedError
+from rlprobe_patch.launch.model import Script
+from rlprobe_patch.workflow.derive.base import (
+    Change,
+    Framework,
+    Requirements,
+    ScriptCheck,
+    common_checks,
+    default_output,
+    shared_switches,
+    write_script,
+)
+from rlprobe_patch.workflow.derive.slime import Slime
+from rlprobe_patch.workflow.derive.verl import Verl
+from rlprobe_patch.workflow.detect import STAGES, Detection, detect_script
+from rlprobe_patch.workflow.envprobe import packages
+
+__all__ = [
+    "FRAMEWORKS",
+    "Change",
+    "Framework",
+    "Requirements",
+    "ScriptCheck",
+    "check_script",
+    "default_output",
+    "derive",
+    "framework_of",
+    "render_script",
+    "requirements",
+    "script_config_paths",
+    "shared_switches",
+    "verl_tree_of",
+    "write_script",
+]
+
+FRAMEWORKS: dict[str, Framework] = {framework.name: framework for framework in (Verl(), Slime())}
+
+
+def framework_of(script: Script) -> Framework:
+    return FRAMEWORKS[script.framework]
+
+
+def requirements(detection: Detection, mode: str, **options: Any) -> Requirements:
+    """What a `mode` collection run of the detected script needs (`Framework.requirements`)."""
+    return framework_of(detection.script).requirements(detection, mode, **options)
+
+
+def render_script(script: Script, req: Requirements, source_name: str, composed: bool) -> tuple[str, list[Change]]:
+    return framework_of(script).render(script, req, source_name, composed)
+
+
+def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
+    framework = framework_of(script)
+    return framework.check(script, req) + common_checks(script, req, framework)
+
+
+def script_config_paths(script: Script, mode: str) -> dict[str, str]:
+    return framework_of(script).config_paths(script, mode)
+
+
+def verl_tree_of(verl_root: Path | None, python: str | None) -> tuple[Path | None, str | None]:
+    """(root, version) of the verl tree the values are composed with, when one is named."""
+    if verl_root is None and python is None:
+        return None, None
+    tree = find_verl_tree(verl_root, python)
+    return tree.root, str(tree.version)
+
+
+def derive(
+    script: Path,
+    *,
+    mode: str | None,
+    hint: str = "",
+    verl_root: Path | None = None,
+    python: str | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    sets: tuple[str, ...] = (),
+    train_backend: str | None = None,
+    rollout_backend: str | None = None,
+    n_gpus: int | None = None,
+    configs: dict[str, str] | None = None,
+    stages: tuple[str, ...] = (),
+    save_path: str | None = None,
+    sglang_version: str | None = None,
+    vllm_ascend_version: str | None = None,
+) -> tuple[Detection, Requirements, Path | None]:
+    """Read `script` (composed with the verl tree named, if any) and work out what its `mode`
+    collection run needs: (detection, requirements, the verl root composed with).
+
+    The configs are those given, else the ones the script already names (checked, not added);
+    the stages those given, else the script's, else every stage. Refused when verl would refuse
+    the launch's overrides, or when the mode is unknown."""
+    versions: dict[str, str | None] = {}
+    root, versions["verl"] = verl_tree_of(verl_root, python)
+    detection = detect_script(
+        script, hint, verl_root=root, release=versions["verl"], extra=list(sets), args=args, env=env
+    )
+    composed = detection.script.composed
+    if composed is not None and composed.errors:
+        raise RefusedError(
+            f"{script}: verl would refuse this launch (Hydra cannot compose its overrides)",
+            details=composed.errors,
+            hint="fix the override named; verl stops on it at start-up",
+        )
+    mode = mode or detection.mode
+    if mode == "unknown":
+        raise RefusedError(
+            f"{script}: the collection mode is unknown", hint="pass --mode training|inference|consistency"
+        )
+    if python is not None:
+        try:
+            found, _ = packages(python)
+            versions["sglang"] = found["sglang"].version
+            versions["vllm_ascend"] = found["vllm_ascend"].version
+        except PatchError:
+            pass
+    if sglang_version:
+        versions["sglang"] = sglang_version
+    if vllm_ascend_version:
+        versions["vllm_ascend"] = vllm_ascend_version
+    found_configs = script_config_paths(detection.script, mode)
+    found_configs.update(configs or {})
+    if not stages:
+        in_script = detection.script.get("precision_debugger.stages")
+        stages = tuple(in_script.value) if in_script is not None and isinstance(in_script.value, list) else STAGES
+    req = requirements(
+        detection,
+        mode,
+        train_backend=train_backend,
+        rollout_backend=rollout_backend,
+        n_gpus=n_gpus,
+        configs=found_configs,
+        versions=versions,
+        stages=stages,
+        save_path=save_path,
+    )
+    return detection, req, root

@@ -1,0 +1,456 @@
+"""verl (`python3 -m verl.trainer.main_ppo key=value ...`): what a collection script needs, derived and checked.
+
+The derived script keeps the user's launch and appends our Hydra overrides after the user's own
+(Hydra applies them in order), with the switches exported before it. What is set, and why
+(research/skill_and_msprobe.md section 6):
+
+- batch: `train_batch_size`, `ppo_mini_batch_size`, `ppo_micro_batch_size_per_gpu` and the
+  log-prob micro batches 1, `rollout.n` = DP, `agent.num_workers` = 1; one training step;
+- flags: remove padding on, dynamic batch and balance off, no validation before training,
+  rollout skip off, rollout-correction off, SP forced to 1 (with a notice);
+- eager rollout and `TORCHDYNAMO_DISABLE=1`; the dump config argument of the rollout backend
+  and release (vLLM-Ascend `dump_config_path`, `dump_config` before it; SGLang with native msprobe
+  `msprobe_dump_config`, older SGLang needs its ModelRunner patch);
+- alignment, refused when it cannot hold: FSDP rollout TP = rollout GPU count and rollout DP
+  1; Megatron TP/PP/EP equal between actor, ref and rollout; vLLM rollout PP > 1;
+- training mode: verl's own precision_debugger profiler, per stage.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shlex
+from typing import Any
+
+from rlprobe_patch.catalogue.releases import releases
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.launch.hydra_compose import ACTOR, FACT_KEYS, REF, ROLLOUT
+from rlprobe_patch.launch.model import Script, Setting
+from rlprobe_patch.workflow.derive.base import (
+    Change,
+    Framework,
+    Requirements,
+    ScriptCheck,
+    hydra_text,
+    shared_switches,
+    version_or_none,
+)
+from rlprobe_patch.workflow.detect import STAGES, Detection
+from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING
+
+
+def same_value(current: Any, wanted: Any) -> bool:
+    def norm(v: Any) -> str:
+        if isinstance(v, str) and v.strip().lower() in ("null", "none", "~"):
+            return "null"
+        return hydra_text(v).strip().lower()
+
+    return norm(current) == norm(wanted)
+
+
+def _int(script: Script, key: str, default: int | None) -> tuple[int | None, str]:
+    """The value the run gets for `key`: the script's (or the tree's config), else the release default."""
+    setting = script.settings.get(key)
+    if setting is None:
+        fact = next((script.facts[f] for f, keys in FACT_KEYS.items() if key in keys and f in script.facts), None)
+        if fact is None or fact.value is None:
+            return default, f"{key} not set (verl's default {default})"
+        setting = Setting(key, fact.value, fact.source)
+    try:
+        return int(setting.value), f"{key}={setting.value} ({setting.source})"
+    except (TypeError, ValueError):
+        return None, f"{key}={setting.value!r} ({setting.source}) is not a number"
+
+
+def _set_by_script(script: Script, key: str) -> bool:
+    setting = script.settings.get(key)
+    return setting is not None and not setting.source.startswith(("verl default", "assumed"))
+
+
+def _training(
+    req: Requirements, script: Script, versions: dict[str, str | None], stages: tuple[str, ...], save_path: str | None
+) -> None:
+    verl = version_or_none(versions.get("verl"))
+    if verl is not None and not releases("verl").has("precision_debugger", verl):
+        req.refusals.append(
+            f"verl {verl} has no precision_debugger profiler (verl {releases('verl').cutoff('precision_debugger')}); "
+            "use --mode consistency (engine hook) on this release"
+        )
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        req.refusals.append(f"unknown stages {unknown}; known: {', '.join(STAGES)}")
+    req.add("global_profiler.tool", "precision_debugger", "verl's own msprobe integration (no source patch)")
+    steps = script.settings.get("global_profiler.steps")
+    if steps is None or not steps.value:
+        req.add("global_profiler.steps", [1], "the steps to profile")
+    if save_path:
+        req.add("global_profiler.save_path", save_path, "where each stage's dump goes (step_N/<stage>)")
+    config = req.configs.get("training")
+    if config:
+        req.add("global_profiler.global_tool_config.precision_debugger.config_path", config, "the msprobe config")
+    req.add("global_profiler.global_tool_config.precision_debugger.stages", list(stages), "the stages to dump")
+    if any(s.startswith("actor_") for s in stages):
+        req.add(f"{ACTOR}.profiler.enable", True, "the actor stages need the actor's profiler on")
+    if "ref_compute_log_prob" in stages:
+        req.add(f"{REF}.profiler.enable", True, "ref_compute_log_prob needs the ref's profiler on")
+
+
+def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> None:
+    config = req.configs.get("generate")
+    backend = req.rollout_backend
+    if backend == "vllm":
+        ascend = version_or_none(versions.get("vllm_ascend"))
+        old = ascend is not None and not releases("vllm_ascend").has("dump_config_path", ascend)
+        key = "dump_config" if old else "dump_config_path"
+        if ascend is None:
+            req.notices.append("vLLM-Ascend version unknown: using additional_config.dump_config_path (0.13+)")
+        if config:
+            req.add(
+                f"{ROLLOUT}.engine_kwargs.vllm.additional_config.{key}", config, f"vLLM-Ascend reads {key}", create=True
+            )
+    elif backend == "sglang":
+        sglang = version_or_none(versions.get("sglang"))
+        native = releases("sglang").native
+        if sglang is not None and not releases("sglang").is_native(sglang):
+            req.notices.append(
+                f"SGLang {sglang} has no msprobe option (SGLang {native} has): patch its ModelRunner with "
+                "`rlprobe-patch apply --sglang-root ... --mode consistency` (sglang.model-runner), which reads "
+                "MSPROBE_SGLANG_CONFIG (default ./config.json in the server's working directory)"
+            )
+            if config:
+                req.env["MSPROBE_SGLANG_CONFIG"] = config
+            return
+        if sglang is None:
+            req.notices.append(
+                f"SGLang version unknown: assuming {native} (msprobe_dump_config); pass --sglang-version"
+            )
+        if config:
+            req.add(
+                f"{ROLLOUT}.engine_kwargs.sglang.msprobe_dump_config",
+                config,
+                f"SGLang {native} native option",
+                create=True,
+            )
+        req.notices.append(
+            "SGLang with prefill/decode disaggregation: export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"
+        )
+    elif backend in ("trtllm", "hf"):
+        req.refusals.append(f"rollout backend {backend}: msprobe has no rollout dump for it (vllm or sglang only)")
+    else:
+        req.refusals.append(
+            "the rollout backend is unknown: set actor_rollout_ref.rollout.name or pass --rollout-backend"
+        )
+
+
+def _sglang_pairing(req: Requirements) -> None:
+    """What check-dump needs to pair SGLang prefills with actor micro-batches by rid."""
+    for setting in SGLANG_PAIRING:
+        if setting.key == f"{ROLLOUT}.enforce_eager":
+            continue  # set above for every rollout dump
+        req.add(setting.key, setting.value, setting.why, **({"create": True} if setting.create else {}))
+    req.notices.append(
+        "SGLang pairing by request id needs `rlprobe-patch apply --mode consistency` on the SGLang tree "
+        "(a dispatch_log.jsonl beside the dumps) and on the verl tree (the request ids kept in the training "
+        "batch); `rlprobe-patch list` says from which releases each patch of the set can do it"
+    )
+
+
+def _world(script: Script, n_gpus: int | None) -> tuple[int | None, str]:
+    if n_gpus is not None:
+        return n_gpus, f"--n-gpus {n_gpus}"
+    per_node, why_node = _int(script, "trainer.n_gpus_per_node", 8)
+    nodes, why_nodes = _int(script, "trainer.nnodes", 1)
+    if per_node is None or nodes is None:
+        return None, why_node if per_node is None else why_nodes
+    return per_node * nodes, f"{per_node * nodes} GPUs ({why_node}; {why_nodes})"
+
+
+def _alignment(req: Requirements, script: Script, train: str, world: int, world_why: str) -> int | None:
+    """Check or set the parallel sizes; return DP (None when refused)."""
+    rollout_tp, tp_why = _int(script, f"{ROLLOUT}.tensor_model_parallel_size", None)
+    rollout_dp, dp_why = _int(script, f"{ROLLOUT}.data_parallel_size", 1)
+    rollout_pp, pp_why = _int(script, f"{ROLLOUT}.pipeline_model_parallel_size", 1)
+    rollout_ep, ep_why = _int(script, f"{ROLLOUT}.expert_parallel_size", 1)
+    if req.rollout_backend == "vllm" and rollout_pp is not None and rollout_pp > 1:
+        req.refusals.append(f"vLLM rollout with pipeline parallelism > 1 is unsupported ({pp_why})")
+    if train == "fsdp":
+        if rollout_tp is None or not _set_by_script(script, f"{ROLLOUT}.tensor_model_parallel_size"):
+            req.add(
+                f"{ROLLOUT}.tensor_model_parallel_size", world, f"FSDP: rollout TP = rollout GPU count ({world_why})"
+            )
+        elif rollout_tp != world:
+            req.refusals.append(
+                f"FSDP: rollout TP must equal the rollout GPU count so that every generate rank matches a "
+                f"training rank: {tp_why}, but {world_why}"
+            )
+            req.fixes.append(f"--set {ROLLOUT}.tensor_model_parallel_size={world}")
+            req.fixes.append(f"--n-gpus {rollout_tp}")
+        if rollout_dp not in (None, 1):
+            req.refusals.append(f"FSDP: rollout data parallel size must be 1 ({dp_why})")
+            req.fixes.append(f"--set {ROLLOUT}.data_parallel_size=1")
+        return world
+    # Megatron: the same TP / PP / EP on actor, ref and rollout
+    sizes: dict[str, dict[str, tuple[int | None, str]]] = {}
+    for role in (ACTOR, REF):
+        sizes[role] = {
+            "TP": _int(script, f"{role}.megatron.tensor_model_parallel_size", 1),
+            "PP": _int(script, f"{role}.megatron.pipeline_model_parallel_size", 1),
+            "EP": _int(script, f"{role}.megatron.expert_model_parallel_size", 1),
+        }
+    sizes[ROLLOUT] = {
+        "TP": (
+            rollout_tp if rollout_tp is not None else 2,
+            tp_why if rollout_tp is not None else "rollout TP not set (verl's default 2)",
+        ),
+        "PP": (rollout_pp, pp_why),
+        "EP": (rollout_ep, ep_why),
+    }
+    keys = {
+        "TP": ("megatron.tensor_model_parallel_size", "tensor_model_parallel_size"),
+        "PP": ("megatron.pipeline_model_parallel_size", "pipeline_model_parallel_size"),
+        "EP": ("megatron.expert_model_parallel_size", "expert_parallel_size"),
+    }
+    for dim in ("TP", "PP", "EP"):
+        values = {role: sizes[role][dim] for role in sizes}
+        if len({v for v, _ in values.values()}) > 1:
+            detail = "; ".join(why for _, why in values.values())
+            req.refusals.append(f"Megatron: {dim} must be equal on actor, ref and rollout: {detail}")
+            target = 1 if dim == "PP" else values[ACTOR][0]
+            trainer_key, rollout_key = keys[dim]
+            for role, (value, _) in values.items():
+                if value != target:
+                    key = f"{role}.{rollout_key if role == ROLLOUT else trainer_key}"
+                    req.fixes.append(f"--set {key}={target}")
+    if sizes[ACTOR]["PP"][0] not in (None, 1):
+        req.refusals.append(f"Megatron: pipeline parallelism must be 1 for the dump ({sizes[ACTOR]['PP'][1]})")
+        for role in (ACTOR, REF):
+            fix = f"--set {role}.megatron.pipeline_model_parallel_size=1"
+            if fix not in req.fixes:
+                req.fixes.append(fix)
+    for role in (ACTOR, REF):
+        req.add(f"{role}.megatron.pipeline_model_parallel_size", 1, "PP = 1 (vLLM rollout PP > 1 is unsupported)")
+    tp = sizes[ACTOR]["TP"][0] or 1
+    cp, _ = _int(script, f"{ACTOR}.megatron.context_parallel_size", 1)
+    if world % (tp * (cp or 1)):
+        req.refusals.append(f"Megatron: {world_why} is not divisible by TP {tp} x CP {cp}")
+        return None
+    return world // (tp * (cp or 1))
+
+
+def _token(prefix: str, key: str, value: str) -> str:
+    token = f"{prefix}{key}={value}"
+    return token if shlex.quote(token) == token else shlex.quote(token)
+
+
+class Verl(Framework):
+    """verl's launch (Hydra overrides) and hooks (`verl.*` patches)."""
+
+    name = "verl"
+    facts_shown = (
+        "use_legacy_worker_impl",
+        "use_v1",
+        "actor_tp",
+        "actor_pp",
+        "rollout_tp",
+        "n_gpus_per_node",
+        "nnodes",
+    )
+    dump_config_arg = "engine_kwargs dump config"
+
+    def requirements(
+        self,
+        detection: Detection,
+        mode: str,
+        *,
+        train_backend: str | None = None,
+        rollout_backend: str | None = None,
+        n_gpus: int | None = None,
+        configs: dict[str, str] | None = None,
+        versions: dict[str, str | None] | None = None,
+        stages: tuple[str, ...] = (),
+        save_path: str | None = None,
+    ) -> Requirements:
+        script = detection.script
+        versions = versions or {}
+        train = (train_backend or detection.train_backend).replace("fsdp2", "fsdp")
+        rollout = rollout_backend or detection.rollout_backend
+        req = Requirements(mode, train, rollout, configs=dict(configs or {}))
+
+        if mode == "training":
+            _training(req, script, versions, stages or STAGES, save_path)
+            return req
+
+        # inference and consistency: the rollout dump
+        req.add(
+            f"{ROLLOUT}.enforce_eager", True, "rollout dump needs eager mode (vllm-ascend < 0.20 raises without it)"
+        )
+        req.env["TORCHDYNAMO_DISABLE"] = "1"
+        for s in script.settings.values():
+            if s.key.endswith("skip.enable") or s.key.endswith("skip.rollout.enable"):
+                req.add(
+                    s.key,
+                    False,
+                    "rollout skip replays dumped rollouts: nothing would be generated",
+                    only_if_present=True,
+                )
+        _rollout_dump_arg(req, versions)
+        if mode == "inference":
+            return req
+        if rollout == "sglang":
+            _sglang_pairing(req)
+
+        # consistency: batch sizes, flags, alignment, the engine hook switches
+        if train not in ("fsdp", "megatron"):
+            req.refusals.append("the training backend is unknown: pass --train-backend fsdp|megatron")
+            return req
+        world, world_why = _world(script, n_gpus)
+        if world is None:
+            req.refusals.append(f"cannot tell the GPU count: {world_why}; pass --n-gpus")
+            return req
+        if n_gpus is not None:  # the derived script runs on the GPUs the checks assumed
+            req.add("trainer.n_gpus_per_node", n_gpus, f"--n-gpus {n_gpus}: the GPU count the alignment checks used")
+            req.add("trainer.nnodes", 1, f"--n-gpus {n_gpus}: on one node")
+        dp = _alignment(req, script, train, world, world_why)
+        for key, value, why in (
+            ("data.train_batch_size", 1, "batch: one prompt per step"),
+            (f"{ACTOR}.ppo_mini_batch_size", 1, "batch: one mini-batch (mini_batch_num = 1)"),
+            (f"{ACTOR}.ppo_micro_batch_size_per_gpu", 1, "batch: one sample per micro-batch (gac = 1)"),
+            (f"{REF}.log_prob_micro_batch_size_per_gpu", 1, "batch: one sample per log-prob micro-batch"),
+            (f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu", 1, "batch: one sample per log-prob micro-batch"),
+            (f"{ROLLOUT}.agent.num_workers", 1, "the agent loop only splits batches evenly"),
+            ("actor_rollout_ref.model.use_remove_padding", True, "remove padding, as the engine hook expects"),
+            (f"{ACTOR}.use_dynamic_bsz", False, "dynamic batch sizes regroup samples across micro-batches"),
+            (f"{REF}.log_prob_use_dynamic_bsz", False, "dynamic batch sizes regroup samples"),
+            (f"{ROLLOUT}.log_prob_use_dynamic_bsz", False, "dynamic batch sizes regroup samples"),
+            ("trainer.balance_batch", False, "balancing reorders samples across ranks"),
+            ("trainer.val_before_train", False, "validation would generate (and dump) first"),
+            ("trainer.total_training_steps", 1, "one step is enough to compare"),
+            (
+                "algorithm.use_kl_in_reward",
+                False,
+                "PROMPTS_ONLY cuts responses to length 0: a KL penalty in the reward would fail at the advantage step",
+            ),
+            ("algorithm.rollout_correction.rollout_is", None, "rollout correction off"),
+            ("algorithm.rollout_correction.rollout_rs", None, "rollout correction off"),
+            ("algorithm.rollout_correction.rollout_rs_threshold", None, "rollout correction off"),
+            ("algorithm.rollout_correction.rollout_is_batch_normalize", False, "rollout correction off"),
+        ):
+            req.add(key, value, why)
+        if dp is not None:
+            req.add(f"{ROLLOUT}.n", dp, f"rollout.n = DP = {dp}: each training rank gets one response")
+        if train == "fsdp":
+            for role in (ACTOR, REF):
+                key = f"{role}.ulysses_sequence_parallel_size"
+                current = script.settings.get(key)
+                if current is not None and str(current.value) not in ("1",):
+                    req.notices.append(f"{key} was {current.value} ({current.source}): forced to 1 for the dump")
+                req.add(key, 1, "sequence parallelism splits the sequence across ranks; DP = world / SP")
+        actor_config = req.configs.get("actor")
+        req.env.update({"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "log_prob"})
+        if actor_config:
+            req.env["MSPROBE_ACTOR_CONFIG"] = actor_config
+        return req
+
+    def render(self, script: Script, req: Requirements, source_name: str, composed: bool) -> tuple[str, list[Change]]:
+        """The collection script: the original, with our overrides passed after the user's own.
+
+        Hydra applies overrides in order, so the values appended at the end of the verl launch are the
+        ones the run gets, whatever the arrays, variables and `"$@"` before them hold; nothing of the
+        user's is edited. `composed`: the settings are the tree's full config, so a key that is not
+        there does not exist in that release (skipped unless the requirement creates it)."""
+        launch = script.launch
+        if launch is None:
+            raise RefusedError(f"{script.path}: no verl launch found")
+        if launch.run.file.resolve() != script.path.resolve():
+            raise RefusedError(
+                f"{script.path}: the verl launch is in {launch.run.file} (line {launch.run.line}), which it sources",
+                hint=f"derive the collection script from {launch.run.file}",
+            )
+        changes: list[Change] = []
+        appended = [shlex.quote(f.text) for f in launch.args if f.file.name == "--set"]  # the user's, first
+        for r in req.settings:
+            current = script.settings.get(r.key)
+            if current is None and r.only_if_present:
+                continue
+            if current is not None and same_value(current.value, r.value):
+                changes.append(Change(r.key, r.text, r.why, "kept", current.source, current.value))
+                continue
+            if current is None and composed and not r.create:
+                changes.append(Change(r.key, r.text, r.why + " (not in this verl release's config)", "skipped"))
+                continue
+            appended.append(_token("" if current is not None else "++", r.key, r.text))
+            action = "set" if current is not None else "added"
+            changes.append(
+                Change(
+                    r.key,
+                    r.text,
+                    r.why,
+                    action,
+                    current.source if current else None,
+                    current.value if current else None,
+                )
+            )
+        data = script.path.read_bytes()
+        edits: list[tuple[int, bytes]] = []
+        run = launch.run
+        if appended:
+            line_start = data.rfind(b"\n", 0, run.start_byte) + 1
+            indent = re.match(rb"[ \t]*", data[line_start:]).group(0).decode()  # type: ignore[union-attr]
+            block = "".join(f" \\\n{indent}    {token}" for token in appended)
+            edits.append((run.args_end_byte, block.encode()))
+        line_start = data.rfind(b"\n", 0, run.start_byte) + 1
+        indent = re.match(rb"[ \t]*", data[line_start:]).group(0).decode()  # type: ignore[union-attr]
+        exports = [f"{indent}# rlprobe-patch: {req.mode} collection switches"]
+        exports += [f"{indent}export {name}={shlex.quote(value)}" for name, value in req.env.items()]
+        edits.append((line_start, ("\n".join(exports) + "\n").encode()))
+        for at, text in sorted(edits, reverse=True):
+            data = data[:at] + text + data[at:]
+        out = data.decode("utf-8")
+        header = (
+            f"# Generated by rlprobe-patch script --mode {req.mode} from {source_name} "
+            f"on {dt.date.today().isoformat()}; the original is unchanged.\n"
+            f"# training backend: {req.train_backend}, rollout backend: {req.rollout_backend}\n"
+        )
+        if out.startswith("#!"):
+            nl = out.find("\n") + 1
+            out = out[:nl] + header + out[nl:]
+        else:
+            out = header + out
+        return out, changes
+
+    def check(self, script: Script, req: Requirements) -> list[ScriptCheck]:
+        checks = [ScriptCheck("alignment", False, reason) for reason in req.refusals]
+        for r in req.settings:
+            current = script.settings.get(r.key)
+            if current is None:
+                if r.only_if_present:
+                    continue
+                checks.append(ScriptCheck(f"{r.key}={r.text}", False, f"not set ({r.why})"))
+            elif same_value(current.value, r.value):
+                checks.append(ScriptCheck(f"{r.key}={r.text}", True, current.source))
+            else:
+                checks.append(
+                    ScriptCheck(
+                        f"{r.key}={r.text}", False, f"is {hydra_text(current.value)} at {current.source} ({r.why})"
+                    )
+                )
+        return checks
+
+    def config_paths(self, script: Script, mode: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        if mode == "consistency" and "MSPROBE_ACTOR_CONFIG" in script.env:
+            found["actor"] = str(script.env["MSPROBE_ACTOR_CONFIG"].value)
+        if mode == "training":
+            s = script.get("precision_debugger.config_path")
+            if s is not None and s.value:
+                found["training"] = str(s.value)
+        else:
+            for leaf in ("dump_config_path", "msprobe_dump_config", "dump_config"):
+                for s in script.find(leaf):
+                    if "engine_kwargs" in s.key and isinstance(s.value, str):
+                        found["generate"] = s.value
+        return found
+
+    def switches(self) -> Any:
+        return shared_switches()
