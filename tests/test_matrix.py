@@ -22,9 +22,9 @@ RELEASES = ("--release", "0.4.1", "--release", "0.8.0", "--release", "0.5.8", "-
 
 
 def test_matrix_subset_table(tmp_path: Path, state_home: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("# title\n\n| hand | table |\n\n<!-- matrix -->\nold\n<!-- /matrix -->\n\ntail\n")
-    code, out = cli_json("matrix", *SUBSET, *RELEASES, "--write-readme", "--readme", readme)
+    page = tmp_path / "compatibility.md"
+    page.write_text("# title\n\n| hand | table |\n\n<!-- matrix -->\nold\n<!-- /matrix -->\n\ntail\n")
+    code, out = cli_json("matrix", *SUBSET, *RELEASES, "--write-docs", "--page", page)
     assert code == ExitCode.OK, out
     cells = {(c["patch"], c["release"]): c["outcome"] for c in out["cells"]}
     assert cells == {
@@ -37,7 +37,7 @@ def test_matrix_subset_table(tmp_path: Path, state_home: Path) -> None:
     assert "| verl | `verl.megatron-engine` |" in table
     assert "| 0.8.0 | applied |" in table and "| 0.4.1 | refused-by-design |" in table
     assert "| 0.5.11 | native |" in table
-    text = readme.read_text()
+    text = page.read_text()
     assert text == f"# title\n\n| hand | table |\n\n<!-- matrix -->\n{table}<!-- /matrix -->\n\ntail\n"
     assert not (state_home / "registry.json").exists()  # scratch trees stay out of the user's registry
 
@@ -51,7 +51,8 @@ def test_matrix_cell_disagreeing_with_catalogue_fails(monkeypatch: pytest.Monkey
     assert "- failing: sglang.model-runner on sglang 0.5.11: expected applied" in out["table"]
 
 
-def test_matrix_refuses_readme_without_markers(tmp_path: Path) -> None:
+def test_matrix_refuses_page_without_markers(tmp_path: Path) -> None:
+    """The old option names (`--write-readme`, `--readme`) still work: the same refusal."""
     readme = tmp_path / "README.md"
     readme.write_text("no markers\n")
     result = cli(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from packaging.version import Version
 
 from rlprobe_patch import matrix
@@ -119,14 +120,14 @@ def test_unknown_keys_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         releases_module._load("sglang")
 
 
-def test_readme_tables_are_current() -> None:
-    """Every compatibility table of the README is what the catalogue and the release data
-    generate: `rlprobe-patch matrix --write-readme` after a data change."""
-    readme = Path(__file__).resolve().parents[1] / "README.md"
-    text = readme.read_text()
-    assert matrix.section(text, matrix.RELEASE_MARKERS, readme)[1] == matrix.release_tables()
+def test_compatibility_tables_are_current() -> None:
+    """Every table of the compatibility page (docs/compatibility.md) is what the catalogue and the
+    release data generate: `rlprobe-patch matrix --write-docs` after a data change."""
+    page = REPO / "docs" / "compatibility.md"
+    text = page.read_text()
+    assert matrix.section(text, matrix.RELEASE_MARKERS, page)[1] == matrix.release_tables()
     cells = matrix.expected_cells()
-    assert matrix.section(text, matrix.MARKERS, readme)[1] == matrix.markdown(cells)
+    assert matrix.section(text, matrix.MARKERS, page)[1] == matrix.markdown(cells)
     assert {(c.package, c.release) for c in cells} == {
         (p, r) for p in ("verl", "sglang", "vllm_ascend", "slime") for r in matrix.releases(p).all_releases
     }
