@@ -5,7 +5,7 @@
 Prints medians of: whole processes, side by side (what a user waits for: start-up and imports
 count): `rlprobe-patch apply` run as a command against `python` parsing and generating the same
 files with LibCST (the floor for a LibCST tool that parses whole files; apply parses only the
-classes and functions its codemods read, `partial.py`), each pair on the same fresh copy; then, in this
+classes and functions its codemods read, `codemod/_partial_parse.py`), each pair on the same fresh copy; then, in this
 process: a bare LibCST parse + code generation of the files the set patches, apply (`--set
 consistency`, the default: `apply --mode consistency --backend fsdp`, eight files on 0.9.1;
 `--set engines`: the FSDP and Megatron engine hooks),

@@ -2,6 +2,11 @@
 
 Real releases are downloaded once from the package index (`pip download --no-deps`) into
 `$RLPROBE_TEST_CACHE` (default `~/.cache/rlprobe-patch-tests`) and unpacked per test.
+
+The folder of a test file decides its markers (the collection hooks below): `unit/` (library
+functions) and `cli/` (the command line) are the fast part, unmarked; every test in `real/` is
+marked `real`, in `runtime/` `runtime` and `real`, in `cluster/` `cluster`. A test whose own
+markers say another folder, or a test file at tests/ itself, fails to collect.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import json
 import re
 import shutil
 import zipfile
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -19,9 +25,15 @@ from runtime import venvs
 from rlprobe_patch import matrix
 from rlprobe_patch.catalogue.releases import patches_dir, releases
 from rlprobe_patch.cli import main
+from rlprobe_patch.codemod import Payload
 from rlprobe_patch.fsio import sha256
+from rlprobe_patch.launch.hydra_compose import Arg
 
-REPO = Path(__file__).resolve().parents[1]
+# Helper modules beside this file whose asserts pytest explains as it does a test's.
+pytest.register_assert_rewrite("partial_compare", "patched_bytes")
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 FIXTURES = REPO / "fixtures"
 # The release rows come from the release data (patches/releases/verl.toml), never from here.
 VERL_RELEASES = releases("verl").tested
@@ -63,18 +75,84 @@ def vllm_ascend_tree(tmp_path: Path):
     )
 
 
+# The markers each folder of tests/ gives its items; a marker the folder does not give is an error.
+FOLDER_MARKERS: dict[str, frozenset[str]] = {
+    "unit": frozenset(),
+    "cli": frozenset(),
+    "real": frozenset({"real"}),
+    "runtime": frozenset({"runtime", "real"}),
+    "cluster": frozenset({"cluster"}),
+}
+SLOW_MARKERS = frozenset({"real", "runtime", "cluster"})
+
+
+def folder_of(item: pytest.Item) -> str | None:
+    """The folder of tests/ that holds `item`'s file (its name when the file is at tests/ itself)."""
+    try:
+        return item.path.relative_to(TESTS).parts[0]
+    except ValueError:
+        return None  # not one of ours
+
+
+def misplaced(item: pytest.Item) -> str | None:
+    """Why `item` is in the wrong folder of tests/ (None: it is not)."""
+    folder = folder_of(item)
+    if folder is None:
+        return None
+    if folder not in FOLDER_MARKERS:
+        return f"{item.nodeid}: test files live in tests/{{{','.join(FOLDER_MARKERS)}}}/"
+    marked = {m.name for m in item.iter_markers()} & SLOW_MARKERS
+    if extra := marked - FOLDER_MARKERS[folder]:
+        where = next(f for f in ("cluster", "runtime", "real") if f in marked)
+        return f"{item.nodeid}: marked {', '.join(sorted(extra))} in tests/{folder}/: move it to tests/{where}/"
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """A test file with a test that `misplaced` names fails to collect, naming each such test.
+
+    (Here, not in pytest_collection_modifyitems: raised there, the error is an INTERNALERROR without
+    its message under xdist, while a collection error reaches the report from any worker.)
+    """
+    report = yield
+    if report.passed:
+        wrong = [why for node in report.result if isinstance(node, pytest.Item) and (why := misplaced(node))]
+        if wrong:
+            report.outcome = "failed"
+            report.longrepr = "the folder of a test decides its markers (tests/conftest.py):\n" + "\n".join(wrong)
+            report.result = []
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The folder decides the markers: each item gets those of its folder (an item whose own markers
+    say another folder never gets here: its file failed to collect, above)."""
+    for item in items:
+        own = {m.name for m in item.iter_markers()}
+        for name in sorted(FOLDER_MARKERS.get(folder_of(item) or "", frozenset()) - own):
+            item.add_marker(name)
+
+
 @pytest.fixture(autouse=True)
 def downloads_only_in_real_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test that fetches a wheel or builds a runtime venv must be marked `real`.
+    """A test that fetches a wheel or builds a runtime venv must be marked `real` (be in tests/real/).
 
-    The fast part of the suite (`-m "not real and not runtime"`, run on Python 3.10 and 3.13 in CI)
-    must never reach the package index: an unmarked test that tries fails here, loudly.
+    The fast part of the suite (tests/unit/ and tests/cli/, `-m "not real and not runtime and not
+    cluster"`, run on Python 3.10 and 3.13 in CI) must never reach the package index: an unmarked
+    test that tries fails here, loudly.
     """
     if request.node.get_closest_marker("real") is not None:
         return
 
     def refuse(*args: object, **kwargs: object) -> None:
-        pytest.fail(f"{request.node.nodeid} fetches a wheel or builds a venv: mark it `real`", pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} fetches a wheel or builds a venv: it belongs in tests/real/ (or runtime/)",
+            pytrace=False,
+        )
 
     monkeypatch.setattr(matrix, "fetch_wheel", refuse)
     for name in ("ensure_verl_wheel", "ensure_runtime_venv", "ensure_megatron_venv"):
@@ -143,3 +221,43 @@ def cli(*args: str) -> Result:
 def cli_json(*args: str) -> tuple[int, dict]:
     result = cli(*args, "--json")
     return result.exit_code, json.loads(result.stdout)
+
+
+# -- helpers shared by a fast test file and its slow part (real/, runtime/) ---------------------
+def registry(state_home: Path) -> list[dict[str, str]]:
+    """The trees the registry of patched trees names (tests/cli/test_registry.py, real/test_registry_real.py)."""
+    return json.loads((state_home / "registry.json").read_text())["trees"]
+
+
+def hydra_args(*texts: str) -> list[Arg]:
+    """Launch arguments as a script's lines 1, 2, ... give them (test_hydra_config{,_real}.py)."""
+    return [Arg(text, f"run.sh:{i + 1}") for i, text in enumerate(texts)]
+
+
+@pytest.fixture(scope="module")
+def probe_payload(tmp_path_factory: pytest.TempPathFactory) -> Payload:
+    """The payload of partial_compare's probe codemod (test_partial{,_real}.py)."""
+    from partial_compare import payload_at
+
+    return payload_at(tmp_path_factory.mktemp("payload"))
+
+
+# The workflow fixture scripts and `script`'s dump-config options (test_workflow_script{,_real}.py).
+WORKFLOW_SCRIPTS = FIXTURES / "workflow" / "scripts"
+CONFIGS = ("--actor-config", "/d/config_actor.json", "--generate-config", "/d/config_generate.json")
+
+
+@pytest.fixture
+def workflow_scripts(tmp_path: Path) -> Path:
+    """A scratch copy of the workflow fixture scripts."""
+    shutil.copytree(WORKFLOW_SCRIPTS, tmp_path / "scripts")
+    return tmp_path / "scripts"
+
+
+# The legacy-worker patches and the file each hooks (real/test_legacy_workers.py, runtime/..._runtime.py).
+LEGACY_PATCHES = {
+    "fsdp": ("verl.legacy-fsdp-workers", "verl/workers/actor/dp_actor.py"),
+    "megatron": ("verl.legacy-megatron-workers", "verl/workers/actor/megatron_actor.py"),
+}
+# The file slime.megatron-actor hooks (real/test_slime.py, cluster/test_cluster.py).
+SLIME_MODEL = "slime/backends/megatron_utils/model.py"

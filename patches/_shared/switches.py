@@ -1,12 +1,13 @@
 """One reader of a run's switches, shared by every hook rlprobe-patch inserts and by `check-script`.
 
 The methods of `Switches` are spliced, verbatim, into each hook's class (a payload line
-`_rlprobe_switches = Switches._rlprobe_switches`, see `src/rlprobe_patch/parts.py`); a hook that
-lives in a module-level function takes them in a class of its own that the patch appends to the
-module (`_RlprobeSwitches`). `rlprobe-patch check-script` runs the same text on the values a
-launch script exports, before a job is queued (`Switches()._rlprobe_switches(env)`). Standard
-library only, imported inside the methods (some target files do not import `os`); the allowed
-values are written out in each method (a name in capitals would be a slot of the parts).
+`_rlprobe_switches = Switches._rlprobe_switches`, see
+`src/rlprobe_patch/codemod/_payload_parts.py`); a hook that lives in a module-level function takes
+them in a class of its own that the patch appends to the module (`_RlprobeSwitches`).
+`rlprobe-patch check-script` runs the same text on the values a launch script exports, before a
+job is queued (`Switches()._rlprobe_switches(env)`). Standard library only, imported inside the
+methods (some target files do not import `os`); the allowed values are written out in each method
+(a name in capitals would be a slot of the parts).
 
 A value that is not one of the allowed spellings is an error that names the variable, the value,
 the allowed values and the rank: a typo must never give a run without dumps.

@@ -3,7 +3,7 @@
 `verl.fsdp-engine`, `verl.megatron-engine`, `verl.legacy-fsdp-workers` and
 `verl.legacy-megatron-workers` add these methods to verl's classes. A payload takes one with a
 line in its class, `_should_dump = DumpPhase._should_dump`, and the catalogue loader splices
-the method in place of that line, verbatim (`src/rlprobe_patch/parts.py`). The classes here only
+the method in place of that line, verbatim (`src/rlprobe_patch/codemod/_payload_parts.py`). The classes here only
 group the methods: each is the variant a set of patches shares.
 
 A name in capitals (`RANK`) is a slot: each payload fills it with its own module-level function

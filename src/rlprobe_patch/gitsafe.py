@@ -7,7 +7,7 @@ The record (`.rlprobe-patch/history.git`) lives inside trees that other people c
 reads no system or global configuration, runs no hook (`core.hooksPath=/dev/null`: a hook would
 have to be a file inside /dev/null, which nobody can create), no fsmonitor, no pager, no
 attribute-driven filter or diff driver, and follows no replace ref. The configuration git still
-reads, the record's own `history.git/config`, is checked before use (`state.RecordFolder.check`):
+reads, the record's own `history.git/config`, is checked before use (`record.folder.RecordFolder.check`):
 it may hold only the keys rlprobe-patch writes, so no alias, filter, textconv, external diff,
 include or command can come from it. Commands that need no repository get `GIT_DIR=/dev/null`,
 so that they never find one around the tree (a verl clone's `.git`, or a planted one).

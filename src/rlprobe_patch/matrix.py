@@ -371,7 +371,7 @@ def release_tables() -> str:
     def outcome(patch: Patch, release: str) -> str:
         return "applied" if patch.supports(Version(release)) else "refused"
 
-    out = ["Engine hooks (`tests/test_real_releases.py`, each backend alone):", ""]
+    out = ["Engine hooks (`tests/real/test_real_releases.py`, each backend alone):", ""]
     header = ["verl", *(" / ".join(p.backends) for p in engines), "notes"]
     rows = [
         [r, *(outcome(p, r) for p in engines), _worker_note(r) if r in verl.tested else ""] for r in verl.all_releases
@@ -380,11 +380,11 @@ def release_tables() -> str:
     out += ["`--mode consistency` (`test_consistency_set_cell`, each release x fsdp / megatron):", ""]
     header = ["verl", *(f"`{p.id}`" for p in the_set)]
     out += _table(header, [[r, *(_consistency_cell(p, r) for p in the_set)] for r in verl.tested])
-    out += ["Legacy worker hooks (`tests/test_legacy_workers.py`, `--only`):", ""]
+    out += ["Legacy worker hooks (`tests/real/test_legacy_workers.py`, `--only`):", ""]
     out += _table(
         ["verl", *(f"`{p.id}`" for p in legacy)], [[r, *(outcome(p, r) for p in legacy)] for r in verl.tested]
     )
-    out += ["Inference engines (`tests/test_inference_engines.py`):", ""]
+    out += ["Inference engines (`tests/real/test_inference_engines.py`):", ""]
     rows = []
     for package in ("sglang", "vllm_ascend"):
         data = releases(package)
@@ -395,7 +395,7 @@ def release_tables() -> str:
             rows += [[data.dist, ", ".join(rs), f"`{patch.id}`: {what}"] for what, rs in by_outcome.items()]
     out += _table(["package", "releases", "result"], rows)
     slime = [p for p in catalogue if p.package == "slime"]
-    out += ["slime (`tests/test_slime.py`, each patch alone, on the release archives):", ""]
+    out += ["slime (`tests/real/test_slime.py`, each patch alone, on the release archives):", ""]
     rows = [[r, *(outcome(p, r) for p in slime)] for r in releases("slime").all_releases]
     out += _table(["slime", *(f"`{p.id}`" for p in slime)], rows)
     return "\n".join(out).rstrip() + "\n"

@@ -1,6 +1,6 @@
 """Run the legacy-worker dump hooks of a patched verl release on the CPU, with the real msprobe.
 
-Run it with a venv's python, not pytest's (``tests/test_legacy_workers.py`` does)::
+Run it with a venv's python, not pytest's (``tests/runtime/test_legacy_workers_runtime.py`` does)::
 
     <verl-0.7.1 venv>/bin/python tests/runtime/legacy_driver.py fsdp --out result.json
     <megatron venv>/bin/python tests/runtime/legacy_driver.py megatron \\

@@ -9,7 +9,7 @@ indentation (`pass  # <marker> <n>`), and the original text of the run is put ba
 into the code LibCST generates (`Partial.splice`).
 
 The splice gives exactly the bytes a whole-file parse would, because LibCST gives every line the
-same owner in both texts (tests/test_partial.py checks it on every class of real releases):
+same owner in both texts (tests/real/test_partial_real.py checks it on every class of real releases):
 - a statement is replaced whole, from its first decorator to its last line; the blank and comment
   lines between it and a statement that is kept stay in the text, so each keeps its owner (a
   block's footer or the next statement's leading lines: LibCST decides by indentation, and the

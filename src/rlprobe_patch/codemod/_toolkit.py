@@ -242,7 +242,7 @@ class Payload:
     """A patch's `payload.py`: methods in classes, statement hooks as module-level functions.
 
     Methods the payload takes from `patches/_shared/` are spliced in when it is loaded
-    (`parts.assemble`); `sources` are the files the inserted code comes from."""
+    (`_payload_parts.assemble`); `sources` are the files the inserted code comes from."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -1,4 +1,4 @@
-"""Apply: a plan (plan.py) written as one journaled transaction (transaction.py), one new record.
+"""Apply: a plan (`plan.py`) written as one journaled transaction (`record.transaction`), one new record.
 
 An upgrade (a patch recorded at an older revision) is the same transaction: the files go from
 what the tree holds to the current revision's content, the new record keeps the original

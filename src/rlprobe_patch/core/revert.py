@@ -2,7 +2,7 @@
 
 A file edited after apply stops the revert and shows the edit (exit 5, nothing written);
 `merge` keeps the edit and removes only the patch (three-way, `git merge-file`). A record
-superseded by an upgrade of the package (records.py) is dropped from the ledger, its files
+superseded by an upgrade of the package (`record.sorting`) is dropped from the ledger, its files
 untouched. An upgrade of a patch's revision (`apply`) plans the reversal of its record here.
 """
 

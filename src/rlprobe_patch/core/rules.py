@@ -5,8 +5,8 @@
   records hooked.
 - The skill's own checkers that `verify` runs beside ours, per package (`SKILL_RULES`).
 
-The core (plan, transaction, verify, revert, status) names no package; what differs per
-package lives here and in `patches/`.
+The rest of the core (plan, apply, verify, revert, status) and the record layer name no package;
+what differs per package lives here and in `patches/`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One site's state: the function plan, verify and status all decide a patch's sites with.
 
-A site is one file a patch edits (`catalogue.Site`). Its state (applied / applicable / drifted)
+A site is one file a patch edits (`catalogue.patches.Site`). Its state (applied / applicable / drifted)
 is decided from the syntax tree of the file as a `Workspace` holds it: the tree's bytes, or
 what a plan has made of them in memory so far (an earlier patch of the plan, or an upgrade's
 reverted record).
@@ -83,7 +83,8 @@ class Workspace:
     """The files of one tree that a plan or a verify reads: each read and parsed at most once.
 
     `scopes`: for each file, what every codemod the plan or verify may run on it reads
-    (`PatchCodemod.scope`, united): only that is parsed (`partial`). A file without one is parsed whole."""
+    (`PatchCodemod.scope`, united): only that is parsed (`codemod.reduce`, partial parsing). A file
+    without one is parsed whole."""
 
     def __init__(
         self,

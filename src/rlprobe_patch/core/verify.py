@@ -1,5 +1,5 @@
 """Verify: our per-site checks, compile checks, the records against the tree and their history,
-and the package's own rules (rules.py: worker paths, the skill's checkers).
+and the package's own rules (`core.rules`: worker paths, the skill's checkers).
 
 A file whose bytes this patch's code already found APPLIED and compiling (before apply wrote
 it, or in an earlier verify) is not parsed or compiled again unless `recheck` (`RecordFolder.checked`).

@@ -70,7 +70,7 @@ class Script:
     config_name: str | None = None
     composed: hydra_compose.Composed | None = None
     yaml_data: list[tuple[Path, Any]] = field(default_factory=list, repr=False)  # in load order
-    framework: str = "verl"  # "verl", or "slime" (`python3 train.py`: slime_script reads its flags)
+    framework: str = "verl"  # "verl", or "slime" (`python3 train.py`: `slime_args` reads its flags)
     flags: list[Any] = field(default_factory=list)  # slime: every `--flag` with its values, in order
 
     @property

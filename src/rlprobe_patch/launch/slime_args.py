@@ -3,7 +3,7 @@
 slime (THUDM/slime) is launched as `python3 train.py` or `python3 train_async.py`, usually
 through `ray job submit ... -- python3 train.py ...`, with its arguments gathered in bash arrays
 (`PERF_ARGS=(...)`, `"${PERF_ARGS[@]}"`) and a model file sourced from `scripts/models/`. The
-launch is found and its words expanded by the shell reader (`shell`, `launch`); here the words
+launch is found and its words expanded by the shell reader (`shell`, `commands`); here the words
 are read the way slime's argparse reads them: `--flag value...` (every word up to the next
 `--flag`), `--flag=value`, a flag with no value is a switch that is on; the last occurrence wins.
 Each setting keeps the file and line its flag was written on.

@@ -2,7 +2,7 @@
 
 The skill's mode detector (`detect-dump-mode.sh`) greps the script. Here the same signals
 (same points, same tie order: training, inference, consistency) are read from what the script
-really launches (`scriptmodel`): Hydra overrides and the YAML files, exported switches, so
+really launches (`launch.script`): Hydra overrides and the YAML files, exported switches, so
 `rollout: {name: sglang}` in a YAML file counts and a commented-out `# DUMP_ON=1` does not.
 The backends are not guessed from signals: they are the values verl will run with, composed by
 Hydra from the tree's config (or the release defaults in the catalogue, marked as assumed).

@@ -312,11 +312,8 @@ class Slime(Framework):
                 checks.append(ScriptCheck(name, False, f"is {shown} at {current.source} ({r.why})"))
         return checks
 
-    def switches(
-        self,
-    ) -> Any:
+    def switches(self) -> Any:
         """slime's switch reader (`patches/_shared/slime_switches.py` over the shared one), as the hooks run it."""
-
         module = load_shared("slime_switches")
         base = type(shared_switches())
         reader = type("SlimeReader", (base,), {"_rlprobe_switches": module.SlimeSwitches._rlprobe_switches})

@@ -40,7 +40,7 @@ from rlprobe_patch.workflow.detect import STAGES, Detection
 from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING
 
 
-def same_value(current: Any, wanted: Any) -> bool:
+def same_override_value(current: Any, wanted: Any) -> bool:
     def norm(v: Any) -> str:
         if isinstance(v, str) and v.strip().lower() in ("null", "none", "~"):
             return "null"
@@ -373,7 +373,7 @@ class Verl(Framework):
             current = script.settings.get(r.key)
             if current is None and r.only_if_present:
                 continue
-            if current is not None and same_value(current.value, r.value):
+            if current is not None and same_override_value(current.value, r.value):
                 changes.append(Change(r.key, r.text, r.why, "kept", current.source, current.value))
                 continue
             if current is None and composed and not r.create:
@@ -427,7 +427,7 @@ class Verl(Framework):
                 if r.only_if_present:
                     continue
                 checks.append(ScriptCheck(f"{r.key}={r.text}", False, f"not set ({r.why})"))
-            elif same_value(current.value, r.value):
+            elif same_override_value(current.value, r.value):
                 checks.append(ScriptCheck(f"{r.key}={r.text}", True, current.source))
             else:
                 checks.append(

@@ -1,0 +1,85 @@
+"""`rlprobe-patch config`: the skill's rules per mode and side (msprobe's own loading of the file:
+tests/runtime/test_workflow_config_runtime.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import cli_json
+
+from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, build_config, rule_problems
+
+
+@pytest.mark.parametrize(
+    ("mode", "side", "dump", "step"),
+    [
+        ("training", "training", None, []),
+        ("inference", "generate", "/d/generate", [0]),
+        ("consistency", "generate", "/d/generate", [0]),
+        ("consistency", "actor", "/d/actor", []),
+    ],
+)
+def test_rules(mode: str, side: str, dump: str | None, step: list[int]) -> None:
+    data = build_config(mode, side, dump)
+    assert data["level"] == "mix" and data["step"] == step and data["task"] == "statistics"
+    assert data.get("dump_path") == dump
+    assert data["statistics"]["data_mode"] == ["all"] and data["statistics"]["summary_mode"] == "statistics"
+
+
+def test_sglang_consistency_generate_dumps_every_forward_pass(tmp_path: Path) -> None:
+    """SGLang's msprobe step is one forward pass: [0] would dump only the first prefill, so the
+    consistency generate config for an SGLang rollout dumps every pass and says what the server needs."""
+    out = tmp_path / "g.json"
+    args = ("config", "--mode", "consistency", "--side", "generate", "--dump-path", "/d/g", "-o", out, "--no-check")
+    code, res = cli_json(*args, "--rollout-backend", "sglang")
+    assert code == ExitCode.OK and json.loads(out.read_text())["step"] == [] and res["config"]["step"] == []
+    needs = {n["key"].rsplit(".", 1)[-1]: n for n in res["pairing_needs"]}
+    assert {k: n["value"] for k, n in needs.items()} == {
+        "max_num_seqs": 1,
+        "disable_radix_cache": True,
+        "chunked_prefill_size": -1,
+        "enforce_eager": True,
+        "step": [],
+    }
+    assert all(n["why"] for n in needs.values()) and "per forward pass" in needs["step"]["why"]
+    for backend in ((), ("--rollout-backend", "vllm")):  # unchanged elsewhere
+        code, res = cli_json(*args, *backend)
+        assert code == ExitCode.OK and res["config"]["step"] == [0] and res["pairing_needs"] == []
+    code, res = cli_json(*args[:4], "actor", *args[5:], "--rollout-backend", "sglang")
+    assert code == ExitCode.OK and res["config"]["step"] == [] and res["pairing_needs"] == []
+
+    # check-script's rule on an existing generate config: [0] warns for SGLang (only one pass pairs)
+    data = build_config("consistency", "generate", "/d/g")
+    (problem,) = rule_problems(data, "consistency", "generate", "sglang")
+    assert problem.startswith(SGLANG_STEP_WARNING) and "[0]" in problem
+    assert rule_problems({**data, "step": []}, "consistency", "generate", "sglang") == []
+    assert rule_problems({**data, "step": []}, "consistency", "generate", "vllm") == [
+        "step is []; the generate side uses [0]"
+    ]
+
+
+def test_refusals(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    code, res = cli_json("config", "--mode", "training", "--dump-path", "/x", "-o", out, "--no-check")
+    assert code == ExitCode.REFUSED and "forbidden" in res["message"]
+    code, res = cli_json("config", "--mode", "consistency", "--side", "actor", "-o", out, "--no-check")
+    assert code == ExitCode.REFUSED and "--dump-path is required" in res["message"]
+    code, res = cli_json(
+        "config", "--mode", "inference", "--side", "actor", "--dump-path", "/x", "-o", out, "--no-check"
+    )
+    assert code == ExitCode.REFUSED and "does not belong" in res["message"]
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "--step", "a", "-o", out, "--no-check")
+    assert code == ExitCode.USAGE
+    assert not out.exists()
+
+
+def test_without_msprobe_the_check_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "-o", out)  # this python: no msprobe
+    assert code == ExitCode.REFUSED and "msprobe is not installed" in res["message"] and "--python" in res["hint"]
+    assert not out.exists()
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "-o", out, "--no-check")
+    assert code == ExitCode.OK and json.loads(out.read_text())["step"] == [0]

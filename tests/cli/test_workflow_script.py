@@ -1,0 +1,266 @@
+"""`rlprobe-patch script` / `check-script`: exactly the skill's overrides, in a new file; refusals.
+
+On real releases' configs: tests/real/test_workflow_script_real.py.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import CONFIGS, cli, cli_json
+from script_oracle import SHARED
+
+from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.fsio import sha256
+from rlprobe_patch.launch.script import read_script
+
+CONSISTENCY_FSDP = {
+    "data.train_batch_size": 1,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 1,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
+    "actor_rollout_ref.rollout.agent.num_workers": 1,
+    "actor_rollout_ref.model.use_remove_padding": True,
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": False,
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
+    "trainer.balance_batch": False,
+    "trainer.val_before_train": False,
+    "trainer.total_training_steps": 1,
+    "algorithm.rollout_correction.rollout_is": None,
+    "algorithm.rollout_correction.rollout_rs": None,
+    "algorithm.rollout_correction.rollout_rs_threshold": None,
+    "algorithm.rollout_correction.rollout_is_batch_normalize": False,
+    "actor_rollout_ref.rollout.n": 8,
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
+    "actor_rollout_ref.rollout.enforce_eager": True,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 8,
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path": "/d/config_generate.json",
+}
+
+
+def only_insertions(before: str, after: str) -> bool:
+    """`after` is `before` with text inserted, nothing removed or replaced."""
+    ops = difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes()
+    return all(tag in ("equal", "insert") for tag, *_ in ops)
+
+
+def test_consistency_script_has_exactly_the_overrides(workflow_scripts: Path) -> None:
+    original = workflow_scripts / "grpo_fsdp_vllm.sh"
+    before = sha256(original.read_bytes())
+    out_path = workflow_scripts / "run_consistency.sh"
+    code, out = cli_json("script", str(original), "--mode", "consistency", *CONFIGS, "-o", str(out_path))
+    assert code == ExitCode.OK, out
+    assert sha256(original.read_bytes()) == before  # never edited
+    assert subprocess.run(["bash", "-n", str(out_path)]).returncode == 0
+
+    old, new = read_script(original), read_script(out_path)
+    changed = {k for k in new.settings if k not in old.settings or new.settings[k].value != old.settings[k].value}
+    assert changed == set(CONSISTENCY_FSDP) - {
+        "actor_rollout_ref.model.use_remove_padding"
+    }  # that one was already True
+    for key, value in CONSISTENCY_FSDP.items():
+        assert new.value(key, "missing") == value, key
+    assert set(old.settings) - set(new.settings) == set()  # nothing dropped
+    assert {k: v.value for k, v in new.env.items() if k not in old.env} == {
+        "TORCHDYNAMO_DISABLE": "1",
+        "DUMP_ON": "1",
+        "PROMPTS_ONLY": "1",
+        "DUMP_PHASE": "log_prob",
+        "MSPROBE_ACTOR_CONFIG": "/d/config_actor.json",
+    }
+    # the user's override stays where it was; ours comes after it on the same launch, so Hydra takes ours
+    first, ours = new.overrides_of("data.train_batch_size")
+    assert (first.value, ours.value) == (old.value("data.train_batch_size"), 1)
+    assert new.settings["data.train_batch_size"].source == ours.source
+    assert any("forced to 1" in n for n in out["notices"])
+    actions = {c["key"]: c["action"] for c in out["changes"]}
+    assert actions["data.train_batch_size"] == "set" and actions["trainer.total_training_steps"] == "added"
+    assert only_insertions(original.read_text(), out_path.read_text())  # nothing of the user's edited
+
+    code, out = cli_json("check-script", str(out_path), "--mode", "consistency")
+    assert code == ExitCode.OK, [c for c in out["checks"] if not c["ok"]]
+    code, out = cli_json("check-script", str(original), "--mode", "consistency")
+    assert code == ExitCode.VERIFY_FAILED
+    failed = {c["name"] for c in out["checks"] if not c["ok"]}
+    assert "data.train_batch_size=1" in failed and "export DUMP_ON=1" in failed
+    assert "rollout dump config" in failed
+
+
+def test_existing_output_and_original_are_protected(workflow_scripts: Path) -> None:
+    original = workflow_scripts / "grpo_fsdp_vllm.sh"
+    code, out = cli_json("script", str(original), "--mode", "consistency", *CONFIGS, "-o", str(original))
+    assert code == ExitCode.REFUSED and "original" in out["message"]
+    target = workflow_scripts / "exists.sh"
+    target.write_text("keep me\n")
+    code, out = cli_json("script", str(original), "--mode", "consistency", *CONFIGS, "-o", str(target))
+    assert code == ExitCode.REFUSED and target.read_text() == "keep me\n"
+    code, _ = cli_json("script", str(original), "--mode", "consistency", *CONFIGS, "-o", str(target), "--force")
+    assert code == ExitCode.OK and "rlprobe-patch" in target.read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "reason"),
+    [
+        ("fsdp_tp_mismatch.sh", (), "FSDP: rollout TP must equal the rollout GPU count"),
+        ("megatron_misaligned.sh", (), "Megatron: TP must be equal on actor, ref and rollout"),
+        ("megatron_misaligned.sh", (), "Megatron: pipeline parallelism must be 1 for the dump"),
+        ("megatron_misaligned.sh", (), "Megatron: PP must be equal"),
+        ("grpo_fsdp_vllm.sh", ("--rollout-backend", "sglang", "--sglang-version", "0.5.4"), None),
+    ],
+)
+def test_misaligned_inputs_are_refused(
+    workflow_scripts: Path, name: str, args: tuple[str, ...], reason: str | None
+) -> None:
+    out_path = workflow_scripts / "out.sh"
+    code, out = cli_json(
+        "script", str(workflow_scripts / name), "--mode", "consistency", *CONFIGS, *args, "-o", str(out_path)
+    )
+    if reason is None:  # SGLang < 0.5.11: no dump argument, a notice about the ModelRunner patch
+        assert code == ExitCode.OK
+        assert any("ModelRunner" in n for n in out["notices"])
+        assert "msprobe_dump_config" not in out_path.read_text()
+        return
+    assert code == ExitCode.REFUSED, out
+    assert any(reason in d for d in out["details"]), out["details"]
+    assert not out_path.exists()
+
+
+def test_vllm_rollout_pipeline_parallel_is_refused(workflow_scripts: Path) -> None:
+    script = workflow_scripts / "pp.sh"
+    script.write_text(
+        (workflow_scripts / "megatron_aligned.sh")
+        .read_text()
+        .replace(
+            "trainer.n_gpus_per_node=8",
+            "actor_rollout_ref.rollout.pipeline_model_parallel_size=2 trainer.n_gpus_per_node=8",
+        )
+    )
+    code, out = cli_json("script", str(script), "--mode", "consistency", *CONFIGS, "-o", str(workflow_scripts / "o.sh"))
+    assert code == ExitCode.REFUSED
+    assert any("vLLM rollout with pipeline parallelism > 1 is unsupported" in d for d in out["details"])
+
+
+def test_megatron_aligned_sets_dp_and_pp(workflow_scripts: Path) -> None:
+    out_path = workflow_scripts / "out.sh"
+    code, out = cli_json(
+        "script", str(workflow_scripts / "megatron_aligned.sh"), "--mode", "consistency", *CONFIGS, "-o", str(out_path)
+    )
+    assert code == ExitCode.OK, out
+    new = read_script(out_path)
+    assert new.value("actor_rollout_ref.rollout.n") == 4  # 8 GPUs / TP 2
+    assert new.value("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size") == 1
+    assert new.value("actor_rollout_ref.ref.megatron.pipeline_model_parallel_size") == 1
+    assert new.value("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "unset") == "unset"  # FSDP only
+
+
+def test_release_specific_dump_arguments(workflow_scripts: Path) -> None:
+    out_path = workflow_scripts / "out.sh"
+    base = (
+        "script",
+        str(workflow_scripts / "grpo_fsdp_vllm.sh"),
+        "--mode",
+        "inference",
+        "--generate-config",
+        "/g.json",
+    )
+    code, _ = cli_json(*base, "--vllm-ascend-version", "0.12.0", "-o", str(out_path))
+    assert code == ExitCode.OK
+    assert read_script(out_path).value("vllm.additional_config.dump_config") == "/g.json"
+    code, _ = cli_json(*base, "--vllm-ascend-version", "0.18.0", "-o", str(out_path), "--force")
+    assert read_script(out_path).value("vllm.additional_config.dump_config_path") == "/g.json"
+    code, _ = cli_json(
+        *base, "--rollout-backend", "sglang", "--sglang-version", "0.5.11", "-o", str(out_path), "--force"
+    )
+    new = read_script(out_path)
+    assert new.value("engine_kwargs.sglang.msprobe_dump_config") == "/g.json"
+    # inference: eager and the dump argument only; the batch is left alone
+    assert new.value("data.train_batch_size") == 1024
+    assert new.value("rollout.enforce_eager") is True and new.env["TORCHDYNAMO_DISABLE"].value == "1"
+
+
+def test_training_mode_script_and_refusal_on_old_verl(workflow_scripts: Path, tmp_path: Path) -> None:
+    out_path = workflow_scripts / "out.sh"
+    args = ("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", "/t.json")
+    code, out = cli_json(*args, "--stages", "actor_compute_log_prob,actor_update", "-o", str(out_path))
+    assert code == ExitCode.OK, out
+    new = read_script(out_path)
+    assert new.value("global_profiler.tool") == "precision_debugger"
+    assert new.value("precision_debugger.config_path") == "/t.json"
+    assert new.value("precision_debugger.stages") == ["actor_compute_log_prob", "actor_update"]
+    assert new.value("actor_rollout_ref.actor.profiler.enable") is True
+    assert new.value("actor_rollout_ref.ref.profiler.enable", "unset") == "unset"
+    code, out = cli_json("check-script", str(out_path), "--mode", "training")
+    assert code == ExitCode.OK, out
+    # a training config with dump_path fails check-script
+    config = tmp_path / "t.json"
+    config.write_text(json.dumps({"task": "statistics", "dump_path": "/x", "level": "mix"}))
+    text = out_path.read_text().replace("/t.json", str(config))
+    out_path.write_text(text)
+    code, out = cli_json("check-script", str(out_path), "--mode", "training")
+    assert code == ExitCode.VERIFY_FAILED
+    assert any("dump_path is set" in c["detail"] for c in out["checks"] if not c["ok"])
+
+
+def test_usage_errors(workflow_scripts: Path) -> None:
+    result = cli("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "consistency", "--json")
+    assert result.exit_code == ExitCode.USAGE and "--actor-config" in result.output
+    code, out = cli_json("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), *CONFIGS)  # mode unknown in that script
+    assert code == ExitCode.REFUSED and "mode is unknown" in out["message"]
+
+
+@pytest.mark.parametrize("version", ["0.5.8", "0.5.11"])
+def test_sglang_consistency_sets_what_pairing_needs(workflow_scripts: Path, version: str) -> None:
+    """One request per prefill pass, no radix cache, no chunked prefill, eager: what check-dump
+    needs to pair SGLang prefills with actor micro-batches by rid; each with its reason."""
+    out_path = workflow_scripts / "out.sh"
+    args = ("--rollout-backend", "sglang", "--sglang-version", version, "-o", str(out_path))
+    code, out = cli_json(
+        "script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "consistency", *CONFIGS, *args
+    )
+    assert code == ExitCode.OK, out
+    new = read_script(out_path)
+    assert new.value("actor_rollout_ref.rollout.max_num_seqs") == 1
+    assert new.value("engine_kwargs.sglang.disable_radix_cache") is True
+    assert new.value("engine_kwargs.sglang.chunked_prefill_size") == -1
+    assert new.value("rollout.enforce_eager") is True
+    text = out_path.read_text()
+    assert "++actor_rollout_ref.rollout.engine_kwargs.sglang.disable_radix_cache=True" in text
+    assert any("dispatch_log.jsonl" in n and "--mode consistency" in n for n in out["notices"])
+    if version == "0.5.8":  # sglang.model-runner reads its config from the environment
+        assert "msprobe_dump_config" not in text
+        assert new.env["MSPROBE_SGLANG_CONFIG"].value == CONFIGS[CONFIGS.index("--generate-config") + 1]
+    else:
+        assert new.value("engine_kwargs.sglang.msprobe_dump_config") == CONFIGS[CONFIGS.index("--generate-config") + 1]
+    check = ("--mode", "consistency", "--rollout-backend", "sglang", "--sglang-version", version)
+    code, out = cli_json("check-script", str(out_path), *check)
+    assert code == ExitCode.OK, out
+
+
+def test_prompts_only_turns_off_the_kl_penalty_in_the_reward(tmp_path: Path) -> None:
+    """verl 0.8.0's own RLOO example keeps `algorithm.use_kl_in_reward=True`: under PROMPTS_ONLY the
+    responses are cut to length 0 while `rm_scores` keep their length, so verl's KL penalty fails at
+    the advantage step. The derived script turns it off; check-script fails the original, naming it."""
+    example = SHARED / "upstream/verl-examples/v0.8.0/examples"
+    example /= "rloo_trainer/run_qwen3_8b_fsdp.sh"
+    if not example.is_file():
+        pytest.skip("../shared/upstream is not beside the repository")
+    key = "algorithm.use_kl_in_reward"
+    assert read_script(example).value(key) is True
+    out_path = tmp_path / "collect.sh"
+    code, out = cli_json(
+        "script", str(example), "--mode", "consistency", *CONFIGS, "--n-gpus", "2", "-o", str(out_path)
+    )
+    assert code == ExitCode.OK, out
+    assert read_script(out_path).value(key) is False
+    code, checked = cli_json("check-script", str(example), "--mode", "consistency")
+    failed = [c for c in checked["checks"] if not c["ok"]]
+    assert code != ExitCode.OK and any(key in json.dumps(c) for c in failed), failed
+    code, checked = cli_json("check-script", str(out_path), "--mode", "consistency")
+    assert not [c for c in checked["checks"] if not c["ok"] and key in json.dumps(c)]

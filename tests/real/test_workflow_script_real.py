@@ -1,0 +1,70 @@
+"""`rlprobe-patch script` / `check-script` against real releases' configs (Hydra composes what is
+written; keys a release does not have are skipped). The rest: tests/cli/test_workflow_script.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import CONFIGS, cli_json
+from script_oracle import SHARED
+
+from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.launch.script import read_script
+
+
+def test_training_mode_is_refused_before_verl_0_8(workflow_scripts: Path, real_tree) -> None:
+    args = ("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", "/t.json")
+    code, out = cli_json(*args, "--verl-root", str(real_tree("0.7.1")), "-o", str(workflow_scripts / "x.sh"))
+    assert code == ExitCode.REFUSED and "no precision_debugger profiler" in out["details"][0]
+
+
+def test_keys_missing_from_the_release_config_are_skipped(workflow_scripts: Path, real_tree) -> None:
+    """verl 0.6.0 has no rollout correction: those keys are skipped; the dump config is created (`++`)."""
+    root = real_tree("0.6.0")
+    code, out = cli_json(
+        "script",
+        str(workflow_scripts / "grpo_fsdp_vllm.sh"),
+        "--mode",
+        "consistency",
+        *CONFIGS,
+        "--verl-root",
+        str(root),
+        "-o",
+        str(workflow_scripts / "out.sh"),
+    )
+    assert code == ExitCode.OK, out
+    actions = {c["key"]: c["action"] for c in out["changes"]}
+    assert actions["algorithm.rollout_correction.rollout_is"] == "skipped"  # not in that release's config
+    assert actions["trainer.balance_batch"] == "set"
+    dump_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
+    assert actions[dump_key] == "added"
+    text = (workflow_scripts / "out.sh").read_text()
+    assert "rollout_correction" not in text and f"++{dump_key}=/d/config_generate.json" in text
+    derived = read_script(workflow_scripts / "out.sh", verl_root=root, release="0.6.0")
+    assert derived.composed is not None and not derived.composed.errors  # Hydra composes what we wrote
+    assert derived.value(dump_key) == "/d/config_generate.json"
+
+
+def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree, tmp_path: Path) -> None:
+    """The two silent wrong outcomes measured in issue 12 (verl's own grpo_trainer/run_qwen2-7b_math.sh):
+    the rollout dump config was skipped as "not in this verl release's config" though `++` creates it,
+    and `--n-gpus 2` passed the TP check while the derived script still ran 8 GPUs."""
+    example = SHARED / "upstream/verl-examples/v0.6.1/examples"
+    example /= "grpo_trainer/run_qwen2-7b_math.sh"
+    if not example.is_file():
+        pytest.skip("../shared/upstream is not beside the repository")
+    root = real_tree("0.9.1")
+    out_path = tmp_path / "collect.sh"
+    args = ("script", str(example), "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", str(out_path))
+    code, out = cli_json(*args, "--n-gpus", "2")
+    assert code == ExitCode.OK, out
+    derived = read_script(out_path, verl_root=root, release="0.9.1")
+    assert derived.composed is not None and not derived.composed.errors
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
+    assert derived.value(key) == "/d/config_generate.json"
+    assert derived.fact("n_gpus_per_node") * derived.fact("nnodes") == 2
+    assert derived.fact("rollout_tp") == 2
+    code, checked = cli_json("check-script", str(out_path), "--mode", "consistency", "--verl-root", str(root))
+    assert code == ExitCode.OK, [c for c in checked["checks"] if not c["ok"]]

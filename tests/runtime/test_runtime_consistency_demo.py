@@ -1,0 +1,93 @@
+"""`rlprobe-patch demo --consistency`, run for real: the consistency chain end to end on the CPU.
+
+Real: verl 0.9.1's `FSDPEngineWithLMHead` in the cached runtime venv (CPU torch 2.13, msprobe
+26.2.0), patched by `apply --mode consistency` and dumping with `DUMP_ON=1 PROMPTS_ONLY=1
+DUMP_PHASE=log_prob`; SGLang 0.5.10.post1's `ModelRunner.forward` as it stands in the wheel's
+model_runner.py patched by sglang.model-runner and sglang.dispatch-logger (the debugger and the
+dispatch log are the inserted code); check-dump's pairing and msprobe's own compare and
+thresholds. Stand-ins (src/rlprobe_patch/demo/drivers/consistency_demo.py): SGLang's
+ModelRunner object and ForwardBatch, and SGLang's model code: the rollout side runs
+transformers' Qwen2ForCausalLM on the same checkpoint (SGLang does not import on CPU).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from conftest import cli_json, snapshot
+
+from rlprobe_patch.errors import ExitCode
+from runtime import venvs
+
+FLIPPED = "Module.model.layers.1.mlp.down_proj.Linear.forward.0.parameters.weight"
+PROMPTS = ["rollout-0", "rollout-1", "rollout-2", "rollout-3"]
+
+
+def sources(root: Path) -> dict[str, tuple[str, int]]:
+    return {k: v for k, v in snapshot(root).items() if "__pycache__" not in k}  # running verl compiles it
+
+
+def changed_from_wheel(site: Path, dist_info: str) -> list[str]:
+    """Files of the installed wheel whose bytes differ from its RECORD (sha256, urlsafe base64)."""
+    changed = []
+    with open(site / dist_info / "RECORD", newline="") as record:
+        for path, digest, _size in csv.reader(record):
+            if not path.startswith("verl/") or not digest.startswith("sha256="):
+                continue
+            actual = base64.urlsafe_b64encode(hashlib.sha256((site / path).read_bytes()).digest()).rstrip(b"=")
+            if actual.decode() != digest.removeprefix("sha256="):
+                changed.append(path)
+    return changed
+
+
+def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one command of the README, without --python: the demo builds its own venv (CPU torch from
+    torch's CPU index, falling back to the package index where that index cannot be reached), once."""
+    pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
+    monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)  # the wheels the test venvs downloaded
+    monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
+    code, out = cli_json("demo", "--consistency", "--workdir", tmp_path / "demo")
+    assert code == ExitCode.OK and out["ok"], out
+    python = Path(out["python"])
+    assert python.is_relative_to(venvs.cache_root() / "demo-cache")
+    site = venvs.site_packages(python)
+    assert changed_from_wheel(site, "verl-0.9.1.dist-info") == []  # the demo reverted what it applied
+    assert (out["verl"], out["sglang"], out["prompts"]) == ("0.9.1", "0.5.10.post1", PROMPTS)
+
+    same, flipped = out["same_weights"], out["perturbed"]
+    for run in (same, flipped):  # every prompt paired by its request id, nothing left over
+        assert run["pairs"] == 4 and run["paired_ids"] == PROMPTS
+        assert run["problems"] == [] and run["unpaired"] == []
+    assert (same["agree"], same["disagree"]) == (4, 0)
+    assert (flipped["agree"], flipped["disagree"]) == (0, 4)
+    for agreed, caught in zip(same["compare"], flipped["compare"]):
+        # Same weights: every row msprobe matched passes its Result and accuracy rules; the last
+        # module output (the final norm, what the LM head reads) is identical on both sides.
+        assert agreed["matched"] > 80 and agreed["mismatched"] == [] and agreed["accuracy_reached"].get("No", 0) == 0
+        assert agreed["last_output"]["name"] == "Module.model.norm.Qwen2RMSNorm.forward.0.output.0"
+        assert float(agreed["last_output"]["cosine"]) > 0.99999
+        # Flipped weight: the weight itself, the layer's output and the last output fail msprobe's rules.
+        assert caught["mismatched"][0] == FLIPPED
+        assert "Module.model.layers.1.mlp.Qwen2MLP.forward.0.output.0" in caught["mismatched"]
+        assert caught["last_output"]["name"] in caught["mismatched"]
+        assert caught["accuracy_reached"]["No"] >= 3
+
+
+def test_demo_consistency_leaves_an_already_patched_verl_alone(tmp_path: Path) -> None:
+    """The demo reverts what it applied; on a verl that already carries a patch it would take that
+    away too, so it refuses before writing anything."""
+    with venvs.using("0.9.1") as python:
+        code, out = cli_json("apply", "--python", python, "--backend", "fsdp2", "--only", "verl.fsdp-engine")
+        assert code == ExitCode.OK, out
+        patched = sources(venvs.site_packages(python) / "verl")
+        code, out = cli_json("demo", "--consistency", "--python", python, "--workdir", tmp_path / "demo")
+        assert code == ExitCode.REFUSED and "verl.fsdp-engine" in out["message"], out
+        assert sources(venvs.site_packages(python) / "verl") == patched
+        assert not (tmp_path / "demo" / "model").exists()

@@ -1,0 +1,87 @@
+"""check-dump --slime-debug: slime's own debug rollout / train dumps next to msprobe's (issue 18, item 5).
+
+The dumps are written by slime's own writers from the four release archives
+(tests/runtime/slime_debug_writer.py says what is real and what stands in); the format 2 train
+dump (after v0.3.1, in no archive) is written from its documented structure: derived. The actor
+side (`update_actor_log.jsonl` lines and `step*/rank*/dump.json`) is a stand-in written by
+tests/slime_actor_log.py in the format of the slime.megatron-actor hook's `_log_step` (the hook
+itself runs in tests/runtime/test_runtime_slime.py). The fast part: tests/cli/test_slime_debug_dumps.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import TESTS
+from script_oracle import SHARED
+from slime_actor_log import actor_line, write_actor
+
+from rlprobe_patch.cli import main
+
+UPSTREAM = SHARED / "upstream" / "slime"
+RELEASES = ("0.2.2", "0.2.4", "0.3.0", "0.3.1")
+WRITER = TESTS / "runtime" / "slime_debug_writer.py"
+
+
+@pytest.mark.skipif(not UPSTREAM.is_dir(), reason="../shared/upstream/slime not here")
+def test_slime_debug_dumps_of_the_four_releases(tmp_path: Path) -> None:
+    from runtime import venvs
+
+    python = venvs.ensure_megatron_venv()
+    roots = []
+    for release in RELEASES:
+        folder = tmp_path / "trees" / release
+        folder.mkdir(parents=True)
+        with tarfile.open(UPSTREAM / f"slime-v{release}.tar.gz") as tar:
+            tar.extractall(folder, filter="data")
+        roots += ["--slime-root", str(next(folder.iterdir()))]
+    proc = subprocess.run(
+        [str(python), str(WRITER), *roots, "--out", str(tmp_path / "debug")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [len(t["files"]) for t in written["trees"]] == [4, 4, 4, 4]
+    lines = [actor_line(0, "log_prob", 10), actor_line(1, "log_prob", 11), actor_line(2, "update_actor", 10)]
+    actor = write_actor(tmp_path / "actor", lines)
+    runner = CliRunner()
+    for number, release in enumerate(RELEASES):
+        args = ["check-dump", "--actor", str(actor), "--slime-debug", str(tmp_path / "debug" / str(number))]
+        result = runner.invoke(main, [*args, "--python", str(python), "--json"])
+        assert result.exit_code == 0, (release, result.output)
+        data = json.loads(result.output)
+        rollout, evaluation = data["slime_debug"]["rollouts"]
+        assert (rollout["rollout_id"], rollout["evaluation"], evaluation["evaluation"]) == (3, False, True)
+        (dump,) = rollout["rollout_dumps"]
+        assert dump["sample_indices"] == [10, 11, 12, 13]
+        assert dump["request_ids"]["13"] == ["slime-13", "slime-13-1"]  # a resumed sample: two requests
+        v1, v2 = sorted(rollout["train_dumps"], key=lambda d: d["format_version"])
+        assert (v1["format_version"], v1["rank"], v1["sample_indices"]) == (1, 0, [10, 11, 12, 13])
+        assert (v2["format_version"], v2["rollout_positions"]) == (2, [0, 1, 2, 3])
+        assert [s["rollout_positions"] for s in v2["dp_shards"]] == [[0, 2], [1, 3]]
+        steps = [(s["phase"], s["step"], s["sample_indices"], s["request_ids"]) for s in rollout["actor_steps"]]
+        assert steps == [
+            ("log_prob", 0, [10], ["slime-10"]),
+            ("log_prob", 1, [11], ["slime-11"]),
+            ("update_actor", 2, [10], ["slime-10"]),
+        ]
+        assert rollout["not_in_actor_steps"] == [12, 13]
+        assert evaluation["rollout_dumps"][0]["sample_indices"] == [0, 1]  # eval indices restart at 0
+
+    # a broken chain: the actor logs another id than the rollout sent, and a file that is not slime's
+    bad = write_actor(tmp_path / "bad", [actor_line(0, "log_prob", 11, "slime-99")])
+    (tmp_path / "debug" / "0" / "junk.pt").write_bytes(b"not a torch file")
+    args = ["check-dump", "--actor", str(bad), "--slime-debug", str(tmp_path / "debug" / "0")]
+    result = runner.invoke(main, [*args, "--python", str(python), "--json"])
+    assert result.exit_code == 4, result.output
+    problems = json.loads(result.output)["problems"]
+    assert any("sample 11 logged as slime-99, but the rollout sent slime-11" in p for p in problems)
+    assert any("junk.pt: not read" in p for p in problems)
