@@ -13,7 +13,6 @@ reader of its launch in `launch/`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.errors import PatchError, RefusedError
@@ -22,6 +21,7 @@ from rlprobe_patch.workflow.derive.base import (
     Change,
     Framework,
     Requirements,
+    RunOptions,
     ScriptCheck,
     common_checks,
     default_output,
@@ -38,6 +38,7 @@ __all__ = [
     "Change",
     "Framework",
     "Requirements",
+    "RunOptions",
     "ScriptCheck",
     "check_script",
     "default_output",
@@ -58,9 +59,9 @@ def framework_of(script: Script) -> Framework:
     return FRAMEWORKS[script.framework]
 
 
-def requirements(detection: Detection, mode: str, **options: Any) -> Requirements:
+def requirements(detection: Detection, mode: str, options: RunOptions | None = None) -> Requirements:
     """What a `mode` collection run of the detected script needs (`Framework.requirements`)."""
-    return framework_of(detection.script).requirements(detection, mode, **options)
+    return framework_of(detection.script).requirements(detection, mode, options or RunOptions())
 
 
 def render_script(script: Script, req: Requirements, source_name: str, composed: bool) -> tuple[str, list[Change]]:
@@ -142,15 +143,6 @@ def derive(
     if not stages:
         in_script = detection.script.get("precision_debugger.stages")
         stages = tuple(in_script.value) if in_script is not None and isinstance(in_script.value, list) else STAGES
-    req = requirements(
-        detection,
-        mode,
-        train_backend=train_backend,
-        rollout_backend=rollout_backend,
-        n_gpus=n_gpus,
-        configs=found_configs,
-        versions=versions,
-        stages=stages,
-        save_path=save_path,
-    )
+    options = RunOptions(train_backend, rollout_backend, n_gpus, found_configs, versions, stages, save_path)
+    req = requirements(detection, mode, options)
     return detection, req, root

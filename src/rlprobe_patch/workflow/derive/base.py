@@ -118,6 +118,19 @@ class ScriptCheck:
         return {"name": self.name, "ok": self.ok, "detail": self.detail, "warning": self.warning}
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What the user says of the run beyond its script (the options of `script` / `check-script`)."""
+
+    train_backend: str | None = None  # default: detected
+    rollout_backend: str | None = None  # default: detected
+    n_gpus: int | None = None  # training GPUs in all; default: from the script
+    configs: dict[str, str] = field(default_factory=dict)  # side -> the msprobe config it uses
+    versions: dict[str, str | None] = field(default_factory=dict)  # package -> the release it runs
+    stages: tuple[str, ...] = ()  # training mode's stages; default: every one
+    save_path: str | None = None  # training mode's global_profiler.save_path
+
+
 class Framework(abc.ABC):
     """What one training framework provides to derive and check a collection script.
 
@@ -129,19 +142,7 @@ class Framework(abc.ABC):
     dump_config_arg: ClassVar[str]  # how check-script names the rollout's dump config argument
 
     @abc.abstractmethod
-    def requirements(
-        self,
-        detection: Detection,
-        mode: str,
-        *,
-        train_backend: str | None = None,
-        rollout_backend: str | None = None,
-        n_gpus: int | None = None,
-        configs: dict[str, str] | None = None,
-        versions: dict[str, str | None] | None = None,
-        stages: tuple[str, ...] = (),
-        save_path: str | None = None,
-    ) -> Requirements:
+    def requirements(self, detection: Detection, mode: str, options: RunOptions) -> Requirements:
         """What a `mode` collection run of this script needs: settings, switches, refusals, notices."""
 
     @abc.abstractmethod

@@ -37,6 +37,7 @@ from rlprobe_patch.workflow.derive.base import (
     Change,
     Framework,
     Requirements,
+    RunOptions,
     ScriptCheck,
     load_shared,
     shared_switches,
@@ -112,21 +113,8 @@ class Slime(Framework):
     facts_shown = tuple(fact for fact, *_ in FACT_FLAGS)
     dump_config_arg = "--sglang-msprobe-dump-config"
 
-    def requirements(
-        self,
-        detection: Detection,
-        mode: str,
-        *,
-        train_backend: str | None = None,
-        rollout_backend: str | None = None,
-        n_gpus: int | None = None,
-        configs: dict[str, str] | None = None,
-        versions: dict[str, str | None] | None = None,
-        stages: tuple[str, ...] = (),
-        save_path: str | None = None,
-    ) -> Requirements:
-        configs = configs or {}
-        versions = versions or {}
+    def requirements(self, detection: Detection, mode: str, options: RunOptions) -> Requirements:
+        configs, versions, n_gpus = options.configs, options.versions, options.n_gpus
 
         script = detection.script
         train = str(script.fact("train_backend", "megatron"))

@@ -31,6 +31,7 @@ from rlprobe_patch.workflow.derive.base import (
     Change,
     Framework,
     Requirements,
+    RunOptions,
     ScriptCheck,
     hydra_text,
     shared_switches,
@@ -258,27 +259,14 @@ class Verl(Framework):
     )
     dump_config_arg = "engine_kwargs dump config"
 
-    def requirements(
-        self,
-        detection: Detection,
-        mode: str,
-        *,
-        train_backend: str | None = None,
-        rollout_backend: str | None = None,
-        n_gpus: int | None = None,
-        configs: dict[str, str] | None = None,
-        versions: dict[str, str | None] | None = None,
-        stages: tuple[str, ...] = (),
-        save_path: str | None = None,
-    ) -> Requirements:
-        script = detection.script
-        versions = versions or {}
-        train = (train_backend or detection.train_backend).replace("fsdp2", "fsdp")
-        rollout = rollout_backend or detection.rollout_backend
-        req = Requirements(mode, train, rollout, configs=dict(configs or {}))
+    def requirements(self, detection: Detection, mode: str, options: RunOptions) -> Requirements:
+        script, versions, n_gpus = detection.script, options.versions, options.n_gpus
+        train = (options.train_backend or detection.train_backend).replace("fsdp2", "fsdp")
+        rollout = options.rollout_backend or detection.rollout_backend
+        req = Requirements(mode, train, rollout, configs=dict(options.configs))
 
         if mode == "training":
-            _training(req, script, versions, stages or STAGES, save_path)
+            _training(req, script, versions, options.stages or STAGES, options.save_path)
             return req
 
         # inference and consistency: the rollout dump
