@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from rlprobe_patch.cli.options import apply_options, lock_timeout_option, read_options, reader_options, tree_options
 from rlprobe_patch.cli.output import Out, command, parse_ids, print_notices, print_tree
+from rlprobe_patch.core.roots import Roots
 from rlprobe_patch.errors import ExitCode
-
-if TYPE_CHECKING:
-    from rlprobe_patch.core.roots import Roots
 
 
 @click.command("apply")

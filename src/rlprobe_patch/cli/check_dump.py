@@ -10,6 +10,8 @@ import click
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.errors import ExitCode, UsageError
+from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs
+from rlprobe_patch.workflow.slime_dumps import check_slime_debug, debug_files
 
 
 @click.command("check-dump")
@@ -37,7 +39,6 @@ def check_dump_cmd(
     python: str | None,
 ) -> int:
     """Check the dump layout and pair generate and actor dumps through the request ids (exit 4 on problems)."""
-    from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs
 
     report = check_dumps(actor, generate)
     if compare and not generate:
@@ -53,8 +54,6 @@ def check_dump_cmd(
                 )
     slime = None
     if slime_debug:
-        from rlprobe_patch.workflow.slime_dumps import check_slime_debug, debug_files
-
         slime = check_slime_debug(report.actor_log, debug_files(list(slime_debug)), python)
         report.problems += slime.problems
         report.notes += slime.notes

@@ -10,17 +10,16 @@ import contextlib
 import functools
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import click
 
 from rlprobe_patch.catalogue.trees import BACKENDS, PATCH_MODES, ROOT_OPTIONS
 from rlprobe_patch.cli.options import apply_options, tree_options
 from rlprobe_patch.cli.output import Out, command
-
-if TYPE_CHECKING:
-    from rlprobe_patch.cluster.operations import Outcome
-    from rlprobe_patch.core.roots import Roots
+from rlprobe_patch.cluster import operations
+from rlprobe_patch.cluster.operations import Outcome, disconnect, short
+from rlprobe_patch.core.roots import Roots
 
 _STDOUT: list[TextIO] = []  # the real stdout while a cluster command runs (Ray's own messages go to stderr)
 
@@ -30,7 +29,6 @@ def quiet_ray(fn: Callable[..., int]) -> Callable[..., int]:
 
     @functools.wraps(fn)
     def wrapper(out: Out, **kwargs: Any) -> int:
-        from rlprobe_patch.cluster.operations import disconnect
 
         _STDOUT.append(sys.stdout)
         try:
@@ -45,7 +43,6 @@ def quiet_ray(fn: Callable[..., int]) -> Callable[..., int]:
 
 def emit(out: Out, outcome: Outcome) -> int:
     """The per-node table (text) or one JSON document; returns the exit code."""
-    from rlprobe_patch.cluster.operations import disconnect
 
     disconnect()  # no more messages from Ray's threads
     with contextlib.redirect_stdout(_STDOUT[-1] if _STDOUT else sys.stdout):
@@ -53,7 +50,6 @@ def emit(out: Out, outcome: Outcome) -> int:
 
 
 def _print(out: Out, outcome: Outcome) -> int:
-    from rlprobe_patch.cluster.operations import short
 
     command_name, reports, results, reasons = outcome.command, outcome.reports, outcome.results, outcome.reasons
     verdict, code = outcome.verdict, outcome.code
@@ -143,7 +139,6 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @quiet_ray
 def apply_cmd(out: Out, address: str | None, roots: Roots, dry_run: bool, **options: Any) -> int:
     """Plan on every node, refuse unless all agree, apply everywhere; roll back the others if one fails."""
-    from rlprobe_patch.cluster import operations
 
     trees = tree_args(roots)
     args = ["apply", *trees, *option_args(options)]
@@ -160,7 +155,6 @@ def apply_cmd(out: Out, address: str | None, roots: Roots, dry_run: bool, **opti
 @quiet_ray
 def verify_cmd(out: Out, address: str | None, roots: Roots, **options: Any) -> int:
     """Verify every node; fails when one node fails or the nodes run different releases."""
-    from rlprobe_patch.cluster import operations
 
     args = ["verify", *tree_args(roots), *option_args(options)]
     return emit(out, operations.verify(address, roots.python, args, out.progress))
@@ -173,7 +167,6 @@ def verify_cmd(out: Out, address: str | None, roots: Roots, **options: Any) -> i
 @quiet_ray
 def status_cmd(out: Out, address: str | None, roots: Roots, backend: str | None) -> int:
     """Every node's trees, versions, patch states and records; names the nodes that differ (exit 8)."""
-    from rlprobe_patch.cluster import operations
 
     args = ["status", *tree_args(roots), *option_args({"backend": backend})]
     return emit(out, operations.status(address, roots.python, args, out.progress))
@@ -186,7 +179,6 @@ def status_cmd(out: Out, address: str | None, roots: Roots, backend: str | None)
 @quiet_ray
 def revert_cmd(out: Out, address: str | None, roots: Roots, merge: bool) -> int:
     """Revert every node; nothing is written unless every node can revert (dry run first)."""
-    from rlprobe_patch.cluster import operations
 
     args = ["revert", *tree_args(roots), *option_args({"merge": merge})]
     return emit(out, operations.revert(address, roots.python, args, out.progress))

@@ -10,8 +10,9 @@ import click
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.errors import ExitCode, UsageError
-from rlprobe_patch.workflow.config import LEVELS, TASKS
+from rlprobe_patch.workflow.config import LEVELS, SIDES, TASKS, build_config, sglang_consistency_generate, write_config
 from rlprobe_patch.workflow.detect import COLLECTION_MODES
+from rlprobe_patch.workflow.sglang_pairing import SGLANG_GENERATE_STEPS_WHY, SGLANG_PAIRING
 
 
 def _int_list(text: str | None) -> list[int] | None:
@@ -56,8 +57,6 @@ def config_cmd(
     no_check: bool,
 ) -> int:
     """Write an msprobe config.json for MODE and SIDE, checked by msprobe's own config loading."""
-    from rlprobe_patch.workflow.config import SIDES, build_config, sglang_consistency_generate, write_config
-    from rlprobe_patch.workflow.sglang_pairing import SGLANG_GENERATE_STEPS_WHY, SGLANG_PAIRING
 
     side = side or SIDES[mode][0]
     data = build_config(

@@ -10,6 +10,8 @@ import click
 from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.workflow.derive import framework_of, verl_tree_of
+from rlprobe_patch.workflow.detect import detect_script, found_trees
 
 
 def reading_json(s: Any) -> dict[str, Any]:
@@ -46,8 +48,6 @@ def detect_cmd(
     out: Out, script: Path, hint: str, python: str | None, verl_root: Path | None, no_trees: bool, **opts: Any
 ) -> int:
     """Collection mode, training and rollout backends of SCRIPT, with the source of each value."""
-    from rlprobe_patch.workflow.derive import framework_of, verl_tree_of
-    from rlprobe_patch.workflow.detect import detect_script, found_trees
 
     reader = read_options(opts)
     root, release = verl_tree_of(verl_root, python)

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rlprobe_patch.catalogue.trees import Tree
+from rlprobe_patch.core.roots import GONE_HINT, Roots
 from rlprobe_patch.errors import ExitCode, PatchError
 
 if TYPE_CHECKING:
-    from rlprobe_patch.catalogue.trees import Tree
     from rlprobe_patch.core.plan import PatchPlan
-    from rlprobe_patch.core.roots import Roots
 
 
 class Out:
@@ -79,7 +79,6 @@ def parse_ids(text: str | None) -> tuple[str, ...]:
 
 def print_gone(out: Out, roots: Roots) -> None:
     """The registered trees a command found gone, and how to drop them."""
-    from rlprobe_patch.core.roots import GONE_HINT
 
     for g in roots.gone:
         out.line(f"{g['package']} at {g['root']}: gone ({g['reason']})", fg="yellow")

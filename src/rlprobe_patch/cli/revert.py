@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import click
 
 from rlprobe_patch.cli.options import lock_timeout_option, tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone
+from rlprobe_patch.core.roots import Roots
 from rlprobe_patch.errors import ExitCode, RefusedError
-
-if TYPE_CHECKING:
-    from rlprobe_patch.core.roots import Roots
 
 
 @click.command("revert")

@@ -10,6 +10,16 @@ import click
 from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
+from rlprobe_patch.workflow.config import SIDES
+from rlprobe_patch.workflow.derive import (
+    ScriptCheck,
+    check_script,
+    default_output,
+    derive,
+    framework_of,
+    render_script,
+    write_script,
+)
 from rlprobe_patch.workflow.detect import COLLECTION_MODES, STAGES
 
 
@@ -40,7 +50,6 @@ def _script_options(fn: Any) -> Any:
 
 def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
     """(detection, requirements, verl root) of SCRIPT under the options `_script_options` define."""
-    from rlprobe_patch.workflow.derive import derive
 
     reader = read_options(opts)
     stages = tuple(s.strip() for s in opts["stages"].split(",") if s.strip()) if opts["stages"] else ()
@@ -83,8 +92,6 @@ def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
 @command
 def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_run: bool, **opts: Any) -> int:
     """Write a collection script derived from ORIGINAL (never edited) with the skill's overrides."""
-    from rlprobe_patch.workflow.config import SIDES
-    from rlprobe_patch.workflow.derive import default_output, render_script, write_script
 
     for item in opts.get("sets", ()):
         if "=" not in item or item.startswith("-"):
@@ -144,7 +151,6 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
 def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
     """Check a collection script against the rules of its mode (exit 4 when a rule fails, 3 when verl would
     refuse its overrides)."""
-    from rlprobe_patch.workflow.derive import check_script
 
     detection, req, _ = _derive(script, opts)
     checks = check_script(detection.script, req)
@@ -172,7 +178,6 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
 
 
 def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:
-    from rlprobe_patch.workflow.derive import ScriptCheck, framework_of
 
     if req.mode in ("inference", "consistency") and "generate" not in req.configs:
         if not (req.rollout_backend == "sglang" and any("ModelRunner" in n for n in req.notices)):

@@ -5,17 +5,15 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from rlprobe_patch.catalogue.trees import BACKENDS
 from rlprobe_patch.cli.options import tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone, print_notices, print_tree
+from rlprobe_patch.core.roots import Roots
 from rlprobe_patch.errors import ExitCode, RefusedError
-
-if TYPE_CHECKING:
-    from rlprobe_patch.core.roots import Roots
+from rlprobe_patch.record.registry import forget_trees, registered_trees
 
 
 @click.command("status")
@@ -33,7 +31,6 @@ def status_cmd(
     every registered tree, those gone included."""
     from rlprobe_patch.core.rules import has_worker_paths
     from rlprobe_patch.core.status import status
-    from rlprobe_patch.record.registry import forget_trees, registered_trees
 
     if not roots.given and roots.python is None and not registered_trees():
         roots.python = sys.executable  # nothing named or registered: what this Python imports
@@ -93,7 +90,6 @@ def status_cmd(
 @command
 def forget_cmd(out: Out, paths: tuple[Path, ...]) -> int:
     """Drop trees (deleted, moved) from the registry that argument-less commands use; nothing else changes."""
-    from rlprobe_patch.record.registry import forget_trees, registered_trees
 
     wanted = {str(p.expanduser().absolute()) for p in paths}
     # A root, or its package folder (as --verl-root accepts both).

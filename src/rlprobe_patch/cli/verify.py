@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from rlprobe_patch.catalogue.trees import BACKENDS, PATCH_MODES
 from rlprobe_patch.cli.options import read_options, reader_options, tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone, print_tree
+from rlprobe_patch.core.roots import Roots
 from rlprobe_patch.errors import ExitCode
-
-if TYPE_CHECKING:
-    from rlprobe_patch.core.roots import Roots
 
 
 @click.command("verify")
