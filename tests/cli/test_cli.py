@@ -385,3 +385,15 @@ def test_demo_consistency_options_go_together() -> None:
     for args in (["--python", "/usr/bin/python3"], ["--consistency", "--offline"]):
         result = cli("demo", *args)
         assert result.exit_code == ExitCode.USAGE, result.output
+
+
+def test_apply_on_verl_without_backend_is_a_usage_error(fixture_tree) -> None:
+    """Exit 2 with one line saying what is missing (a JSON document with --json); nothing written."""
+    root = fixture_tree("0.9")
+    before = snapshot(root)
+    result = cli("apply", "--verl-root", root)
+    assert result.exit_code == ExitCode.USAGE
+    assert result.stderr.splitlines()[0] == "error: --backend is required to patch verl (fsdp, fsdp2 or megatron)"
+    code, out = cli_json("apply", "--verl-root", root)
+    assert code == ExitCode.USAGE and out["error"] == "UsageError" and not out["ok"]
+    assert snapshot(root) == before and not (root / ".rlprobe-patch").exists()
