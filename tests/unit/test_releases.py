@@ -16,7 +16,7 @@ from rlprobe_patch.catalogue import patches as catalogue
 from rlprobe_patch.catalogue import releases as releases_module
 from rlprobe_patch.catalogue.patches import load_catalogue
 from rlprobe_patch.catalogue.releases import PACKAGE_FILES, releases
-from rlprobe_patch.catalogue.trees import Tree
+from rlprobe_patch.catalogue.trees import PACKAGES, Tree
 from rlprobe_patch.core.rules import resolve_worker_impl
 
 PACKAGES = tuple(PACKAGE_FILES)
@@ -129,7 +129,7 @@ def test_compatibility_tables_are_current() -> None:
     cells = matrix.expected_cells()
     assert matrix.section(text, matrix.MARKERS, page)[1] == matrix.markdown(cells)
     assert {(c.package, c.release) for c in cells} == {
-        (p, r) for p in ("verl", "sglang", "vllm_ascend", "slime") for r in matrix.releases(p).all_releases
+        (p, r) for p in PACKAGES for r in matrix.releases(p).all_releases
     }
 
 

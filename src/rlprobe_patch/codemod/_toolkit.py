@@ -770,13 +770,11 @@ def contains(node: cst.CSTNode, matcher: m.BaseMatcherNode) -> bool:
     return bool(findall(node, matcher))
 
 
-def assigns_call(target: str, call: m.Call) -> StatementPredicate:
-    """`target = <call>` or `target: T = <call>` as a statement line."""
+def assigns_call(target: str | None, call: m.Call | m.OneOf[m.Call]) -> StatementPredicate:
+    """`target = <call>` or `target: T = <call>` as a statement line (any one name when `target` is None)."""
+    name = m.Name() if target is None else m.Name(target)
     pattern = m.SimpleStatementLine(
-        body=[
-            m.Assign(targets=[m.AssignTarget(m.Name(target))], value=call)
-            | m.AnnAssign(target=m.Name(target), value=call)
-        ]
+        body=[m.Assign(targets=[m.AssignTarget(name)], value=call) | m.AnnAssign(target=name, value=call)]
     )
     return lambda stmt: m.matches(stmt, pattern)
 

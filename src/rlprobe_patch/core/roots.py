@@ -8,7 +8,17 @@ from pathlib import Path
 
 from rlprobe_patch.catalogue.trees import PACKAGES, TRAINERS, Tree, find_tree, importable
 from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.record.folder import RECORD_FOLDER_NAME
 from rlprobe_patch.record.registry import registered_trees
+
+# The inference engines a mode's set is applied to when `--python` names the environment. Where
+# vLLM-Ascend is installed, its NPUModelRunner dumps with its own debugger (vllm-ascend.*), and
+# community vLLM, which it runs on, is not hooked a second time.
+ENGINES = ("sglang", "vllm_ascend", "vllm")
+NOT_TWICE = (
+    "vLLM-Ascend is installed: its NPUModelRunner dumps with its own msprobe debugger, so community vLLM "
+    "(which it runs on) is not hooked a second time (pass --vllm-root to patch it anyway)"
+)
 
 GONE_HINT = (
     "a registered tree moved or was deleted: name it with --verl-root (or the package's root option); "
@@ -26,19 +36,28 @@ class Roots:
         self.python = python
         self.trust_record = trust_record
         self.gone: list[dict[str, str]] = []  # registered trees that no longer exist: root, package, reason
+        self.notes: list[str] = []  # what was left out of the trees found, and why
 
     def for_apply(self, mode: str | None, needs_verl: bool) -> list[Tree]:
         if self.given:  # exactly the trees named, nothing searched
             return [find_tree(package, root) for package, root in self.given.items()]
         trees = self._trainers() if needs_verl or mode == "consistency" else []
         if mode in ("inference", "consistency"):
-            trees += [find_tree(p, None, self.python) for p in ("sglang", "vllm_ascend") if importable(p, self.python)]
+            trees += [find_tree(p, None, self.python) for p in self._engines()]
         if not trees:
             raise RefusedError(
                 "no tree to patch: nothing importable for this mode",
-                hint="name the trees with --verl-root / --sglang-root / --vllm-ascend-root",
+                hint="name the trees with --verl-root / --sglang-root / --vllm-ascend-root / --vllm-root",
             )
         return trees
+
+    def _engines(self) -> list[str]:
+        """The inference engines `python` imports; community vLLM not where vLLM-Ascend is."""
+        found = [p for p in ENGINES if importable(p, self.python)]
+        if "vllm_ascend" in found and "vllm" in found:
+            found.remove("vllm")
+            self.notes.append(NOT_TWICE)
+        return found
 
     def _trainers(self) -> list[Tree]:
         """The RL frameworks `python` imports (verl, slime); verl's refusal when it imports none."""
@@ -54,12 +73,18 @@ class Roots:
             return [find_tree(package, root) for package, root in self.given.items()]
         if self.python is not None:
             others = [p for p in PACKAGES if p not in TRAINERS and importable(p, self.python)]
-            return self._trainers() + [find_tree(p, None, self.python) for p in others]
+            trees = [find_tree(p, None, self.python) for p in others]
+            # Community vLLM under vLLM-Ascend: only when something was applied to it (--vllm-root).
+            keep = "vllm_ascend" not in others
+            return self._trainers() + [
+                t for t in trees if t.package != "vllm" or keep or (t.root / RECORD_FOLDER_NAME).is_dir()
+            ]
         entries = registered_trees()
         if not entries:
             raise RefusedError(
                 "no patched tree is registered",
-                hint="pass --verl-root DIR (or --sglang-root, --vllm-ascend-root, --python PATH) to name the tree",
+                hint="pass --verl-root DIR (or --sglang-root, --vllm-ascend-root, --vllm-root, --python PATH) "
+                "to name the tree",
             )
         found = []
         for entry in entries:

