@@ -9,6 +9,7 @@ import click
 
 from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.workflow.derive import framework_of, verl_tree_of
 from rlprobe_patch.workflow.detect import detect_script, found_trees
@@ -37,7 +38,7 @@ def reading_json(s: Any) -> dict[str, Any]:
 
 
 @click.command("detect")
-@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script", type=CheckedPath("file"))
 @click.option("--hint", default="", help="What the user asked for (e.g. 'consistency', '推理采集').")
 @python_option
 @verl_root_option

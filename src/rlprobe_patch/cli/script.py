@@ -9,6 +9,7 @@ import click
 
 from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
 from rlprobe_patch.workflow.config import SIDES
 from rlprobe_patch.workflow.derive import (
@@ -76,9 +77,9 @@ def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
 
 
 @click.command("script")
-@click.argument("original", type=click.Path(path_type=Path))
+@click.argument("original", type=CheckedPath("file"))
 @_script_options
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: run_<mode>_dump_<date>.sh beside it.")
+@click.option("-o", "--output", type=CheckedPath("new-file"), help="Default: run_<mode>_dump_<date>.sh beside it.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--dry-run", is_flag=True, help="Print the new script; write nothing.")
 @click.option(
@@ -145,7 +146,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
 
 
 @click.command("check-script")
-@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script", type=CheckedPath("file"))
 @_script_options
 @command
 def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
