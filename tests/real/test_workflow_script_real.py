@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, cli_json
+from conftest import CONFIGS, cli, cli_json
 from script_oracle import SHARED
 
 from rlprobe_patch.errors import ExitCode
@@ -68,3 +68,24 @@ def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree
     assert derived.fact("rollout_tp") == 2
     code, checked = cli_json("check-script", str(out_path), "--mode", "consistency", "--verl-root", str(root))
     assert code == ExitCode.OK, [c for c in checked["checks"] if not c["ok"]]
+
+
+MULTITURN = SHARED / "upstream/verl-examples/v0.6.1/examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"
+
+
+@pytest.mark.skipif(not MULTITURN.is_file(), reason="../shared/upstream is not beside the repository")
+def test_detect_refuses_when_both_backends_are_unknown(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29: verl's own multi-turn example names its config folder relative to the checkout it runs
+    from; run from elsewhere, Hydra finds no config and neither backend is known: exit 3 (it was 0), the
+    last line says so, `ok: false` in JSON; the report with Hydra's error is still printed."""
+    root = real_tree("0.6.1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = cli("detect", str(MULTITURN), "--verl-root", str(root))
+    assert result.exit_code == ExitCode.REFUSED, result.stdout
+    assert "train backend: unknown" in result.stdout and "Primary config directory not found" in result.stdout
+    assert result.stdout.strip().splitlines()[-1].startswith("refused: neither the training nor the rollout backend")
+    code, out = cli_json("detect", MULTITURN, "--verl-root", root)
+    assert code == ExitCode.REFUSED and out["ok"] is False
+    assert (out["train_backend"], out["rollout_backend"]) == ("unknown", "unknown")
