@@ -4,6 +4,7 @@ written; keys a release does not have are skipped). The rest: tests/cli/test_wor
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,25 @@ def test_detect_refuses_when_both_backends_are_unknown(real_tree, tmp_path: Path
     code, out = cli_json("detect", MULTITURN, "--verl-root", root)
     assert code == ExitCode.REFUSED and out["ok"] is False
     assert (out["train_backend"], out["rollout_backend"]) == ("unknown", "unknown")
+
+
+VL_EXAMPLE = SHARED / "upstream/verl-examples/v0.8.0/examples/grpo_trainer/run_qwen2_5_vl_7b_fsdp.sh"
+
+
+@pytest.mark.skipif(not VL_EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
+def test_the_next_line_script_prints_works_as_printed(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29: `script` ends with `next: rlprobe-patch check-script X --mode M`; run as printed (without the
+    --verl-root and --env the script was derived with) it failed 6 checks. The line now carries them, and
+    running exactly that line passes."""
+    root = real_tree("0.8.0")
+    monkeypatch.chdir(tmp_path)
+    derived = tmp_path / "derived.sh"
+    args = ["script", str(VL_EXAMPLE), "--mode", "consistency", *CONFIGS, "--verl-root", str(root)]
+    result = cli(*args, "--env", "INFER_BACKEND=sglang", "--n-gpus", "2", "-o", str(derived))
+    assert result.exit_code == ExitCode.OK, result.output
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("next: ")]
+    command = shlex.split(line.removeprefix("next: "))
+    assert command[:2] == ["rlprobe-patch", "check-script"] and command[2] == str(derived)
+    checked = cli(*command[1:])
+    assert checked.exit_code == ExitCode.OK, (line, checked.output)
+    assert checked.stdout.strip().splitlines()[-1] == "script OK"
