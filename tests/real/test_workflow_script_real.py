@@ -5,11 +5,13 @@ written; keys a release does not have are skipped). The rest: tests/cli/test_wor
 from __future__ import annotations
 
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
 from conftest import CONFIGS, cli, cli_json
-from script_oracle import SHARED
+from omegaconf import OmegaConf
+from script_oracle import SHARED, compose_config, run_in_checkout
 
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
@@ -112,3 +114,32 @@ def test_the_next_line_script_prints_works_as_printed(real_tree, tmp_path: Path,
     checked = cli(*command[1:])
     assert checked.exit_code == ExitCode.OK, (line, checked.output)
     assert checked.stdout.strip().splitlines()[-1] == "script OK"
+
+
+@pytest.mark.skipif(not VL_EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
+def test_the_derived_script_pins_the_env_it_was_derived_with(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29: derived with --env INFER_BACKEND=sglang, the script ran by plain bash launched rollout.name=vllm
+    with SGLang's dump config. The derived script exports the --env values before the user's own lines: bash
+    (the recording launchers of tests/script_oracle.py) launches exactly the overrides `script` printed, the
+    SGLang rollout, and its dump config, from a shell where INFER_BACKEND is unset."""
+    root = real_tree("0.8.0")
+    repo = tmp_path / "verl"
+    (repo / "examples").mkdir(parents=True)
+    shutil.copy(VL_EXAMPLE, repo / "examples" / VL_EXAMPLE.name)
+    (repo / "verl").symlink_to(root / "verl")
+    monkeypatch.chdir(repo)
+    original, derived = f"examples/{VL_EXAMPLE.name}", "examples/derived.sh"
+    args = ["script", original, "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", derived]
+    code, out = cli_json(*args, "--env", "INFER_BACKEND=sglang", "--n-gpus", "2")
+    assert code == ExitCode.OK, out
+    assert out["pinned_env"] == {"INFER_BACKEND": "sglang"} and out["rollout_backend"] == "sglang"
+    launch = run_in_checkout(repo, derived, root).main
+    assert launch is not None and not launch.error, launch
+    assert launch.facts["rollout_backend"] == "sglang"
+    config = compose_config(launch.entry, launch.args, root, repo)
+    assert OmegaConf.select(config, "actor_rollout_ref.rollout.name") == "sglang"
+    dump_key = next(c["key"] for c in out["changes"] if c["key"].endswith("msprobe_dump_config"))
+    assert ".sglang." in dump_key and OmegaConf.select(config, dump_key) == CONFIGS[3]
+    printed = {f"{c['key']}={c['value']}" for c in out["changes"] if c["action"] in ("set", "added")}
+    launched = {a.removeprefix("++") for a in launch.args}
+    assert printed <= launched, printed - launched

@@ -154,6 +154,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             "changes": [c.to_json() for c in changes],
             "set": list(opts.get("sets", ())),
             "env": req.env,
+            "pinned_env": req.pinned,
             "notices": req.notices,
             "text": text if dry_run else None,
             "next": None if dry_run else next_command,
@@ -165,6 +166,8 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         out.line(f"  {c.action:<9} {c.key}={c.value}{where}", fg=colour)
     for name, value in req.env.items():
         out.line(f"  export    {name}={value}", fg="green")
+    for name, value in req.pinned.items():
+        out.line(f"  pinned    {name}={value} (--env: exported at the top, before the script's own lines)", fg="green")
     for notice in req.notices:
         out.line(f"notice: {notice}", fg="yellow")
     if dry_run:
