@@ -4,11 +4,14 @@ written; keys a release does not have are skipped). The rest: tests/cli/test_wor
 
 from __future__ import annotations
 
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, cli_json
-from script_oracle import SHARED
+from conftest import CONFIGS, cli, cli_json
+from omegaconf import OmegaConf
+from script_oracle import SHARED, compose_config, run_in_checkout
 
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
@@ -68,3 +71,75 @@ def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree
     assert derived.fact("rollout_tp") == 2
     code, checked = cli_json("check-script", str(out_path), "--mode", "consistency", "--verl-root", str(root))
     assert code == ExitCode.OK, [c for c in checked["checks"] if not c["ok"]]
+
+
+MULTITURN = SHARED / "upstream/verl-examples/v0.6.1/examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"
+
+
+@pytest.mark.skipif(not MULTITURN.is_file(), reason="../shared/upstream is not beside the repository")
+def test_detect_refuses_when_both_backends_are_unknown(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29: verl's own multi-turn example names its config folder relative to the checkout it runs
+    from; run from elsewhere, Hydra finds no config and neither backend is known: exit 3 (it was 0), the
+    last line says so, `ok: false` in JSON; the report with Hydra's error is still printed."""
+    root = real_tree("0.6.1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = cli("detect", str(MULTITURN), "--verl-root", str(root))
+    assert result.exit_code == ExitCode.REFUSED, result.stdout
+    assert "train backend: unknown" in result.stdout and "Primary config directory not found" in result.stdout
+    assert result.stdout.strip().splitlines()[-1].startswith("refused: neither the training nor the rollout backend")
+    code, out = cli_json("detect", MULTITURN, "--verl-root", root)
+    assert code == ExitCode.REFUSED and out["ok"] is False
+    assert (out["train_backend"], out["rollout_backend"]) == ("unknown", "unknown")
+
+
+VL_EXAMPLE = SHARED / "upstream/verl-examples/v0.8.0/examples/grpo_trainer/run_qwen2_5_vl_7b_fsdp.sh"
+
+
+@pytest.mark.skipif(not VL_EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
+def test_the_next_line_script_prints_works_as_printed(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29: `script` ends with `next: rlprobe-patch check-script X --mode M`; run as printed (without the
+    --verl-root and --env the script was derived with) it failed 6 checks. The line now carries them, and
+    running exactly that line passes."""
+    root = real_tree("0.8.0")
+    monkeypatch.chdir(tmp_path)
+    derived = tmp_path / "derived.sh"
+    args = ["script", str(VL_EXAMPLE), "--mode", "consistency", *CONFIGS, "--verl-root", str(root)]
+    result = cli(*args, "--env", "INFER_BACKEND=sglang", "--n-gpus", "2", "-o", str(derived))
+    assert result.exit_code == ExitCode.OK, result.output
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("next: ")]
+    command = shlex.split(line.removeprefix("next: "))
+    assert command[:2] == ["rlprobe-patch", "check-script"] and command[2] == str(derived)
+    checked = cli(*command[1:])
+    assert checked.exit_code == ExitCode.OK, (line, checked.output)
+    assert checked.stdout.strip().splitlines()[-1] == "script OK"
+
+
+@pytest.mark.skipif(not VL_EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
+def test_the_derived_script_pins_the_env_it_was_derived_with(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29: derived with --env INFER_BACKEND=sglang, the script ran by plain bash launched rollout.name=vllm
+    with SGLang's dump config. The derived script exports the --env values before the user's own lines: bash
+    (the recording launchers of tests/script_oracle.py) launches exactly the overrides `script` printed, the
+    SGLang rollout, and its dump config, from a shell where INFER_BACKEND is unset."""
+    root = real_tree("0.8.0")
+    repo = tmp_path / "verl"
+    (repo / "examples").mkdir(parents=True)
+    shutil.copy(VL_EXAMPLE, repo / "examples" / VL_EXAMPLE.name)
+    (repo / "verl").symlink_to(root / "verl")
+    monkeypatch.chdir(repo)
+    original, derived = f"examples/{VL_EXAMPLE.name}", "examples/derived.sh"
+    args = ["script", original, "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", derived]
+    code, out = cli_json(*args, "--env", "INFER_BACKEND=sglang", "--n-gpus", "2")
+    assert code == ExitCode.OK, out
+    assert out["pinned_env"] == {"INFER_BACKEND": "sglang"} and out["rollout_backend"] == "sglang"
+    launch = run_in_checkout(repo, derived, root).main
+    assert launch is not None and not launch.error, launch
+    assert launch.facts["rollout_backend"] == "sglang"
+    config = compose_config(launch.entry, launch.args, root, repo)
+    assert OmegaConf.select(config, "actor_rollout_ref.rollout.name") == "sglang"
+    dump_key = next(c["key"] for c in out["changes"] if c["key"].endswith("msprobe_dump_config"))
+    assert ".sglang." in dump_key and OmegaConf.select(config, dump_key) == CONFIGS[3]
+    printed = {f"{c['key']}={c['value']}" for c in out["changes"] if c["action"] in ("set", "added")}
+    launched = {a.removeprefix("++") for a in launch.args}
+    assert printed <= launched, printed - launched

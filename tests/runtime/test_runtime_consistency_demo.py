@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import cli_json, snapshot
+from conftest import cli, cli_json, snapshot
 
 from rlprobe_patch.errors import ExitCode
 from runtime import venvs
@@ -45,15 +45,22 @@ def changed_from_wheel(site: Path, dist_info: str) -> list[str]:
     return changed
 
 
-def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
     """The one command of the README, without --python: the demo builds its own venv (CPU torch from
-    torch's CPU index, falling back to the package index where that index cannot be reached), once."""
-    pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
-    monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)  # the wheels the test venvs downloaded
-    monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
-    code, out = cli_json("demo", "--consistency", "--workdir", tmp_path / "demo")
+    torch's CPU index, falling back to the package index where that index cannot be reached), once.
+    (exit code, its JSON, its workdir.)"""
+    work = tmp_path_factory.mktemp("demo") / "demo"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
+        monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)  # the wheels the test venvs downloaded
+        monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
+        code, out = cli_json("demo", "--consistency", "--workdir", work)
+    return code, out, work
+
+
+def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(demo: tuple[int, dict, Path]) -> None:
+    code, out, _ = demo
     assert code == ExitCode.OK and out["ok"], out
     python = Path(out["python"])
     assert python.is_relative_to(venvs.cache_root() / "demo-cache")
@@ -78,6 +85,37 @@ def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(
         assert "Module.model.layers.1.mlp.Qwen2MLP.forward.0.output.0" in caught["mismatched"]
         assert caught["last_output"]["name"] in caught["mismatched"]
         assert caught["accuracy_reached"]["No"] >= 3
+
+
+@pytest.mark.parametrize(("rollout", "agree"), [("generate", True), ("generate-perturbed", False)])
+def test_check_dump_compare_exits_4_when_a_pair_disagrees(
+    demo: tuple[int, dict, Path], tmp_path: Path, rollout: str, agree: bool
+) -> None:
+    """check-dump --compare on the demo's own dumps (issue 29): exit 0 only when msprobe finds every pair
+    agreeing; the flipped weight's pairs disagree, exit 4, and the last line says so."""
+    code, out, work = demo
+    assert code == ExitCode.OK, out
+    actor, generate = work / "dumps" / "actor", work / "dumps" / rollout
+    args = ["check-dump", "--actor", actor, "--generate", generate, "--compare", "--python", out["python"]]
+    result = cli(*args, "--compare-output", tmp_path / "text")
+    last = result.stdout.strip().splitlines()[-1]
+    n = len(PROMPTS)
+    if agree:
+        assert result.exit_code == ExitCode.OK, result.stdout
+        assert last == f"{n} pair(s) compared by msprobe: {n} agree, 0 disagree ({actor} vs {generate}): OK"
+    else:
+        assert result.exit_code == ExitCode.VERIFY_FAILED, result.stdout
+        assert last == f"{n} pair(s) compared by msprobe: 0 agree, {n} disagree ({actor} vs {generate}): FAILED"
+        assert result.stdout.count("FAIL: msprobe: rollout-") == n
+    code, data = cli_json(*args, "--compare-output", tmp_path / "json")
+    assert code == result.exit_code and data["ok"] is agree
+    assert data["compared"] == {
+        "ok": agree,
+        "pairs": n,
+        "agree": n if agree else 0,
+        "disagree": 0 if agree else n,
+        "unknown": 0,
+    }
 
 
 def test_demo_consistency_leaves_an_already_patched_verl_alone(tmp_path: Path) -> None:

@@ -53,3 +53,27 @@ def test_install_into_a_throwaway_venv(tmp_path: Path) -> None:
 
     code, out = cli_json("doctor", "--python", python, "--install")  # already there: pip is not run again
     assert code == ExitCode.OK and out["install"] is None
+
+
+def test_install_into_a_python_without_torch_names_the_training_python(tmp_path: Path) -> None:
+    """Issue 29: msprobe installed where there is no torch does not import; doctor says it needs the training
+    environment's torch and names the pip line, and config says msprobe could not be imported (it judged
+    nothing) instead of "msprobe rejects the config"."""
+    venv = tmp_path / "no-torch"
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    code, out = cli_json(
+        "doctor", "--python", python, "--install", "--requirement", venvs.MSPROBE_PIN, "--pip-arg", "--no-deps"
+    )
+    assert code == ExitCode.VERIFY_FAILED and out["install"]["ok"], out
+    assert out["packages"]["torch"]["found"] is False and "torch" in out["msprobe"]["error"]
+    (advice,) = out["advice"]
+    assert "needs the training environment's torch" in advice and str(python) in advice
+    assert f"-m pip install {venvs.MSPROBE_PIN}" in advice
+
+    config = tmp_path / "c.json"
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "-o", config, "--python", python)
+    assert code == ExitCode.REFUSED and not config.exists()
+    assert "rejects" not in res["message"], res
+    assert res["message"].startswith("msprobe 26.2.0 could not be imported in") and "torch" in res["message"]
+    assert f"rlprobe-patch doctor --python {python}" in res["hint"]

@@ -25,6 +25,13 @@ from rlprobe_patch.launch.shell import read_shell
 RECORDER = '#!/bin/bash\n[ "$1" = -c ] && exit 1\nprintf \'%s\\0\' "$@" > "$RECORD"\n'
 
 SNIPPETS = {
+    "parameter slices (issue 29)": """
+        set -- first trainer.nnodes=2 "trainer.project_name=a b" x.y=3
+        V=abcdefgh
+        A=(a.b=1 c.d=2 e.f=3 g.h=4)
+        python3 -m verl.trainer.main_ppo "${@:2}" s1=${V:2} s2=${V:1:3} s3=${V: -3} s4=${V:1:-2} \\
+            "${A[@]:1:2}" "${A[@]: -1}" p.q=${@:3:1}
+    """,
     "arrays and defaults": """
         BACKEND=${BACKEND:-vllm}
         TP=${TP:=2}

@@ -9,24 +9,25 @@ import click
 
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, UsageError
-from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs
+from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs, judge_compare
 from rlprobe_patch.workflow.slime_dumps import check_slime_debug, debug_files
 
 
 @click.command("check-dump")
-@click.option("--actor", type=click.Path(path_type=Path), required=True, help="dump_path of the actor config.")
-@click.option("--generate", type=click.Path(path_type=Path), help="dump_path of the generate config.")
+@click.option("--actor", type=CheckedPath("dir"), required=True, help="dump_path of the actor config.")
+@click.option("--generate", type=CheckedPath("dir"), help="dump_path of the generate config.")
 @click.option(
     "--slime-debug",
     "slime_debug",
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=CheckedPath("file-or-dir"),
     help="slime's --save-debug-rollout-data / --save-debug-train-data files (or a folder of them); repeatable. "
     "Read with torch in --python.",
 )
 @click.option("--compare", is_flag=True, help="Run msprobe's compare on each pair (in --python).")
-@click.option("--compare-output", type=click.Path(path_type=Path), default=Path("rlprobe_compare"), show_default=True)
+@click.option("--compare-output", type=CheckedPath("new-dir"), default=Path("rlprobe_compare"), show_default=True)
 @python_option
 @command
 def check_dump_cmd(
@@ -38,20 +39,20 @@ def check_dump_cmd(
     compare_output: Path,
     python: str | None,
 ) -> int:
-    """Check the dump layout and pair generate and actor dumps through the request ids (exit 4 on problems)."""
+    """Check the dump layout and pair generate and actor dumps through the request ids (exit 4 on problems;
+    with --compare, also when a pair disagrees or has no verdict)."""
 
-    report = check_dumps(actor, generate)
     if compare and not generate:
         raise UsageError("--compare needs --generate")
+    if compare:
+        compare_output.mkdir(parents=True, exist_ok=True)  # msprobe writes there: refuse now, not per pair
+    report = check_dumps(actor, generate)
     compared: list[dict[str, Any]] = []
     if compare and report.pairs:
         out.progress(f"msprobe compare on {len(report.pairs)} pair(s)")
         compared = compare_pairs(report, compare_output, python)
-        for result in compared:
-            if not result["ok"]:
-                report.problems.append(
-                    f"compare failed for {result['output']}: {result.get('error', 'no result file')}"
-                )
+    if compare:
+        judge_compare(report, compared)
     slime = None
     if slime_debug:
         slime = check_slime_debug(report.actor_log, debug_files(list(slime_debug)), python)
@@ -99,7 +100,10 @@ def check_dump_cmd(
         out.line(f"note: {note}", fg="yellow")
     for problem in report.problems:
         out.line(f"FAIL: {problem}", fg="red")
-    out.line("dumps OK" if report.ok else "dump check FAILED", fg="green" if report.ok else "red", bold=True)
+    verdict = "dumps OK" if report.ok else "dump check FAILED"
+    if report.compared is not None:  # the last line: what was compared, and msprobe's verdict
+        verdict = f"{report.compared.summary()} ({actor} vs {generate}): {'OK' if report.ok else 'FAILED'}"
+    out.line(verdict, fg="green" if report.ok else "red", bold=True)
     return int(ExitCode.OK if report.ok else ExitCode.VERIFY_FAILED)
 
 

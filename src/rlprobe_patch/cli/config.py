@@ -9,6 +9,7 @@ import click
 
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, UsageError
 from rlprobe_patch.workflow.config import LEVELS, SIDES, TASKS, build_config, sglang_consistency_generate, write_config
 from rlprobe_patch.workflow.detect import COLLECTION_MODES
@@ -38,7 +39,7 @@ def _int_list(text: str | None) -> list[int] | None:
     help="The rollout engine; sglang: the consistency generate side dumps every forward pass (step []) "
     "and the answer lists the server settings rid pairing needs.",
 )
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The config.json to write.")
+@click.option("-o", "--output", type=CheckedPath("new-file"), required=True, help="The config.json to write.")
 @python_option
 @click.option("--no-check", is_flag=True, help="Do not load it with msprobe (when msprobe is not installed here).")
 @command

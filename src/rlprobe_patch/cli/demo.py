@@ -9,6 +9,7 @@ from packaging.version import Version
 
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, UsageError
 
 
@@ -20,7 +21,7 @@ from rlprobe_patch.errors import ExitCode, UsageError
     help="Release fetched from the package index.",
 )
 @click.option("--offline", is_flag=True, help="Use the bundled fixture tree instead of downloading.")
-@click.option("--workdir", type=click.Path(path_type=Path), help="Scratch folder (default: a new temp folder).")
+@click.option("--workdir", type=CheckedPath("new-dir"), help="Scratch folder (default: a new temp folder).")
 @click.option(
     "--consistency",
     is_flag=True,

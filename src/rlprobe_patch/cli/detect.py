@@ -9,6 +9,7 @@ import click
 
 from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.workflow.derive import framework_of, verl_tree_of
 from rlprobe_patch.workflow.detect import detect_script, found_trees
@@ -37,7 +38,7 @@ def reading_json(s: Any) -> dict[str, Any]:
 
 
 @click.command("detect")
-@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script", type=CheckedPath("file"))
 @click.option("--hint", default="", help="What the user asked for (e.g. 'consistency', '推理采集').")
 @python_option
 @verl_root_option
@@ -47,16 +48,19 @@ def reading_json(s: Any) -> dict[str, Any]:
 def detect_cmd(
     out: Out, script: Path, hint: str, python: str | None, verl_root: Path | None, no_trees: bool, **opts: Any
 ) -> int:
-    """Collection mode, training and rollout backends of SCRIPT, with the source of each value."""
+    """Collection mode, training and rollout backends of SCRIPT, with the source of each value (exit 3 when
+    neither backend is known)."""
 
     reader = read_options(opts)
     root, release = verl_tree_of(verl_root, python)
     d = detect_script(script, hint, verl_root=root, release=release, **reader)
     trees = None if no_trees or verl_root is not None else found_trees(python)
     s = d.script
+    # nothing to collect from: neither backend is known (no verl launch read, or Hydra refused it)
+    known = d.train_backend != "unknown" or d.rollout_backend != "unknown"
     out.emit(
         {
-            "ok": True,
+            "ok": known,
             "script": str(script),
             "mode": d.mode,
             "scores": d.scores,
@@ -115,6 +119,14 @@ def detect_cmd(
         out.line(f"yaml: {y.path} ({y.reason})" + ("" if y.loaded else f": not loaded, {y.error}"))
     if trees:
         _print_trees(out, trees)
+    if not known:
+        out.line(
+            "refused: neither the training nor the rollout backend could be read from the script "
+            "(see the lines above; --env / --arg give what it reads from its environment)",
+            fg="red",
+            bold=True,
+        )
+        return int(ExitCode.REFUSED)
     return int(ExitCode.OK)
 
 

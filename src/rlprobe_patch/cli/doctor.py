@@ -34,7 +34,9 @@ def doctor_cmd(out: Out, python: str | None, install: bool, requirement: str, pi
         )
     else:
         out.line(f"msprobe: NOT importable: {report.msprobe.get('error')}", fg="red", bold=True)
-        if not install:
+        for advice in report.advice:
+            out.line(f"note: {advice}", fg="yellow")
+        if not install and not report.advice:
             out.line("fix: rlprobe-patch doctor --install" + (f" --python {python}" if python else ""))
     for name, p in report.packages.items():
         if name == "msprobe":

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode
 
 COMPATIBILITY_PAGE = Path("docs") / "compatibility.md"
@@ -15,7 +16,7 @@ COMPATIBILITY_PAGE = Path("docs") / "compatibility.md"
 @click.command("matrix")
 @click.option("--patch", "patch_ids", multiple=True, metavar="ID", help="Only this patch's cells (repeatable).")
 @click.option("--release", "releases", multiple=True, metavar="VERSION", help="Only this release (repeatable).")
-@click.option("--cache", type=click.Path(path_type=Path), help="Wheel cache (default: the test suite's).")
+@click.option("--cache", type=CheckedPath("new-dir"), help="Wheel cache (default: the test suite's).")
 @click.option(
     "--write-docs",
     "--write-readme",
@@ -44,6 +45,8 @@ def matrix_cmd(
     """Run every patch x release cell the catalogue claims on real wheels; print the markdown table."""
     from rlprobe_patch.matrix import FAILING, markdown, run_matrix, write_tables
 
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)  # the wheels go there: refuse now, not after a download
     cells = run_matrix(patch_ids, releases, cache, progress=out.progress)
     table = markdown(cells)
     failing = [c for c in cells if c.outcome == FAILING]

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from rlprobe_patch.catalogue.trees import BACKENDS, PATCH_MODES, ROOT_OPTIONS, WORKER_IMPLS
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.core.roots import Roots
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -109,7 +110,7 @@ APPLY_OPTIONS: list[Decorator] = [
     ),
     click.option(
         "--script",
-        type=click.Path(path_type=Path),
+        type=CheckedPath("file"),
         help="The training script, to read which worker path it uses (on a cluster: the same path on every node).",
     ),
     click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the verl hooks."),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rlprobe_patch.catalogue.trees import Tree
+from rlprobe_patch.cli.paths import check_path_options, os_error
 from rlprobe_patch.core.roots import GONE_HINT, Roots
 from rlprobe_patch.errors import ExitCode, PatchError
 
@@ -50,7 +51,14 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
     def wrapper(as_json: bool, **kwargs: Any) -> None:
         out = Out(as_json)
         try:
-            code = fn(out, **kwargs)
+            try:
+                check_path_options(kwargs)
+                code = fn(out, **kwargs)
+            except OSError as exc:  # a path given that cannot be read or written: a refusal, not a bug
+                refusal = os_error(exc)
+                if refusal is None:
+                    raise
+                raise refusal from exc
         except PatchError as exc:
             code = int(exc.exit_code)
             if as_json:

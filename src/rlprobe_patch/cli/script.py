@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import click
 
 from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
 from rlprobe_patch.workflow.config import SIDES
 from rlprobe_patch.workflow.derive import (
@@ -75,10 +77,35 @@ def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
     )
 
 
+# The options of `_script_options` that say how the script is read (not what to collect): `script`'s
+# `next:` line passes them on to check-script, so that it reads the derived script the same way.
+_READER_FLAGS = (
+    ("verl_root", "--verl-root"),
+    ("python", "--python"),
+    ("train_backend", "--train-backend"),
+    ("rollout_backend", "--rollout-backend"),
+    ("sglang_version", "--sglang-version"),
+    ("vllm_ascend_version", "--vllm-ascend-version"),
+    ("hint", "--hint"),
+    ("script_env", "--env"),
+    ("script_args", "--arg"),
+)
+
+
+def _reader_flags(opts: dict[str, Any]) -> list[str]:
+    flags: list[str] = []
+    for name, flag in _READER_FLAGS:
+        value = opts.get(name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if item not in (None, ""):
+                flags += [flag, str(item)]
+    return flags
+
+
 @click.command("script")
-@click.argument("original", type=click.Path(path_type=Path))
+@click.argument("original", type=CheckedPath("file"))
 @_script_options
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: run_<mode>_dump_<date>.sh beside it.")
+@click.option("-o", "--output", type=CheckedPath("new-file"), help="Default: run_<mode>_dump_<date>.sh beside it.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
 @click.option("--dry-run", is_flag=True, help="Print the new script; write nothing.")
 @click.option(
@@ -97,6 +124,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         if "=" not in item or item.startswith("-"):
             raise UsageError(f"--set {item!r}: expected a Hydra override KEY=VALUE")
 
+    carried = _reader_flags(opts)  # before _derive takes --arg / --env out of opts
     detection, req, verl_root = _derive(original, opts)
     missing = [side for side in SIDES[req.mode] if side not in req.configs]
     if missing:
@@ -111,6 +139,8 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         raise RefusedError(f"{original}: cannot derive a {req.mode} collection script", details=req.refusals, hint=hint)
     text, changes = render_script(detection.script, req, original.name, composed=verl_root is not None)
     output = output or default_output(original, req.mode)
+    # check-script reads the derived script as this command read the original: same tree, environment, arguments
+    next_command = ["rlprobe-patch", "check-script", str(output), "--mode", req.mode, *carried]
     if not dry_run:
         write_script(original, output, text, force)
     out.emit(
@@ -124,8 +154,10 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             "changes": [c.to_json() for c in changes],
             "set": list(opts.get("sets", ())),
             "env": req.env,
+            "pinned_env": req.pinned,
             "notices": req.notices,
             "text": text if dry_run else None,
+            "next": None if dry_run else next_command,
         }
     )
     for c in changes:
@@ -134,18 +166,20 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         out.line(f"  {c.action:<9} {c.key}={c.value}{where}", fg=colour)
     for name, value in req.env.items():
         out.line(f"  export    {name}={value}", fg="green")
+    for name, value in req.pinned.items():
+        out.line(f"  pinned    {name}={value} (--env: exported at the top, before the script's own lines)", fg="green")
     for notice in req.notices:
         out.line(f"notice: {notice}", fg="yellow")
     if dry_run:
         out.line(text)
     else:
         out.line(f"wrote {output} ({req.mode}); {original} is unchanged", fg="green", bold=True)
-        out.line(f"next: rlprobe-patch check-script {output} --mode {req.mode}")
+        out.line(f"next: {shlex.join(next_command)}")
     return int(ExitCode.OK)
 
 
 @click.command("check-script")
-@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("script", type=CheckedPath("file"))
 @_script_options
 @command
 def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:

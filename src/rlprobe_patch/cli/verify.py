@@ -10,6 +10,7 @@ import click
 from rlprobe_patch.catalogue.trees import BACKENDS, PATCH_MODES
 from rlprobe_patch.cli.options import read_options, reader_options, tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone, print_tree
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.core.roots import Roots
 from rlprobe_patch.errors import ExitCode
 
@@ -27,7 +28,7 @@ from rlprobe_patch.errors import ExitCode
 )
 @click.option(
     "--script",
-    type=click.Path(path_type=Path),
+    type=CheckedPath("file"),
     help="The training script: fail when the worker path its run takes is not the one hooked.",
 )
 @reader_options

@@ -895,6 +895,20 @@ class _Evaluator:
         if op in ("%", "%%", "#", "##", "/", "//", "/#", "/%", ",", ",,", "^", "^^"):
             value = self.transform(op, value, operand)
             return [_Seg(value, split=not quoted, unresolved=unresolved, via=via)]
+        if op == ":":  # ${V:offset:length}, ${@:offset:length}, ${A[@]:offset:length}
+            bounds = self.slice_bounds(operand)
+            if bounds is not None:
+                if at or (var is not None and var.array and index in ("@", "*")) or name in ("@", "*"):
+                    if name in ("@", "*"):  # positional slices count $0 as the first: ${@:2} starts at $2
+                        zero = self.lookup("0")
+                        items = _sliced(list(zero.items[:1] if zero is not None else ()) + items, *bounds)
+                    else:
+                        items = _sliced(items, *bounds)
+                    value = " ".join(f.text for f in items)
+                else:
+                    value = "".join(_sliced(list(value), *bounds))
+                    return [_Seg(value, split=not quoted, unresolved=unresolved, via=via)]
+                op = None
         if op is not None:
             return [_Seg(node.text.decode(), unresolved=(f"{self.here(node)}: `{node.text.decode()}` not evaluated",))]
         if at and len(items) != 1:
@@ -909,6 +923,17 @@ class _Evaluator:
         whole_word = node.parent is not None and node.parent.type not in ("concatenation", "string")
         origin = items[0] if len(items) == 1 and var is not None and (var.array or whole_word) else None
         return [_Seg(value, split=not quoted, origin=origin, unresolved=unresolved, via=via)]
+
+    def slice_bounds(self, nodes: list[Any]) -> tuple[int, int | None] | None:
+        """The offset and length of a `${V:offset:length}` slice, when both are plain numbers."""
+        texts = [self.join(n).text.strip() for n in nodes if n.is_named]
+        try:
+            numbers = [int(text) for text in texts]
+        except ValueError:
+            return None
+        if not 1 <= len(numbers) <= 2:
+            return None
+        return numbers[0], numbers[1] if len(numbers) == 2 else None
 
     def operand(self, nodes: list[Any], quoted: bool, via: tuple[str, ...]) -> list[_Seg]:
         out: list[_Seg] = []
@@ -1189,3 +1214,13 @@ _BUILTINS: dict[str, Callable[[_Evaluator, Any, list[Field]], None]] = {
     "printf": _Evaluator.b_printf,
     **{name: _Evaluator.b_ignore for name in ("echo", "mkdir", "popd", "shopt", "trap", "ulimit", ":")},
 }
+
+
+def _sliced(items: list[Any], offset: int, length: int | None) -> list[Any]:
+    """bash's `${X:offset:length}` on a list: a negative offset counts from the end, a negative length
+    is an end counted from the end."""
+    start = max(len(items) + offset, 0) if offset < 0 else offset
+    if length is None:
+        return items[start:]
+    end = len(items) + length if length < 0 else start + length
+    return items[start:end]

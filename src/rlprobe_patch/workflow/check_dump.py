@@ -89,6 +89,35 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return lines, problems
 
 
+@dataclass(frozen=True)
+class CompareVerdict:
+    """msprobe's verdicts over every pair compared: the run agrees only when each pair does."""
+
+    pairs: int
+    agree: int
+    disagree: int
+    unknown: int  # the compare failed, or its result could not be read
+
+    @property
+    def ok(self) -> bool:
+        return self.pairs > 0 and self.agree == self.pairs
+
+    def summary(self) -> str:
+        counts = f"{self.agree} agree, {self.disagree} disagree" + (
+            f", {self.unknown} without a verdict" if self.unknown else ""
+        )
+        return f"{self.pairs} pair(s) compared by msprobe: {counts}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "pairs": self.pairs,
+            "agree": self.agree,
+            "disagree": self.disagree,
+            "unknown": self.unknown,
+        }
+
+
 @dataclass
 class DumpReport:
     actor_root: Path
@@ -101,6 +130,7 @@ class DumpReport:
     unpaired: list[dict[str, Any]] = field(default_factory=list)  # request, log line, why it has no pair
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    compared: CompareVerdict | None = None  # set by judge_compare after --compare
 
     @property
     def ok(self) -> bool:
@@ -129,6 +159,7 @@ class DumpReport:
             "unpaired": self.unpaired,
             "problems": self.problems,
             "notes": self.notes,
+            "compared": None if self.compared is None else self.compared.to_json(),
         }
 
 
@@ -500,3 +531,29 @@ def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[
             return results
     last_json(proc, "msprobe compare")  # raises with the stderr tail
     return []
+
+
+def judge_compare(report: DumpReport, results: list[dict[str, Any]]) -> CompareVerdict:
+    """Record msprobe's verdict on each compared pair in `report`: a pair that disagrees, whose compare
+    failed or whose verdict could not be read is a problem (exit 4), since nothing says it agrees."""
+
+    verdict = CompareVerdict(
+        pairs=len(results),
+        agree=sum(1 for r in results if r.get("ok") and r.get("agree") is True),
+        disagree=sum(1 for r in results if r.get("ok") and r.get("agree") is False),
+        unknown=sum(1 for r in results if not r.get("ok") or r.get("agree") is None),
+    )
+    for pair, result in zip(report.pairs, results):
+        rid = pair["request_id"]
+        if not result.get("ok"):
+            report.problems.append(
+                f"compare failed for {rid} ({result['output']}): {result.get('error', 'no result file')}"
+            )
+        elif result.get("agree") is False:
+            first = f"; first: {result['mismatched'][0]}" if result.get("mismatched") else ""
+            report.problems.append(f"msprobe: {rid} DISAGREES ({result['output']}{first})")
+        elif result.get("agree") is None:
+            why = result.get("verdict_error") or "no row of the two dumps matched by name"
+            report.problems.append(f"msprobe: no verdict for {rid} ({result['output']}): {why}")
+    report.compared = verdict
+    return verdict

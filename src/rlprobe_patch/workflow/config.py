@@ -104,14 +104,16 @@ buf = io.StringIO()
 result = {"ok": False}
 try:
     with contextlib.redirect_stdout(buf):
+        result["stage"] = "import"
         from msprobe.pytorch.dump.pt_config import parse_json_config
         from msprobe.pytorch.dump.debugger.debugger_config import DebuggerConfig
+        result["stage"] = "parse"
         common, task_config = parse_json_config(path, None)
         debugger = DebuggerConfig(common, task_config, None, stand_in or None, None)
     result = {"ok": True, "task": debugger.task, "level": debugger.level, "step": debugger.step,
               "rank": debugger.rank, "dump_path": common.dump_path}
 except BaseException as exc:
-    result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    result = {"ok": False, "stage": result.get("stage"), "error": f"{type(exc).__name__}: {exc}"}
 import importlib.metadata as md
 try:
     result["msprobe"] = md.version("mindstudio-probe")
@@ -150,6 +152,15 @@ def write_config(config: dict[str, Any], output: Path, python: str | None, *, ch
         result = None
         if check:
             result = check_with_msprobe(Path(tmp), python, training="dump_path" not in config)
+            if not result["ok"] and result.get("stage") == "import":  # msprobe judged nothing
+                raise ConfigError(
+                    f"msprobe {result.get('msprobe')} could not be imported in {interpreter(python)}, so the config "
+                    f"was not checked: {result['error']}",
+                    details=result.get("log", []),
+                    hint="nothing was written; rlprobe-patch doctor"
+                    + (f" --python {python}" if python else "")
+                    + " says why (msprobe needs that environment's torch), or skip the check with --no-check",
+                )
             if not result["ok"]:
                 raise ConfigError(
                     f"msprobe {result.get('msprobe')} rejects the config: {result['error']}",

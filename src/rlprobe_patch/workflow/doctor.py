@@ -27,6 +27,7 @@ class DoctorReport:
     verl: dict[str, Any]
     patches: list[dict[str, Any]] = field(default_factory=list)
     install: dict[str, Any] | None = None
+    advice: list[str] = field(default_factory=list)  # what to do when msprobe does not import
 
     @property
     def ok(self) -> bool:
@@ -41,6 +42,7 @@ class DoctorReport:
             "verl": self.verl,
             "patches": self.patches,
             "install": self.install,
+            "advice": self.advice,
         }
 
 
@@ -69,6 +71,14 @@ def run_doctor(
         install_result = pip_install(python, requirement, pip_args)
         found, info = packages(python)
         msprobe = msprobe_import(python) if found["msprobe"].found else {"ok": False, "error": "still not installed"}
+    advice = []
+    if not msprobe.get("ok") and found["msprobe"].found and not found["torch"].found:
+        # msprobe imports torch, the torch of the environment it is installed in: there is none here
+        advice.append(
+            f"msprobe needs the training environment's torch, and {interpreter(python)} has no torch: install "
+            f"msprobe into the Python that runs verl (with its torch): <that python> -m pip install {requirement}, "
+            "or rlprobe-patch doctor --install --python <that python>"
+        )
     verl: dict[str, Any]
     patches: list[dict[str, Any]] = []
     try:
@@ -81,4 +91,4 @@ def run_doctor(
             verl["status_error"] = exc.message
     except PatchError as exc:
         verl = {"found": False, "reason": exc.message}
-    return DoctorReport(info, msprobe, found, verl, patches, install_result)
+    return DoctorReport(info, msprobe, found, verl, patches, install_result, advice)

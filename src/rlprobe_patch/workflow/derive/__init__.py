@@ -145,4 +145,5 @@ def derive(
         stages = tuple(in_script.value) if in_script is not None and isinstance(in_script.value, list) else STAGES
     options = RunOptions(train_backend, rollout_backend, n_gpus, found_configs, versions, stages, save_path)
     req = requirements(detection, mode, options)
+    req.pinned = dict(env or {})
     return detection, req, root

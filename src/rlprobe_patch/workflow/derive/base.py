@@ -13,6 +13,7 @@ import abc
 import datetime as dt
 import functools
 import importlib.util
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -51,6 +52,16 @@ class Requirements:
     notices: list[str] = field(default_factory=list)
     configs: dict[str, str] = field(default_factory=dict)  # side -> config path the script uses
     fixes: list[str] = field(default_factory=list)  # `script` options that would make a refused run derivable
+    pinned: dict[str, str] = field(default_factory=dict)  # the --env values the derivation assumed
+
+    def header(self, lines: str) -> str:
+        """The derived script's opening comment, then the environment it was derived with, exported before
+        the user's own lines, so that bash runs what was checked (a variable the script reads, such as
+        INFER_BACKEND, otherwise takes whatever value the shell that runs it has)."""
+        if not self.pinned:
+            return lines
+        pins = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in self.pinned.items())
+        return lines + "# rlprobe-patch: the environment this script was derived with (--env)\n" + pins
 
     def add(self, key: str, value: Any, why: str, **kw: Any) -> None:
         self.settings = [r for r in self.settings if r.key != key]

@@ -400,6 +400,7 @@ class Verl(Framework):
             f"on {dt.date.today().isoformat()}; the original is unchanged.\n"
             f"# training backend: {req.train_backend}, rollout backend: {req.rollout_backend}\n"
         )
+        header = req.header(header)
         if out.startswith("#!"):
             nl = out.find("\n") + 1
             out = out[:nl] + header + out[nl:]
