@@ -60,14 +60,18 @@ def test_no_token_is_invalid() -> None:
 def test_offpolicy_metrics_follow_the_definitions(lengths: list[int]) -> None:
     rollout, training, mask, _ = _batch(10 + len(lengths), lengths, 9)
     got = offpolicy_metrics(training, rollout, mask)
-    eps = 1e-8
+    import ctypes
+
+    def eps_count(n: int) -> float:  # verl's count + 1e-8, in float32
+        return ctypes.c_float(ctypes.c_float(n).value + ctypes.c_float(1e-8).value).value
+
     rows = [
         [(float(rollout[i, j]), float(training[i, j])) for j in range(9) if mask[i, j]] for i in range(len(lengths))
     ]
-    mean_t = [sum(t for _, t in row) / (len(row) + eps) for row in rows]
-    mean_r = [sum(r for r, _ in row) / (len(row) + eps) for row in rows]
+    mean_t = [sum(t for _, t in row) / eps_count(len(row)) for row in rows]
+    mean_r = [sum(r for r, _ in row) / eps_count(len(row)) for row in rows]
     flat = [pair for row in rows for pair in row]
-    count = len(flat) + eps
+    count = eps_count(len(flat))
     diff = [a - b for a, b in zip(mean_r, mean_t)]
     assert got["training_ppl"] == pytest.approx(statistics.fmean(math.exp(-m) for m in mean_t))
     assert got["rollout_ppl"] == pytest.approx(statistics.fmean(math.exp(-m) for m in mean_r))

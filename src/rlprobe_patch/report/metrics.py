@@ -8,7 +8,8 @@ proves them equal to verl 0.9.1's functions on the same tensors:
   mask, |p_train - p_rollout| (probabilities, `exp` of the log-probs): max, mean, std (unbiased),
   and the Pearson correlation of the two probabilities; `valid` 0 and NaNs without a token.
 - `offpolicy_metrics`: `verl/trainer/ppo/rollout_corr_helper.py::compute_offpolicy_metrics`:
-  per-sequence masked means (`sum / (count + 1e-8)`, so an empty response counts as 0), the
+  per-sequence masked means (`sum / (count + 1e-8)`, the sum in float32 as verl's masks make it, so
+  an empty response counts as 0), the
   training and rollout PPL (batch mean of `exp(-mean log p)`), kl (`E[log p_rollout - log p_train]`),
   k3_kl (`E[r - log r - 1]`, r = p_train / p_rollout), log_ppl_diff (mean, |mean|, max, min),
   ppl_ratio, chi2_token (`E[r^2] - 1`, log r clamped to +-20) and chi2_seq (`mean((prod r)^2) - 1`,
@@ -69,7 +70,10 @@ def _pearson(a: FloatArray, b: FloatArray) -> float:
 
 def _masked_mean(values: FloatArray, mask: BoolArray, axis: int | None = None) -> Any:
     total = np.where(mask, values, 0.0).sum(axis=axis)
-    return total / (mask.sum(axis=axis) + _EPS)
+    # verl adds the epsilon to the mask's sum in float32 (its masks are bool, int or float32 tensors):
+    # 1e-8 is kept for an empty row, lost on a count of 1 or more
+    count = np.asarray(mask.sum(axis=axis), dtype=np.float32) + np.float32(_EPS)
+    return total / count.astype(np.float64)
 
 
 def offpolicy_metrics(training: FloatArray, rollout: FloatArray, mask: BoolArray) -> dict[str, float]:
