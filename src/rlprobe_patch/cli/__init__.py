@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "script": "rlprobe_patch.cli.script:script_cmd",
     "check-script": "rlprobe_patch.cli.script:check_script_cmd",
     "check-dump": "rlprobe_patch.cli.check_dump:check_dump_cmd",
+    "report": "rlprobe_patch.cli.report:report_cmd",
     "matrix": "rlprobe_patch.cli.matrix:matrix_cmd",
     "cluster": "rlprobe_patch.cli.cluster:cluster",
 }

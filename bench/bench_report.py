@@ -1,0 +1,72 @@
+"""`rlprobe-patch report` over one million response tokens against only loading the captures.
+
+    python bench/bench_report.py [--tokens 1000000] [--width 1024]
+
+Writes the captures with `write_capture` (the format's one writer) into a temporary folder, then
+times (a) `read_capture` on every file and (b) the whole report (read, metrics, plots, report.html
+and report.json) in a fresh process each, with its peak resident memory (ru_maxrss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from rlprobe_patch.report.capture_format import write_capture
+
+_RUN = r"""
+import json, resource, sys, time
+from pathlib import Path
+t = time.perf_counter()
+if sys.argv[1] == "load":
+    from rlprobe_patch.report.capture_format import read_capture
+    batches = [read_capture(p) for p in sorted(Path(sys.argv[2]).glob("*.npz"))]
+    tokens = int(sum(b.mask.sum() for b in batches))
+else:
+    from click.testing import CliRunner
+    from rlprobe_patch.cli import main
+    result = CliRunner().invoke(main, ["report", sys.argv[2], "-o", sys.argv[3], "--json"])
+    tokens = json.loads(result.stdout)["tokens"]["tokens"]
+print(json.dumps({"seconds": time.perf_counter() - t, "tokens": tokens,
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=1_000_000)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=256)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "cap"
+        written, step = 0, 0
+        while written < args.tokens:
+            lengths = rng.integers(1, args.width + 1, args.batch)
+            mask = np.arange(args.width)[None, :] < lengths[:, None]
+            training = np.log(rng.uniform(0.01, 1.0, mask.shape))
+            write_capture(folder, step=step, request_ids=[f"s{step}-{i}" for i in range(args.batch)],
+                          prompt_lengths=np.full(args.batch, 64), responses=rng.integers(0, 150_000, mask.shape),
+                          response_mask=mask, rollout_log_probs=training + rng.normal(0, 0.01, mask.shape),
+                          old_log_probs=training)  # fmt: skip
+            written += int(mask.sum())
+            step += 1
+        runs = {}
+        for what in ("load", "report"):
+            proc = subprocess.run([sys.executable, "-c", _RUN, what, str(folder), str(Path(tmp) / "out")],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+            runs[what] = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs["ratio"] = runs["report"]["seconds"] / runs["load"]["seconds"]
+        runs["files"] = step
+        print(json.dumps(runs, indent=1))
+
+
+if __name__ == "__main__":
+    main()

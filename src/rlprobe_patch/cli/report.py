@@ -1,0 +1,94 @@
+"""`rlprobe-patch report`: per-token train-vs-rollout differences and msprobe's layer compare, in one page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rlprobe_patch.cli.options import python_option
+from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.errors import ExitCode, RefusedError
+
+
+@click.command("report")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=Path("rlprobe_report"),
+    show_default=True,
+    help="Folder for report.html, report.json and the replay prompts.",
+)
+@click.option(
+    "--top", type=click.IntRange(min=1), default=10, show_default=True, help="Worst requests shown and replayed."
+)
+@click.option("--max-prob-diff", type=float, help="Exit 4 above this training/rollout_probs_diff_max.")
+@click.option("--max-prob-diff-mean", type=float, help="Exit 4 above this training/rollout_probs_diff_mean.")
+@click.option("--max-abs-kl", type=float, help="Exit 4 when |kl| (verl's rollout_corr/kl) is above it.")
+@click.option("--max-k3-kl", type=float, help="Exit 4 above this k3_kl.")
+@click.option("--min-pearson-corr", type=float, help="Exit 4 below this training/rollout_actor_probs_pearson_corr.")
+@click.option("--max-diverging-pairs", type=click.IntRange(min=0), help="Exit 4 when more compare pairs diverge.")
+@click.option("--replay-script", metavar="SCRIPT", help="The run's launch script, for the printed replay command.")
+@click.option(
+    "--data",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The run's dataset as JSON lines: replay rows are taken from it by the dataset index the capture carries.",
+)
+@python_option
+@command
+def report_cmd(
+    out: Out,
+    paths: tuple[Path, ...],
+    output: Path,
+    top: int,
+    replay_script: str | None,
+    data: Path | None,
+    python: str | None,
+    **limits: Any,
+) -> int:
+    """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError as exc:
+        raise RefusedError(f"report needs {exc.name}", hint="pip install 'rlprobe-patch[report]'") from None
+    from rlprobe_patch.report import to_json, write_outputs
+    from rlprobe_patch.report.build import build, classify, read_inputs, replay
+    from rlprobe_patch.report.render import plots, render_html, summary_lines
+
+    inputs = classify(list(paths))
+    batches, pairs, notes = read_inputs(inputs, python)
+    report = build(batches, pairs, limits)
+    report["inputs"] = {
+        "captures": [str(p) for p in inputs.captures],
+        "slime": [str(p) for p in inputs.slime],
+        "compare": [str(p) for p in inputs.compares],
+    }
+    report["notes"] = notes
+    if report["tokens"]:
+        report["replay"] = replay(batches, report, top, output, replay_script, data)
+    dlogp = report["tokens"]["_abs_dlogp"] if report["tokens"] else None
+    written = write_outputs(report, render_html(report, plots(report, dlogp), top), output)
+    document = to_json(report)
+    document["written"] = written
+    out.emit(document)
+    for line in summary_lines(report, top):
+        out.line(line)
+    for note in notes:
+        out.line(f"note: {note}", fg="yellow")
+    replay_info = report.get("replay") or {}
+    if replay_info.get("command"):
+        out.line(f"replay: {len(replay_info['requests'])} worst request(s), prompts in {replay_info['prompts']}")
+        out.line(f"  {replay_info['command']}")
+        out.line(f"  then in the derived script: {' '.join(replay_info['overrides'])}")
+    crossed = [c for c in report["thresholds"] if c["crossed"]]
+    for c in report["thresholds"]:
+        state = "no value" if c["crossed"] is None else ("CROSSED" if c["crossed"] else "within")
+        out.line(
+            f"{c['option']} {c['limit']}: {c['metric']} = {c['value']} ({state})", fg="red" if c["crossed"] else "green"
+        )
+    out.line(f"report: {written['html']}", bold=True)
+    return int(ExitCode.VERIFY_FAILED if crossed else ExitCode.OK)

@@ -1,0 +1,274 @@
+"""`rlprobe-patch report`: read the inputs, compute the numbers, decide the thresholds, write replay files.
+
+Inputs, in any mix (files or folders, found by name): captures (`*.rlprobe-logprobs.npz`),
+slime's debug dumps (`*.pt`, read in `--python`), msprobe compare CSVs (`compare_result*.csv`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.fsio import atomic_write
+from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, read_capture
+from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
+from rlprobe_patch.report.metrics import Profiles, debug_metrics, offpolicy_metrics, per_request
+
+REPORT_FORMAT = "rlprobe-report"
+REPORT_VERSION = 1
+
+# option name -> (the report's number it limits, "max" or "min")
+THRESHOLDS: dict[str, tuple[str, str]] = {
+    "max_prob_diff": ("training/rollout_probs_diff_max", "max"),
+    "max_prob_diff_mean": ("training/rollout_probs_diff_mean", "max"),
+    "max_abs_kl": ("kl", "max-abs"),
+    "max_k3_kl": ("k3_kl", "max"),
+    "min_pearson_corr": ("training/rollout_actor_probs_pearson_corr", "min"),
+    "max_diverging_pairs": ("diverging_pairs", "max"),
+}
+
+
+@dataclass
+class Inputs:
+    captures: list[Path] = field(default_factory=list)
+    slime: list[Path] = field(default_factory=list)
+    compares: list[Path] = field(default_factory=list)
+
+
+def classify(paths: list[Path]) -> Inputs:
+    """Sort the paths given into captures, slime dumps and compare CSVs; refuse what is none of them."""
+    found = Inputs()
+    for path in paths:
+        if path.is_dir():
+            found.captures += sorted(path.rglob(f"*{SUFFIX}"))
+            found.slime += sorted(p for p in path.rglob("*.pt") if p.is_file())
+            found.compares += compare_files([path])
+        elif path.is_file():
+            if path.name.endswith(".npz"):
+                found.captures.append(path)
+            elif path.suffix == ".pt":
+                found.slime.append(path)
+            elif path.suffix == ".csv":
+                found.compares.append(path)
+            else:
+                raise RefusedError(
+                    f"{path}: neither a capture (*{SUFFIX}), a slime debug dump (*.pt) nor an msprobe compare CSV"
+                )
+        else:
+            raise RefusedError(f"{path}: no such file or directory")
+    if not (found.captures or found.slime or found.compares):
+        raise RefusedError(
+            f"nothing to report in {', '.join(map(str, paths))}",
+            hint=f"give captures (*{SUFFIX}), slime debug dumps (*.pt) or check-dump --compare's output",
+        )
+    return found
+
+
+def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], list[PairCompare], list[str]]:
+    batches = [read_capture(p) for p in inputs.captures]
+    notes: list[str] = []
+    if inputs.slime:
+        from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
+
+        slime_batches, notes = join_slime(read_slime_files(inputs.slime, python))
+        batches += slime_batches
+    pairs = [read_compare_csv(p) for p in inputs.compares]
+    return batches, pairs, notes
+
+
+def _stack(batches: list[TokenBatch]) -> tuple[Any, Any, Any]:
+    width = max((b.mask.shape[1] for b in batches), default=0)
+    n = sum(b.samples for b in batches)
+    rollout = np.zeros((n, width))
+    training = np.zeros((n, width))
+    mask = np.zeros((n, width), dtype=bool)
+    row = 0
+    for b in batches:
+        k, w = b.mask.shape
+        rollout[row : row + k, :w] = b.rollout
+        training[row : row + k, :w] = b.training
+        mask[row : row + k, :w] = b.mask
+        row += k
+    return rollout, training, mask
+
+
+def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
+    steps = []
+    requests: list[dict[str, Any]] = []
+    profiles = Profiles()
+    for b in batches:
+        metrics: dict[str, Any] = debug_metrics(b.rollout, b.training, b.mask)
+        metrics.update({f"rollout_corr/{k}": v for k, v in offpolicy_metrics(b.training, b.rollout, b.mask).items()})
+        steps.append(
+            {
+                "step": b.step,
+                "kind": b.kind,
+                "path": b.path,
+                "samples": b.samples,
+                "tokens": int(b.mask.sum()),
+                "metrics": metrics,
+            }
+        )
+        profiles.add(b.rollout, b.training, b.mask)
+        for i, row in enumerate(per_request(b.rollout, b.training, b.mask, b.responses)):
+            row.update(
+                request_id=b.request_ids[i],
+                step=b.step,
+                kind=b.kind,
+                row=i,
+                dataset_index=int(b.dataset_index[i]) if b.dataset_index is not None else None,
+                prompt_length=int(b.prompt_lengths[i]),
+            )
+            requests.append(row)
+    rollout, training, mask = _stack(batches)
+    overall: dict[str, Any] = debug_metrics(rollout, training, mask)
+    overall.update(offpolicy_metrics(training, rollout, mask))
+    ranked = sorted(
+        (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
+    )
+    for rank, r in enumerate(ranked, start=1):
+        r["rank"] = rank
+    dlogp = profiles.all_dlogp()
+    return {
+        "samples": len(requests),
+        "tokens": int(mask.sum()),
+        "empty_responses": sum(1 for r in requests if not r["tokens"]),
+        "overall": overall,
+        "steps": steps,
+        "requests": ranked + [r for r in requests if not r["tokens"]],
+        "by_position": profiles.by_position(),
+        "by_probability": profiles.by_probability(),
+        "abs_dlogp_quantiles": {q: float(np.quantile(dlogp, float(q))) for q in ("0.5", "0.9", "0.99", "0.999", "1.0")}
+        if dlogp.size
+        else {},
+        "_abs_dlogp": dlogp,  # for the histogram; dropped from report.json
+    }
+
+
+def check_thresholds(report: dict[str, Any], limits: dict[str, float | None]) -> list[dict[str, Any]]:
+    """One entry per threshold set: the value, the limit, whether it is crossed."""
+    values: dict[str, Any] = dict(report["tokens"]["overall"]) if report.get("tokens") else {}
+    if report.get("layers"):
+        values["diverging_pairs"] = len(report["layers"]["disagreeing_pairs"])
+    checks = []
+    for option, limit in limits.items():
+        if limit is None:
+            continue
+        key, how = THRESHOLDS[option]
+        value = values.get(key)
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            crossed = None  # nothing to compare with (no token, no compare)
+        elif how == "max":
+            crossed = bool(value > limit)
+        elif how == "max-abs":
+            crossed = bool(abs(value) > limit)
+        else:
+            crossed = bool(value < limit)
+        checks.append(
+            {
+                "option": "--" + option.replace("_", "-"),
+                "metric": key,
+                "limit": limit,
+                "value": value,
+                "crossed": crossed,
+            }
+        )
+    return checks
+
+
+def build(batches: list[TokenBatch], pairs: list[PairCompare], limits: dict[str, float | None]) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "format_version": REPORT_VERSION,
+        "tokens": token_report(batches) if batches else None,
+        "layers": layer_summary(pairs) if pairs else None,
+    }
+    report["thresholds"] = check_thresholds(report, limits)
+    return report
+
+
+def replay(
+    batches: list[TokenBatch],
+    report: dict[str, Any],
+    top: int,
+    directory: Path,
+    script: str | None,
+    data: Path | None = None,
+) -> dict[str, Any]:
+    """The `top` worst requests' prompts, in verl's dataset layout, and the command that collects them.
+
+    A request's row is the run's own data row at the index verl carries (`data`, JSON lines with
+    `extra_info.index`, else the line number), else one made from the raw prompt.
+    """
+    worst = [r for r in report["tokens"]["requests"] if r["tokens"]][:top] if report.get("tokens") else []
+    by_key = {(b.step, b.kind, i): (b, i) for b in batches for i in range(b.samples)}
+    own = _data_rows(data) if data else {}
+    rows = []
+    without = []
+    for r in worst:
+        batch, i = by_key[(r["step"], r["kind"], r["row"])]
+        if r["dataset_index"] is not None and r["dataset_index"] in own:
+            rows.append(own[r["dataset_index"]])
+            continue
+        raw = batch.raw_prompts[i] if batch.raw_prompts else ""
+        if raw:
+            try:
+                prompt: Any = json.loads(raw)
+            except ValueError:
+                prompt = raw
+            if isinstance(prompt, str):
+                prompt = [{"role": "user", "content": prompt}]
+        else:
+            prompt = None
+        if prompt is None:
+            without.append(r["request_id"])
+            continue
+        rows.append(
+            {
+                "prompt": prompt,
+                "extra_info": {"index": r["dataset_index"], "request_id": r["request_id"], "step": r["step"]},
+            }
+        )
+    result: dict[str, Any] = {"requests": [r["request_id"] for r in worst], "without_prompt": without}
+    if not rows:
+        return result
+    directory.mkdir(parents=True, exist_ok=True)
+    prompts = directory / "replay_prompts.jsonl"
+    atomic_write(prompts, "".join(json.dumps(row) + "\n" for row in rows).encode())
+    result["prompts"] = str(prompts)
+    result["command"] = (
+        f"rlprobe-patch script {script or 'YOUR_TRAINING_SCRIPT.sh'} --mode consistency "
+        "--actor-config config_actor.json --generate-config config_generate.json"
+    )
+    result["overrides"] = [
+        f"data.train_files={prompts}",
+        f"data.train_batch_size={len(rows)}",
+        "data.shuffle=False",
+        "trainer.total_training_steps=1",
+    ]
+    return result
+
+
+def _data_rows(path: Path) -> dict[int, dict[str, Any]]:
+    """The run's data rows by the index verl carries (`extra_info.index`, else the line number)."""
+    rows: dict[int, dict[str, Any]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RefusedError(f"--data {path}: not readable as JSON lines ({type(exc).__name__})") from None
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise RefusedError(f"--data {path}:{number + 1}: not JSON (give the dataset as JSON lines)") from None
+        extra = row.get("extra_info") if isinstance(row, dict) else None
+        index = extra.get("index") if isinstance(extra, dict) else None
+        rows[int(index) if isinstance(index, int) else number] = row
+    return rows

@@ -1,0 +1,207 @@
+"""The per-step log-prob capture file: one `.npz` per training step, written with numpy only.
+
+A capture holds, for every sample of one training step (padding rows left out), what the
+rollout engine and the training forward each said about the same response tokens. It is a
+plain numpy archive (`numpy.savez`, no pickle: `numpy.load(..., allow_pickle=False)` reads it),
+so that the code inserted into a user's verl tree needs nothing but numpy, and anyone can open
+it by hand. Version 1, the arrays (N samples, R the padded response width of the step):
+
+| key | dtype, shape | |
+|---|---|---|
+| `format` | str, () | `"rlprobe-logprobs"` (`FORMAT`) |
+| `format_version` | int64, () | `1` (`FORMAT_VERSION`) |
+| `step` | int64, () | the trainer's global step |
+| `request_ids` | str, (N,) | the id `verl.request-id` sends (`""` where none) |
+| `prompt_lengths` | int64, (N,) | prompt tokens (the attention mask's sum over the prompt) |
+| `response_lengths` | int64, (N,) | valid response tokens (the response mask's sum) |
+| `responses` | int64, (N, R) | the response token ids, padded |
+| `response_mask` | bool, (N, R) | the tokens the loss counts (verl's `response_mask`) |
+| `rollout_log_probs` | float32, (N, R) | the rollout engine's log-probs of those tokens |
+| `old_log_probs` | float32, (N, R) | the training forward's (verl's `old_log_probs`) |
+| `ref_log_prob` | float32, (N, R) | optional: the reference policy's |
+| `dataset_index` | int64, (N,) | optional: the index verl carries (`extra_info.index`), -1 where none |
+| `raw_prompts` | str, (N,) | optional: the raw prompt (a chat as JSON text, or the string) |
+| `source` | str, () | optional: who wrote it (`"verl 0.9.1 RayPPOTrainer"`) |
+
+Files are named `step-<step:06d>.rlprobe-logprobs.npz` (`capture_name`) and written whole or not
+at all (a temporary file in the same folder, then a rename).
+
+`write_capture` is the one definition of the format: the tests write captures with it, and the
+catalogue patch that captures on verl's side inserts the same steps (it cannot import
+rlprobe-patch in a user's tree; the format is this docstring). `read_capture` checks a file
+against it and refuses, naming the file, what is not a capture of this version.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rlprobe_patch.errors import RefusedError
+
+FORMAT = "rlprobe-logprobs"
+FORMAT_VERSION = 1
+SUFFIX = ".rlprobe-logprobs.npz"
+_PER_TOKEN = ("responses", "response_mask", "rollout_log_probs", "old_log_probs")
+_REQUIRED = ("format", "format_version", "step", "request_ids", "prompt_lengths", "response_lengths", *_PER_TOKEN)
+
+
+def capture_name(step: int) -> str:
+    return f"step-{step:06d}{SUFFIX}"
+
+
+def write_capture(
+    directory: str | os.PathLike[str],
+    *,
+    step: int,
+    request_ids: Sequence[str],
+    prompt_lengths: Any,
+    responses: Any,
+    response_mask: Any,
+    rollout_log_probs: Any,
+    old_log_probs: Any,
+    ref_log_prob: Any = None,
+    dataset_index: Any = None,
+    raw_prompts: Sequence[str] | None = None,
+    keep: Any = None,
+    source: str = "",
+) -> str:
+    """Write one step's capture into `directory`; returns its path.
+
+    Array arguments are numpy arrays or anything `numpy.asarray` takes (a CPU tensor's
+    `.numpy()`). `keep` (bool, (N,)) drops rows: the padding rows a trainer adds to divide the
+    batch among its workers must not appear as requests.
+    """
+    rows = np.ones(len(request_ids), dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+    mask = np.asarray(response_mask).astype(bool)[rows]
+    arrays: dict[str, Any] = {
+        "format": np.array(FORMAT),
+        "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
+        "step": np.array(int(step), dtype=np.int64),
+        "request_ids": np.array([str(r) for r in request_ids], dtype=str)[rows],
+        "prompt_lengths": np.asarray(prompt_lengths, dtype=np.int64)[rows],
+        "response_lengths": mask.sum(axis=1).astype(np.int64),
+        "responses": np.asarray(responses, dtype=np.int64)[rows],
+        "response_mask": mask,
+        "rollout_log_probs": np.asarray(rollout_log_probs, dtype=np.float32)[rows],
+        "old_log_probs": np.asarray(old_log_probs, dtype=np.float32)[rows],
+    }
+    if ref_log_prob is not None:
+        arrays["ref_log_prob"] = np.asarray(ref_log_prob, dtype=np.float32)[rows]
+    if dataset_index is not None:
+        arrays["dataset_index"] = np.asarray(dataset_index, dtype=np.int64)[rows]
+    if raw_prompts is not None:
+        arrays["raw_prompts"] = np.array([str(p) for p in raw_prompts], dtype=str)[rows]
+    if source:
+        arrays["source"] = np.array(source)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, capture_name(int(step)))
+    fd, tmp = tempfile.mkstemp(prefix=".step-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass
+class TokenBatch:
+    """One step's samples, from a capture or from slime's dumps: what the report reads."""
+
+    path: str  # the file(s) it came from, for messages
+    kind: str  # "verl-capture" | "slime"
+    step: int | None
+    request_ids: list[str]
+    prompt_lengths: IntArray
+    responses: IntArray  # (N, R)
+    mask: BoolArray  # (N, R)
+    rollout: FloatArray  # (N, R)
+    training: FloatArray  # (N, R)
+    ref: FloatArray | None = None
+    dataset_index: IntArray | None = None
+    raw_prompts: list[str] | None = None
+
+    @property
+    def samples(self) -> int:
+        return len(self.request_ids)
+
+
+def read_capture(path: Path) -> TokenBatch:
+    """A capture file checked against the format; `RefusedError` naming the file otherwise."""
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise RefusedError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        raise RefusedError(
+            f"{path}: not a readable rlprobe-logprobs capture ({type(exc).__name__}: {exc})",
+            hint="a truncated file (a run that stopped while writing?) or another kind of file",
+        ) from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise RefusedError(f"{path}: a single numpy array, not an rlprobe-logprobs capture (.npz)")
+    with archive:
+        try:
+            data = {key: archive[key] for key in archive.files}
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+            raise RefusedError(f"{path}: truncated or damaged ({type(exc).__name__}: {exc})") from None
+    if "format" not in data or str(data["format"]) != FORMAT:
+        raise RefusedError(f"{path}: a numpy archive, but not an rlprobe-logprobs capture (no format '{FORMAT}')")
+    version = int(data["format_version"]) if "format_version" in data else None
+    if version != FORMAT_VERSION:
+        raise RefusedError(
+            f"{path}: capture format version {version}; this rlprobe-patch reads version {FORMAT_VERSION}",
+            hint="read it with the rlprobe-patch release whose patch wrote it",
+        )
+    if "rollout_log_probs" not in data:
+        raise RefusedError(
+            f"{path}: the capture holds no rollout_log_probs",
+            hint="the run had no rollout log-probs (verl: actor_rollout_ref.rollout.calculate_log_probs=True; "
+            "not in bypass mode)",
+        )
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise RefusedError(f"{path}: capture lacks {', '.join(missing)}")
+    n = len(data["request_ids"])
+    shape = data["responses"].shape
+    if len(shape) != 2 or shape[0] != n:
+        raise RefusedError(f"{path}: responses has shape {shape}, expected ({n}, R)")
+    for key in (*_PER_TOKEN, *(k for k in ("ref_log_prob",) if k in data)):
+        if data[key].shape != shape:
+            raise RefusedError(f"{path}: {key} has shape {data[key].shape}, responses {shape}")
+    for key in ("prompt_lengths", "response_lengths", "dataset_index", "raw_prompts"):
+        if key in data and data[key].shape != (n,):
+            raise RefusedError(f"{path}: {key} has shape {data[key].shape}, expected ({n},)")
+    mask = data["response_mask"].astype(bool)
+    if not np.array_equal(mask.sum(axis=1), data["response_lengths"]):
+        raise RefusedError(f"{path}: response_lengths disagree with response_mask")
+    return TokenBatch(
+        path=str(path),
+        kind="verl-capture",
+        step=int(data["step"]),
+        request_ids=[str(r) for r in data["request_ids"]],
+        prompt_lengths=data["prompt_lengths"].astype(np.int64),
+        responses=data["responses"].astype(np.int64),
+        mask=mask,
+        rollout=data["rollout_log_probs"].astype(np.float64),
+        training=data["old_log_probs"].astype(np.float64),
+        ref=data["ref_log_prob"].astype(np.float64) if "ref_log_prob" in data else None,
+        dataset_index=data["dataset_index"].astype(np.int64) if "dataset_index" in data else None,
+        raw_prompts=[str(p) for p in data["raw_prompts"]] if "raw_prompts" in data else None,
+    )

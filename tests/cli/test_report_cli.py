@@ -1,0 +1,163 @@
+"""`rlprobe-patch report` on captures written by `write_capture`: outputs, thresholds, replay, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cli, cli_json
+
+from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.report.capture_format import FORMAT, read_capture, write_capture
+from rlprobe_patch.report.layers import read_compare_csv
+
+
+def _write(folder: Path, step: int, *, bad_row: int | None = None, seed: int = 0) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed + step)
+    n, width = 5, 12
+    lengths = [12, 4, 0, 1, 9]
+    mask = np.zeros((n, width), dtype=bool)
+    for i, k in enumerate(lengths):
+        mask[i, :k] = True
+    training = np.log(rng.uniform(0.05, 1.0, (n, width)))
+    rollout = training + rng.normal(0.0, 1e-3, (n, width))
+    if bad_row is not None:
+        rollout[bad_row, 2] = training[bad_row, 2] - 2.0  # one token the rollout found far less likely
+    responses = rng.integers(0, 1000, (n, width))
+    keep = np.array([True, True, True, True, True])
+    write_capture(
+        folder,
+        step=step,
+        request_ids=[f"req-{step}-{i}" for i in range(n)],
+        prompt_lengths=np.full(n, 6),
+        responses=responses,
+        response_mask=mask,
+        rollout_log_probs=rollout,
+        old_log_probs=training,
+        dataset_index=np.arange(n) + 100 * step,
+        raw_prompts=[json.dumps([{"role": "user", "content": f"q{step}-{i}"}]) for i in range(n)],
+        keep=keep,
+    )
+    return rollout, training, mask, responses
+
+
+def test_capture_round_trip_drops_padding_rows(tmp_path: Path) -> None:
+    mask = np.array([[1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=bool)
+    lp = np.log(np.full((3, 3), 0.5))
+    path = write_capture(tmp_path, step=7, request_ids=["a", "", "c"], prompt_lengths=[3, 0, 2],
+                         responses=np.arange(9).reshape(3, 3), response_mask=mask, rollout_log_probs=lp,
+                         old_log_probs=lp, keep=[True, False, True])  # fmt: skip
+    batch = read_capture(Path(path))
+    assert Path(path).name == "step-000007.rlprobe-logprobs.npz"
+    assert batch.request_ids == ["a", "c"] and batch.step == 7
+    assert batch.mask.sum(axis=1).tolist() == [2, 1]
+    assert batch.responses[1, 0] == 6
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
+
+
+def test_report_ranks_the_bad_request_and_gates(tmp_path: Path) -> None:
+    _write(tmp_path / "cap", 1)
+    rollout, training, _mask, responses = _write(tmp_path / "cap", 2, bad_row=4)
+    code, out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "out", "--top", "2", "--max-prob-diff", "0.05")
+    assert code == ExitCode.VERIFY_FAILED
+    tokens = out["tokens"]
+    assert tokens["samples"] == 10 and tokens["empty_responses"] == 2
+    assert tokens["tokens"] == 2 * (12 + 4 + 1 + 9)
+    worst = tokens["requests"][0]
+    assert worst["request_id"] == "req-2-4" and worst["rank"] == 1
+    assert worst["worst_token"] == {
+        "position": 2,
+        "token_id": int(responses[4, 2]),
+        "rollout_logp": pytest.approx(float(rollout[4, 2])),
+        "training_logp": pytest.approx(float(training[4, 2])),
+        "abs_dp": pytest.approx(abs(math.exp(training[4, 2]) - math.exp(rollout[4, 2]))),
+    }
+    (check,) = out["thresholds"]
+    assert check["crossed"] is True and check["value"] == pytest.approx(worst["max_abs_dp"])
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["tokens"]["requests"][0]["request_id"] == "req-2-4"
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "req-2-4" in html and html.count("data:image/png;base64,") == 3
+    replay = [json.loads(line) for line in (tmp_path / "out" / "replay_prompts.jsonl").read_text().splitlines()]
+    assert [r["extra_info"]["request_id"] for r in replay] == [r["request_id"] for r in tokens["requests"][:2]]
+    assert replay[0]["prompt"] == [{"role": "user", "content": "q2-4"}] and replay[0]["extra_info"]["index"] == 204
+    assert "--mode consistency" in out["replay"]["command"]
+    # within a looser limit: exit 0; the text summary names the worst request
+    result = cli("report", tmp_path / "cap", "-o", tmp_path / "out2", "--max-prob-diff", "0.9")
+    assert result.exit_code == ExitCode.OK, result.output
+    assert "#1 req-2-4" in result.output and "report:" in result.output
+
+
+def test_replay_takes_the_runs_own_rows_by_dataset_index(tmp_path: Path) -> None:
+    _write(tmp_path / "cap", 3, bad_row=0)
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"own {i}", "extra_info": {"index": 300 + i}}) + "\n" for i in range(5))
+    )
+    code, _out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "out", "--top", "1", "--data", data)
+    assert code == ExitCode.OK
+    rows = (tmp_path / "out" / "replay_prompts.jsonl").read_text().splitlines()
+    assert json.loads(rows[0]) == {"prompt": "own 0", "extra_info": {"index": 300}}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign", "no-rollout", "text"])
+def test_bad_capture_names_the_file_and_writes_nothing(tmp_path: Path, damage: str) -> None:
+    folder = tmp_path / "cap"
+    _write(folder, 1)
+    good = next(folder.glob("*.npz"))
+    bad = folder / "step-000002.rlprobe-logprobs.npz"
+    if damage == "truncated":
+        bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    elif damage == "foreign":
+        np.savez(bad, weights=np.zeros(3))
+    elif damage == "no-rollout":
+        with np.load(good) as archive:
+            arrays = {k: archive[k] for k in archive.files if k != "rollout_log_probs"}
+        np.savez(bad, **arrays)
+    else:
+        bad.write_text("step,logp\n1,-0.5\n")
+    code, out = cli_json("report", folder, "-o", tmp_path / "out")
+    assert code == ExitCode.REFUSED
+    assert str(bad) in out["message"]
+    if damage == "no-rollout":
+        assert "no rollout_log_probs" in out["message"]
+    if damage == "foreign":
+        assert FORMAT in out["message"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_csv_of_another_msprobe_version(tmp_path: Path) -> None:
+    # the columns of msprobe releases before requires_grad was compared (no "NPU Requires_grad")
+    old = tmp_path / "000_req-0" / "compare_result_1.csv"
+    old.parent.mkdir()
+    old.write_text(
+        "NPU Name,Bench Name,NPU Dtype,Bench Dtype,NPU Tensor Shape,Bench Tensor Shape,Cosine,MaxAbsErr,"
+        "MaxRelativeErr,Accuracy Reached or Not,Err_message\n"
+        "Module.a.Linear.forward.0.output.0,Module.a.Linear.forward.0.output.0,torch.float32,torch.float32,"
+        "[2],[2],1.0,0.0,0.0,Yes,\n"
+    )
+    code, out = cli_json("report", tmp_path, "-o", tmp_path / "out")
+    assert code == ExitCode.REFUSED
+    assert str(old) in out["message"] and "another version" in out["message"]
+    with pytest.raises(Exception, match="another version"):
+        read_compare_csv(old)
+
+
+def test_nothing_to_report(tmp_path: Path) -> None:
+    code, out = cli_json("report", tmp_path)
+    assert code == ExitCode.REFUSED and "nothing to report" in out["message"]
+    (tmp_path / "x.txt").write_text("hi")
+    code, out = cli_json("report", tmp_path / "x.txt")
+    assert code == ExitCode.REFUSED and "x.txt" in out["message"]
+
+
+def test_zip_that_is_not_npz(tmp_path: Path) -> None:
+    path = tmp_path / "step-000001.rlprobe-logprobs.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("readme.txt", "hello")
+    code, out = cli_json("report", path, "-o", tmp_path / "out")
+    assert code == ExitCode.REFUSED and str(path) in out["message"]

@@ -1,0 +1,123 @@
+"""`report`'s numbers against plain-Python computations of the same definitions (no numpy in the oracle)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from rlprobe_patch.report.metrics import Profiles, debug_metrics, offpolicy_metrics, per_request
+
+
+def _batch(seed: int, lengths: list[int], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    training = np.log(rng.uniform(0.001, 1.0, (len(lengths), width)))
+    rollout = training + rng.normal(0.0, 0.2, training.shape)
+    mask = np.zeros(training.shape, dtype=bool)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = True
+    responses = rng.integers(0, 50_000, training.shape)
+    return rollout, training, mask, responses
+
+
+def _tokens(rollout, training, mask):
+    return [
+        (i, j, float(rollout[i, j]), float(training[i, j]))
+        for i in range(mask.shape[0])
+        for j in range(mask.shape[1])
+        if mask[i, j]
+    ]
+
+
+@pytest.mark.parametrize("lengths", [[7, 3, 9, 1], [9, 0, 4], [1], [2, 0]])
+def test_debug_metrics_follow_the_definitions(lengths: list[int]) -> None:
+    rollout, training, mask, _ = _batch(len(lengths), lengths, 9)
+    got = debug_metrics(rollout, training, mask)
+    tokens = _tokens(rollout, training, mask)
+    diffs = [abs(math.exp(t) - math.exp(r)) for _, _, r, t in tokens]
+    assert got["training/rollout_probs_diff_valid"] == 1
+    assert got["training/rollout_probs_diff_max"] == pytest.approx(max(diffs))
+    assert got["training/rollout_probs_diff_mean"] == pytest.approx(statistics.fmean(diffs))
+    if len(diffs) > 1:
+        assert got["training/rollout_probs_diff_std"] == pytest.approx(statistics.stdev(diffs))
+        corr = statistics.correlation([math.exp(t) for *_, t in tokens], [math.exp(r) for _, _, r, _ in tokens])
+        assert got["training/rollout_actor_probs_pearson_corr"] == pytest.approx(corr)
+    else:
+        assert math.isnan(got["training/rollout_probs_diff_std"])
+
+
+def test_no_token_is_invalid() -> None:
+    rollout, training, mask, _ = _batch(0, [0, 0], 4)
+    got = debug_metrics(rollout, training, mask)
+    assert got["training/rollout_probs_diff_valid"] == 0
+    assert math.isnan(got["training/rollout_probs_diff_max"])
+    assert offpolicy_metrics(training, rollout, mask) == {}
+
+
+@pytest.mark.parametrize("lengths", [[7, 3, 9, 1], [9, 0, 4], [1]])
+def test_offpolicy_metrics_follow_the_definitions(lengths: list[int]) -> None:
+    rollout, training, mask, _ = _batch(10 + len(lengths), lengths, 9)
+    got = offpolicy_metrics(training, rollout, mask)
+    import ctypes
+
+    def eps_count(n: int) -> float:  # verl's count + 1e-8, in float32
+        return ctypes.c_float(ctypes.c_float(n).value + ctypes.c_float(1e-8).value).value
+
+    rows = [
+        [(float(rollout[i, j]), float(training[i, j])) for j in range(9) if mask[i, j]] for i in range(len(lengths))
+    ]
+    mean_t = [sum(t for _, t in row) / eps_count(len(row)) for row in rows]
+    mean_r = [sum(r for r, _ in row) / eps_count(len(row)) for row in rows]
+    flat = [pair for row in rows for pair in row]
+    count = eps_count(len(flat))
+    diff = [a - b for a, b in zip(mean_r, mean_t)]
+    assert got["training_ppl"] == pytest.approx(statistics.fmean(math.exp(-m) for m in mean_t))
+    assert got["rollout_ppl"] == pytest.approx(statistics.fmean(math.exp(-m) for m in mean_r))
+    assert got["kl"] == pytest.approx(sum(r - t for r, t in flat) / count)
+    assert got["k3_kl"] == pytest.approx(sum(math.exp(t - r) - (t - r) - 1 for r, t in flat) / count)
+    assert got["log_ppl_diff"] == pytest.approx(statistics.fmean(diff))
+    assert got["log_ppl_abs_diff"] == pytest.approx(statistics.fmean(abs(d) for d in diff))
+    assert (got["log_ppl_diff_max"], got["log_ppl_diff_min"]) == pytest.approx((max(diff), min(diff)))
+    assert got["ppl_ratio"] == pytest.approx(statistics.fmean(math.exp(d) for d in diff))
+    clamp = lambda x: max(-20.0, min(20.0, x))  # noqa: E731
+    assert got["chi2_token"] == pytest.approx(sum(math.exp(clamp(t - r)) ** 2 for r, t in flat) / count - 1)
+    seq = [math.exp(2 * clamp(sum(t - r for r, t in row))) for row in rows]
+    assert got["chi2_seq"] == pytest.approx(statistics.fmean(seq) - 1)
+
+
+def test_per_request_and_worst_token() -> None:
+    rollout, training, mask, responses = _batch(3, [5, 0, 8], 8)
+    rows = per_request(rollout, training, mask, responses)
+    assert rows[1]["tokens"] == 0 and rows[1]["worst_token"] is None
+    for i in (0, 2):
+        valid = [j for j in range(8) if mask[i, j]]
+        dps = {j: abs(math.exp(training[i, j]) - math.exp(rollout[i, j])) for j in valid}
+        worst = max(dps, key=dps.__getitem__)
+        assert rows[i]["worst_token"]["position"] == valid.index(worst)
+        assert rows[i]["worst_token"]["token_id"] == responses[i, worst]
+        assert rows[i]["max_abs_dp"] == pytest.approx(dps[worst])
+        assert rows[i]["mean_abs_dlogp"] == pytest.approx(
+            statistics.fmean(abs(training[i, j] - rollout[i, j]) for j in valid)
+        )
+
+
+def test_profiles_by_position_and_probability() -> None:
+    profiles = Profiles()
+    batches = [_batch(5, [6, 2, 4], 6), _batch(6, [9, 9], 9)]
+    for rollout, training, mask, _ in batches:
+        profiles.add(rollout, training, mask)
+    tokens = [t for rollout, training, mask, _ in batches for t in _tokens(rollout, training, mask)]
+    by_position = {r["first"]: r for r in profiles.by_position(buckets=100)}
+    for position in range(9):
+        at = [abs(t - r) for i, j, r, t in tokens if j == position]
+        assert by_position[position]["tokens"] == len(at)
+        assert by_position[position]["mean_abs_dlogp"] == pytest.approx(statistics.fmean(at))
+    by_probability = profiles.by_probability()
+    assert sum(r["tokens"] for r in by_probability) == len(tokens)
+    for row in by_probability:
+        inside = [abs(t - r) for *_, r, t in tokens if row["p_from"] <= math.exp(r) < row["p_to"] or
+                  (row["p_to"] == 1.0 and math.exp(r) >= 1.0)]  # fmt: skip
+        assert row["tokens"] == len(inside)
+    assert sum(r["share_of_abs_dlogp"] for r in by_probability if r["tokens"]) == pytest.approx(1.0)
