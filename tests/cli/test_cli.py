@@ -291,6 +291,7 @@ def test_every_command_takes_json(fixture_tree, tmp_path: Path) -> None:
         "script": [script, "--dry-run"],
         "cluster": ["status", "--address", "127.0.0.1:1"],  # refused at once: nothing listens there
         "forget": [missing],
+        "report": [missing],
     }
     listing = cli("--help").stdout
     listed = [line.split()[0] for line in listing.split("Commands:\n", 1)[1].splitlines() if line.strip()]

@@ -106,9 +106,8 @@ def test_a_missing_anchor_is_refused_by_name(vllm_tree) -> None:
     code, out = cli_json("apply", "--vllm-root", root, "--mode", "consistency")
     assert code == ExitCode.REFUSED
     details = " ".join(out["details"])
-    assert "GPUModelRunner.execute_model: expected `<name> = self.model(...)` or `<name> = self._model_forward(...)`" in (
-        details
-    )
+    expected = "expected `<name> = self.model(...)` or `<name> = self._model_forward(...)` in the method; found none"
+    assert f"GPUModelRunner.execute_model: {expected}" in details
     assert snapshot(root) == original
 
 
@@ -136,7 +135,7 @@ def test_vllm_ascend_beside_vllm_is_not_hooked_twice(tmp_path) -> None:
     unpack(package_wheel("vllm-ascend", "0.18.0"), site, VLLM_ASCEND_MEMBERS)
     unpack(package_wheel("verl", "0.9.1"), site, ("verl/", "verl-"))
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {__import__('sys').executable} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {__import__("sys").executable} "$@"\n')
     python.chmod(0o755)
     consistency = ("apply", "--python", python, "--mode", "consistency", "--backend", "fsdp", "--dry-run")
     code, out = cli_json(*consistency)

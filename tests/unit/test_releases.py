@@ -16,7 +16,7 @@ from rlprobe_patch.catalogue import patches as catalogue
 from rlprobe_patch.catalogue import releases as releases_module
 from rlprobe_patch.catalogue.patches import load_catalogue
 from rlprobe_patch.catalogue.releases import PACKAGE_FILES, releases
-from rlprobe_patch.catalogue.trees import PACKAGES, Tree
+from rlprobe_patch.catalogue.trees import Tree
 from rlprobe_patch.core.rules import resolve_worker_impl
 
 PACKAGES = tuple(PACKAGE_FILES)

@@ -21,7 +21,7 @@ it by hand. Version 1, the arrays (N samples, R the padded response width of the
 | `ref_log_prob` | float32, (N, R) | optional: the reference policy's |
 | `dataset_index` | int64, (N,) | optional: the index verl carries (`extra_info.index`), -1 where none |
 | `raw_prompts` | str, (N,) | optional: the raw prompt (a chat as JSON text, or the string) |
-| `source` | str, () | optional: who wrote it (`"verl 0.9.1 RayPPOTrainer"`) |
+| `source` | str, () | optional: who wrote it (`"verl RayPPOTrainer"`) |
 
 Files are named `step-<step:06d>.rlprobe-logprobs.npz` (`capture_name`) and written whole or not
 at all (a temporary file in the same folder, then a rename).

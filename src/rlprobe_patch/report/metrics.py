@@ -1,8 +1,8 @@
 """Token-level mismatch numbers, with verl's own definitions, in numpy.
 
 verl computes two sets on every step of a run with `rollout.calculate_log_probs=True`; they are
-re-implemented here from their definitions (not copied), and `tests/runtime/test_report_metrics_runtime.py`
-proves them equal to verl 0.9.1's functions on the same tensors:
+re-implemented here from their definitions (not copied), and `tests/runtime/test_report_runtime.py`
+proves them equal to verl's own functions (the release of the runtime venv) on the same tensors:
 
 - `debug_metrics`: `verl/utils/debug/metrics.py::calculate_debug_metrics`: over the response
   mask, |p_train - p_rollout| (probabilities, `exp` of the log-probs): max, mean, std (unbiased),
