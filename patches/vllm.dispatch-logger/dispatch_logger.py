@@ -7,8 +7,9 @@ request id: `{dump_path}/{pid}/dispatch_log.jsonl`, one JSON line per dumped pas
 vLLM-Ascend's dispatch log: the msprobe step and rank, the phase (`prefill` when every request of
 the pass is new or still filling its prompt, `decode` when none is, `mixed` otherwise), the
 request ids as vLLM runs them (check-dump strips the `-<8 hex>` vLLM >= 0.14 appends), the tokens
-scheduled per request, the TP and DP rank, the pid, and the request msprobe's `request_id` field
-cut the dump down to (`dumped_request_id`, when the config sets one and the pass holds it).
+scheduled per request, the TP and DP rank, the pid, the dump the line describes (`dump`, relative
+to the dump path), and the request msprobe's `request_id` field cut the dump down to
+(`dumped_request_id`, when the config sets one and the pass holds it).
 """
 
 import json
@@ -77,15 +78,18 @@ class DispatchLogger:
         sent = {r: re.sub(r"-[0-9a-f]{8}$", "", r) for r in request_ids}
         dumped = next((r for r in request_ids if self.request_id and sent[r] == self.request_id), None)
         parallel = runner.vllm_config.parallel_config
+        step, rank = getattr(service, "current_iter", None), getattr(service, "current_rank", None)
+        folder = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"  # msprobe's own naming
         return {
             "source": "dispatch",
             "engine": "vllm",
             "timestamp": time.time(),
             "pid": os.getpid(),
-            "rank": getattr(service, "current_rank", None) or 0,
+            "rank": rank,
+            "dump": f"step{step}/{folder}/dump.json",  # relative to the dump path, this file's parent
             "tp_rank": self._tp_rank(),
             "dp_rank": int(getattr(parallel, "data_parallel_rank", 0) or 0),
-            "step": getattr(service, "current_iter", None),
+            "step": step,
             "phase": phase,
             "request_ids": request_ids,
             "new_request_ids": new_ids,

@@ -39,6 +39,12 @@ def _int_list(text: str | None) -> list[int] | None:
     help="The rollout engine; sglang: the consistency generate side dumps every forward pass (step []) "
     "and the answer lists the server settings rid pairing needs.",
 )
+@click.option(
+    "--request-id",
+    metavar="ID",
+    help="Generate side: dump only this request's rows of each step that holds it (msprobe's request_id; "
+    "the id verl sent). Community vLLM's model runner (vllm.model-runner) hands msprobe the tokens per request.",
+)
 @click.option("-o", "--output", type=CheckedPath("new-file"), required=True, help="The config.json to write.")
 @python_option
 @click.option("--no-check", is_flag=True, help="Do not load it with msprobe (when msprobe is not installed here).")
@@ -53,6 +59,7 @@ def config_cmd(
     steps: str | None,
     ranks: str | None,
     rollout_backend: str | None,
+    request_id: str | None,
     output: Path,
     python: str | None,
     no_check: bool,
@@ -69,6 +76,7 @@ def config_cmd(
         steps=_int_list(steps),
         ranks=_int_list(ranks),
         rollout_backend=rollout_backend,
+        request_id=request_id,
     )
     checked = write_config(data, output, python, check=not no_check)
     needs: list[dict[str, Any]] = []

@@ -235,13 +235,36 @@ def _prefix_of(record: dict[str, Any], root: Path) -> str:
 
 
 def _vllm_prefill_ids(record: dict[str, Any]) -> list[str] | None:
-    """The requests a vLLM-Ascend prefill step served: the DispatchLogger's `prefill_request_ids`
-    (`request_ids` when absent), or the skill's `requests` list; None for a decode step."""
-    if record.get("phase") != "prefill":
+    """The requests a vLLM(-Ascend) step prefilled: the DispatchLogger's `prefill_request_ids`
+    (`request_ids` when absent), or the skill's `requests` list; None for a decode step. A step
+    whose dump msprobe cut down to one request (`dumped_request_id`, msprobe's `request_id`
+    field: community vLLM's logger) holds that request alone, or nothing to pair where it decoded."""
+    if record.get("phase") not in ("prefill", "mixed"):
         return None
     if "requests" in record:
         return [str(r.get("request_id", "")) for r in record.get("requests") or []]
-    return [str(r) for r in record.get("prefill_request_ids") or record.get("request_ids") or []]
+    ids = [str(r) for r in record.get("prefill_request_ids") or record.get("request_ids") or []]
+    dumped = record.get("dumped_request_id")
+    if dumped is not None:
+        return [str(dumped)] if str(dumped) in ids else None
+    return ids
+
+
+def _vllm_dump(report: DumpReport, record: dict[str, Any], root: Path) -> DumpFile | None:
+    """The dump a vLLM(-Ascend) log line describes: its `dump` (relative to the log's dump path,
+    community vLLM), else `{pid}/step{N}/rank{M}` beside the log (vLLM-Ascend)."""
+    if record.get("dump"):
+        where = Path(record["_dir"]).parent / str(record["dump"])
+        return next((d for d in report.generate_dumps if d.path == where), None)
+    prefix = _prefix_of(record, root)
+    return next(
+        (
+            d
+            for d in report.generate_dumps
+            if (d.prefix, d.step, d.rank) == (prefix, record.get("step"), record.get("rank"))
+        ),
+        None,
+    )
 
 
 def _unpaired(report: DumpReport, record: dict[str, Any], rid: str | None, reason: str) -> None:
@@ -315,7 +338,6 @@ def _pair(report: DumpReport) -> None:
             for spelling in {str(rid), strip_vllm_suffix(str(rid))}:  # as sent, and as vLLM's base id
                 actor_by_id.setdefault(spelling, []).append(record)
     actor_dumps = {(d.step, d.rank): d for d in report.actor_dumps}
-    gen_dumps: dict[tuple[str, Any, Any], DumpFile] = {(d.prefix, d.step, d.rank): d for d in report.generate_dumps}
     chunks: dict[tuple[Any, ...], int] = {}
     for record in report.dispatch_log:  # an SGLang request prefilled over several passes
         if record.get("source") == "sglang" and record.get("phase") == "prefill":
@@ -337,20 +359,39 @@ def _pair(report: DumpReport) -> None:
             ids = _vllm_prefill_ids(record)
             if ids is None:
                 continue
+            sliced = record.get("dumped_request_id") is not None
             if len(ids) != 1:
                 skipped_multi += 1
                 for raw in ids:
-                    _unpaired(report, record, raw, f"batched prefill of {len(ids)} requests in one step")
+                    _unpaired(
+                        report,
+                        record,
+                        raw,
+                        f"batched prefill of {len(ids)} requests in one step: its dump mixes them (msprobe's "
+                        "request_id dumps one request's rows: rlprobe-patch config --request-id)",
+                    )
+                continue
+            if record.get("phase") == "mixed" and not sliced:
+                decoding = len(record.get("request_ids") or []) - 1
+                _unpaired(
+                    report,
+                    record,
+                    ids[0],
+                    f"prefilled in one step with {decoding} decoding request(s): its dump mixes them (msprobe's "
+                    "request_id dumps one request's rows: rlprobe-patch config --request-id)",
+                )
                 continue
             raw_id = ids[0]
             rid = strip_vllm_suffix(raw_id)
-            prefix = _prefix_of(record, root)
-            vllm_dump = gen_dumps.get((prefix, record.get("step"), record.get("rank")))
+            vllm_dump = _vllm_dump(report, record, root)
             if vllm_dump is None:
+                prefix = _prefix_of(record, root)
+                named = record.get("dump") or (
+                    f"{(prefix + '/') if prefix else ''}step{record.get('step')}/rank{record.get('rank')}/dump.json"
+                )
                 report.problems.append(
                     f"{record['_where']}: prefill step {record.get('step')} rank {record.get('rank')} of {raw_id} "
-                    f"has no {(prefix + '/') if prefix else ''}step{record.get('step')}/rank{record.get('rank')}"
-                    f"/dump.json under {root}"
+                    f"has no {named} under {root}"
                 )
                 continue
             gen = vllm_dump

@@ -53,6 +53,7 @@ def build_config(
     steps: list[int] | None = None,
     ranks: list[int] | None = None,
     rollout_backend: str | None = None,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     if side not in SIDES[mode]:
         raise ConfigError(
@@ -70,12 +71,20 @@ def build_config(
             f"--dump-path is required for a {mode} {side} config",
             hint="use a different folder per side (actor / generate) and per PD role",
         )
+    if request_id and side != "generate":
+        raise ConfigError(
+            f"--request-id is for the generate side; this is the {side} side",
+            hint="the training side dumps the micro-batches that carry the request (its request ids are logged)",
+        )
+    if request_id and level not in ("L0", "L1", "mix"):
+        raise ConfigError(f"--request-id needs --level L0, L1 or mix (msprobe slices those dumps); got {level}")
     config: dict[str, Any] = {"task": task}
     if dump_path:
         config["dump_path"] = str(dump_path)
     default_step = [0] if side == "generate" else []
-    if sglang_consistency_generate(mode, side, rollout_backend):
-        default_step = list(SGLANG_GENERATE_STEPS)
+    if sglang_consistency_generate(mode, side, rollout_backend) or request_id:
+        # every pass: the request's prefill is not the engine's first step
+        default_step = [] if request_id else list(SGLANG_GENERATE_STEPS)
     config.update(
         {
             "rank": list(ranks or []),
@@ -94,6 +103,10 @@ def build_config(
     }
     if task == "tensor":
         del config[task]["summary_mode"]
+    if request_id:
+        # msprobe dumps only this request's rows of each step that holds it (and skips the others),
+        # given the tokens per request (community vLLM's vllm.model-runner passes them).
+        config[task]["request_id"] = request_id
     return config
 
 
