@@ -157,3 +157,44 @@ class Switches:
             file=sys.stderr,
             flush=True,
         )
+
+    def _rlprobe_capture_switches(self, environ=None):
+        # The log-prob capture's switches: {"on", "dir", "warnings"}. `MISMATCH_ON` is a switch
+        # (the values above); `MISMATCH_DIR` the folder of the per-step files (default
+        # `rlprobe-logprobs` in the working directory). ValueError naming the variable otherwise.
+        import os
+
+        env = os.environ if environ is None else environ
+        on = self._rlprobe_switch("MISMATCH_ON", env)
+        raw_dir = env.get("MISMATCH_DIR", "")
+        directory = raw_dir.strip() or "rlprobe-logprobs"
+        if "\n" in directory or "\0" in directory:
+            raise ValueError(
+                f"rlprobe-patch: MISMATCH_DIR={raw_dir!r}{self._rlprobe_on_rank(env)} is not a folder name"
+            )
+        warnings = []
+        if on and self._rlprobe_switch("PROMPTS_ONLY", env):
+            warnings.append(
+                "rlprobe-patch: MISMATCH_ON with PROMPTS_ONLY on: the batches are cut to their prompts and hold "
+                "no response token to compare; capture on a run without PROMPTS_ONLY"
+            )
+        if raw_dir.strip() and not on:
+            warnings.append("rlprobe-patch: MISMATCH_DIR is set and MISMATCH_ON is off: nothing is captured")
+        return {"on": on, "dir": directory, "warnings": warnings}
+
+    def _rlprobe_run_capture(self):
+        # The capture switches of this process, read at the first step and kept (as the dump
+        # switches are): off, each later step costs one dictionary lookup.
+        import sys
+
+        run = sys.modules.get("_rlprobe_patch_capture")
+        if run is None:
+            import types
+
+            capture = self._rlprobe_capture_switches()
+            for warning in capture["warnings"]:
+                print(warning, file=sys.stderr, flush=True)
+            run = types.ModuleType("_rlprobe_patch_capture", "rlprobe-patch: the capture switches of this process")
+            run.capture = capture
+            sys.modules["_rlprobe_patch_capture"] = run
+        return run.capture

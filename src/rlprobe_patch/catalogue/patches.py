@@ -87,6 +87,9 @@ class Patch:
     # Releases that do this themselves (no patch), and how to switch it on there.
     native: SpecifierSet | None = None
     native_how: str = ""
+    # False: the skill's checkers (check-consistency-patch) know nothing of it; applied alone, verify
+    # does not run them.
+    skill_checked: bool = True
 
     @functools.cached_property
     def _module(self) -> Any:
@@ -232,6 +235,7 @@ def _load(folder: Path) -> Patch:
         worker_impl=meta.get("worker_impl", "engine"),
         native=releases(meta["package"]).native if "native_how" in meta else None,
         native_how=" ".join(meta.get("native_how", "").split()),
+        skill_checked=bool(meta.get("skill_checked", True)),
     )
 
 

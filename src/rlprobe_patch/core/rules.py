@@ -83,7 +83,7 @@ def _trainer_rules(tree: Tree, patches: list[Patch], others: Mapping[str, Path])
         ok, lines = check_engine_patch(tree.root, b)
         skill_lines += lines
         checks.append(Check(f"skill check-engine-patch --backend {b}", ok, "; ".join(lines[1:])))
-    if any("consistency" in p.modes and "any" in p.backends for p in patches):
+    if any("consistency" in p.modes and "any" in p.backends and p.skill_checked for p in patches):
         # The skill's rules expect every patch of the set; a release that cannot take one of
         # them fails those rules by design (its target, and the lines the release data names).
         # Such FAIL lines are shown, and do not fail verify.

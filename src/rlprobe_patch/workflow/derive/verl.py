@@ -26,7 +26,7 @@ from typing import Any
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.launch.hydra_compose import ACTOR, FACT_KEYS, REF, ROLLOUT
-from rlprobe_patch.launch.model import Script, Setting
+from rlprobe_patch.launch.model import Script, Setting, is_true
 from rlprobe_patch.workflow.derive.base import (
     Change,
     Framework,
@@ -48,6 +48,57 @@ def same_override_value(current: Any, wanted: Any) -> bool:
         return hydra_text(v).strip().lower()
 
     return norm(current) == norm(wanted)
+
+
+CAPTURE_SWITCHES = ("MISMATCH_ON", "MISMATCH_DIR")
+
+
+def capture_checks(script: Script, reader: Any) -> list[ScriptCheck]:
+    """The log-prob capture's switches (`MISMATCH_ON`, `MISMATCH_DIR`), checked by the hooks' own reader
+    when the script exports one, and, with the capture on, what it needs of the run: rollout
+    log-probs (`calculate_log_probs`) and no bypass mode, else it stops at the first step."""
+    exported = {name: script.env[name] for name in (*CAPTURE_SWITCHES, "PROMPTS_ONLY") if name in script.env}
+    if not any(name in exported for name in CAPTURE_SWITCHES):
+        return []
+    unknown = [
+        name for name in exported if (f := script.launch.env.get(name) if script.launch else None) and not f.exact
+    ]
+    if unknown:
+        return [ScriptCheck("log-prob capture", True, f"{', '.join(unknown)} set by the run: not checked", True)]
+    values = {name: str(s.value) for name, s in exported.items()}
+    try:
+        capture = reader._rlprobe_capture_switches(values)
+    except ValueError as exc:
+        name = "MISMATCH_ON" if "MISMATCH_ON" in str(exc) else "MISMATCH_DIR"
+        return [
+            ScriptCheck(f"{name} value", False, f"{exported[name].source}: {str(exc).removeprefix('rlprobe-patch: ')}")
+        ]
+    checks = [
+        ScriptCheck("log-prob capture", True, w.removeprefix("rlprobe-patch: "), True) for w in capture["warnings"]
+    ]
+    if not capture["on"]:
+        return checks
+    calculate = script.settings.get(f"{ROLLOUT}.calculate_log_probs")
+    name = f"log-prob capture: {ROLLOUT}.calculate_log_probs=True"
+    if calculate is None or not is_true(calculate.value):
+        where = "not set (verl's default False)" if calculate is None else f"is {calculate.value} at {calculate.source}"
+        checks.append(
+            ScriptCheck(name, False, f"{where}: the batches hold no rollout_log_probs; the capture stops at step 1")
+        )
+    else:
+        checks.append(ScriptCheck(name, True, calculate.source))
+    bypass = script.settings.get("algorithm.rollout_correction.bypass_mode")
+    if bypass is not None and is_true(bypass.value):
+        checks.append(
+            ScriptCheck(
+                "log-prob capture: algorithm.rollout_correction.bypass_mode=False",
+                False,
+                f"is {bypass.value} at {bypass.source}: old_log_probs are the rollout's own; "
+                "the capture stops at step 1",
+            )
+        )
+    checks.append(ScriptCheck("log-prob capture", True, f"MISMATCH_DIR {capture['dir']}"))
+    return checks
 
 
 def _int(script: Script, key: str, default: int | None) -> tuple[int | None, str]:
@@ -424,6 +475,7 @@ class Verl(Framework):
                         f"{r.key}={r.text}", False, f"is {hydra_text(current.value)} at {current.source} ({r.why})"
                     )
                 )
+        checks.extend(capture_checks(script, self.switches()))
         return checks
 
     def config_paths(self, script: Script, mode: str) -> dict[str, str]:

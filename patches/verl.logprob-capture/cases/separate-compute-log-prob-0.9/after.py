@@ -1,0 +1,251 @@
+# Case: the separated trainer's own step method (inherited by the one-step-off and fully-async trainers).
+class SeparateRayPPOTrainer(RayPPOTrainer):
+    def _fit_compute_log_prob(self, batch):
+        _RlprobeLogprobCapture()._rlprobe_capture_precondition(self)  # rlprobe-patch: MISMATCH_ON
+        metrics = self.metrics
+        bypass_recomputing_logprobs = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)
+        if bypass_recomputing_logprobs:
+            apply_bypass_mode(batch=batch)
+        else:
+            with marked_timer("old_log_prob", self.timing_raw, color="blue"):
+                old_log_prob, old_log_prob_mfu = self._compute_old_log_prob(batch)
+                batch = batch.union(old_log_prob)
+                if "rollout_log_probs" in batch.batch.keys():
+                    from verl.utils.debug.metrics import calculate_debug_metrics
+
+                    metrics.update(calculate_debug_metrics(batch))
+                _RlprobeLogprobCapture()._rlprobe_capture_logprobs(self, batch)  # rlprobe-patch: MISMATCH_ON
+        assert "old_log_probs" in batch.batch
+        return batch
+
+
+class _RlprobeLogprobCapture:
+    # Added by rlprobe-patch (verl.logprob-capture); `rlprobe-patch revert` removes it.
+    # A class of its own, appended to the trainer's module: the trainer classes keep only the
+    # hook lines (other patches add their methods there). Called with the trainer.
+    def _rlprobe_capture_logprobs(self, trainer, batch):
+        # One file per step from a DataProto holding rollout_log_probs and old_log_probs.
+        capture = self._rlprobe_run_capture()
+        if not capture["on"]:
+            return
+        import numpy as np
+
+        tensors = batch.batch
+        if "rollout_log_probs" not in tensors.keys():
+            raise RuntimeError(
+                f"rlprobe-patch: MISMATCH_ON, but the batch of step {trainer.global_steps} holds no rollout_log_probs: "
+                "set actor_rollout_ref.rollout.calculate_log_probs=True (and no bypass mode)"
+            )
+
+        def host(key):
+            value = tensors[key].detach()
+            return (value.float() if value.is_floating_point() else value).cpu().numpy()
+
+        responses = host("responses")
+        prompt_width = tensors["attention_mask"].shape[-1] - responses.shape[-1]
+        rows = responses.shape[0]
+        request_ids, dataset_index, raw_prompts = self._rlprobe_non_tensor_columns(batch.non_tensor_batch, rows)
+        arrays = {
+            "request_ids": request_ids,
+            "prompt_lengths": host("attention_mask")[:, :prompt_width].sum(axis=-1),
+            "responses": responses,
+            "response_mask": host("response_mask"),
+            "rollout_log_probs": host("rollout_log_probs"),
+            "old_log_probs": host("old_log_probs"),
+            "ref_log_prob": host("ref_log_prob") if "ref_log_prob" in tensors.keys() else None,
+            "dataset_index": dataset_index,
+            "raw_prompts": raw_prompts,
+            "source": f"verl {type(trainer).__name__}",
+        }
+        self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, np.ones(rows, dtype=bool))
+
+    def _rlprobe_capture_kv_logprobs(self, trainer, batch, data):
+        # `data`: the padded DataProto _compute_old_log_prob built from TransferQueue (responses,
+        # response_mask, rollout_log_probs, old_log_probs); prompt lengths from the rows' tags.
+        # No TransferQueue call: request ids and dataset indices only where the tags carry them.
+        capture = self._rlprobe_run_capture()
+        if not capture["on"]:
+            return
+        import numpy as np
+
+        tensors = data.batch
+        if "rollout_log_probs" not in tensors.keys():
+            raise RuntimeError(
+                f"rlprobe-patch: MISMATCH_ON, but the batch of step {trainer.global_steps} holds no rollout_log_probs: "
+                "set actor_rollout_ref.rollout.calculate_log_probs=True (and no bypass mode)"
+            )
+
+        def host(value):
+            value = value.detach()
+            return (value.float() if value.is_floating_point() else value).cpu().numpy()
+
+        rows = len(batch)
+        tags = [dict(tag) for tag in batch.tags]
+        # verl's own padding rows (upsample_batch_to_divisible_size) are tagged; they are no request.
+        keep = np.array([not tag.get("is_padding", False) for tag in tags], dtype=bool)
+        prompt_lengths = np.array([int(tag.get("prompt_len", -1)) for tag in tags], dtype=np.int64)
+        non_tensor = {
+            key: [tag.get(key) for tag in tags] for key in ("request_id", "index") if any(key in t for t in tags)
+        }
+        request_ids, dataset_index, raw_prompts = self._rlprobe_non_tensor_columns(non_tensor, rows)
+        arrays = {
+            "request_ids": request_ids,
+            "prompt_lengths": prompt_lengths,
+            "responses": host(tensors["responses"]),
+            "response_mask": host(tensors["response_mask"]),
+            "rollout_log_probs": host(tensors["rollout_log_probs"]),
+            "old_log_probs": host(tensors["old_log_probs"]),
+            "ref_log_prob": None,
+            "dataset_index": dataset_index,
+            "raw_prompts": raw_prompts,
+            "source": f"verl {type(trainer).__name__}",
+        }
+        self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, keep)
+
+    def _rlprobe_capture_precondition(self, trainer):
+        # With MISMATCH_ON, refuse a run whose batches will hold no two log-probs to compare, at
+        # its first step: bypass mode (old_log_probs are the rollout's) or calculate_log_probs off.
+        if not self._rlprobe_run_capture()["on"]:
+            return
+        correction = trainer.config.algorithm.get("rollout_correction", None)
+        if correction is not None and correction.get("bypass_mode", False):
+            raise RuntimeError(
+                "rlprobe-patch: MISMATCH_ON, but algorithm.rollout_correction.bypass_mode=True: old_log_probs are "
+                "the rollout's own log-probs, there is nothing to compare; capture with bypass mode off"
+            )
+        if not trainer.config.actor_rollout_ref.rollout.get("calculate_log_probs", False):
+            raise RuntimeError(
+                "rlprobe-patch: MISMATCH_ON, but actor_rollout_ref.rollout.calculate_log_probs is off: the batches "
+                "hold no rollout_log_probs; set actor_rollout_ref.rollout.calculate_log_probs=True"
+            )
+
+    def _rlprobe_write_logprobs(self, directory, step, arrays, keep):
+        # One step's capture, `step-<step:06d>.rlprobe-logprobs.npz` in `directory`: the rows of
+        # `keep` only (padding rows never appear as requests), written whole or not at all.
+        import os
+        import tempfile
+
+        import numpy as np
+
+        mask = np.asarray(arrays["response_mask"]).astype(bool)[keep]
+        out = {
+            "format": np.array("rlprobe-logprobs"),
+            "format_version": np.array(1, dtype=np.int64),
+            "step": np.array(int(step), dtype=np.int64),
+            "request_ids": np.array([str(r) for r in arrays["request_ids"]], dtype=str)[keep],
+            "prompt_lengths": np.asarray(arrays["prompt_lengths"], dtype=np.int64)[keep],
+            "response_lengths": mask.sum(axis=1).astype(np.int64),
+            "responses": np.asarray(arrays["responses"], dtype=np.int64)[keep],
+            "response_mask": mask,
+            "rollout_log_probs": np.asarray(arrays["rollout_log_probs"], dtype=np.float32)[keep],
+            "old_log_probs": np.asarray(arrays["old_log_probs"], dtype=np.float32)[keep],
+            "source": np.array(arrays["source"]),
+        }
+        for key, dtype in (("ref_log_prob", np.float32), ("dataset_index", np.int64)):
+            if arrays.get(key) is not None:
+                out[key] = np.asarray(arrays[key], dtype=dtype)[keep]
+        if arrays.get("raw_prompts") is not None:
+            out["raw_prompts"] = np.array([str(p) for p in arrays["raw_prompts"]], dtype=str)[keep]
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"step-{int(step):06d}.rlprobe-logprobs.npz")
+        fd, tmp = tempfile.mkstemp(prefix=".step-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **out)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    def _rlprobe_non_tensor_columns(self, non_tensor, rows):
+        # Request ids (verl.request-id's, "" where none), dataset indices (-1 where none) and raw
+        # prompts (a chat as JSON text) from the batch's non-tensor columns, where verl has them.
+        import json
+
+        import numpy as np
+
+        def column(key):
+            values = non_tensor.get(key) if non_tensor is not None else None
+            return None if values is None else list(values)
+
+        ids = column("request_id")
+        request_ids = ["" if ids is None or ids[i] is None else str(ids[i]) for i in range(rows)]
+        index = column("index")
+        dataset_index = None
+        if index is not None:
+            dataset_index = np.array(
+                [int(v) if isinstance(v, (int, np.integer)) or str(v).lstrip("-").isdigit() else -1 for v in index]
+            )
+        prompts = column("raw_prompt")
+        raw_prompts = None
+        if prompts is not None:
+            raw_prompts = [
+                p if isinstance(p, str) else json.dumps(p.tolist() if hasattr(p, "tolist") else p, default=str)
+                for p in prompts
+            ]
+        return request_ids, dataset_index, raw_prompts
+
+    # The switch reader (patches/_shared/switches.py): MISMATCH_ON / MISMATCH_DIR read once per process.
+    def _rlprobe_on_rank(self, environ=None):
+        # " on rank N", N the rank the launcher set (RANK, else LOCAL_RANK); "" without one.
+        import os
+
+        env = os.environ if environ is None else environ
+        rank = env.get("RANK") or env.get("LOCAL_RANK")
+        return f" on rank {rank}" if rank else ""
+    def _rlprobe_switch(self, name, environ=None):
+        # True or False for the switch `name`; ValueError naming it for any other value.
+        import os
+
+        env = os.environ if environ is None else environ
+        raw = env.get(name, "")
+        word = raw.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("", "0", "false", "no", "off"):
+            return False
+        raise ValueError(
+            f"rlprobe-patch: {name}={raw!r}{self._rlprobe_on_rank(env)} is not a switch value: "
+            "on is one of 1, true, yes, on; off is one of 0, false, no, off, empty or unset (any case)"
+        )
+    def _rlprobe_capture_switches(self, environ=None):
+        # The log-prob capture's switches: {"on", "dir", "warnings"}. `MISMATCH_ON` is a switch
+        # (the values above); `MISMATCH_DIR` the folder of the per-step files (default
+        # `rlprobe-logprobs` in the working directory). ValueError naming the variable otherwise.
+        import os
+
+        env = os.environ if environ is None else environ
+        on = self._rlprobe_switch("MISMATCH_ON", env)
+        raw_dir = env.get("MISMATCH_DIR", "")
+        directory = raw_dir.strip() or "rlprobe-logprobs"
+        if "\n" in directory or "\0" in directory:
+            raise ValueError(
+                f"rlprobe-patch: MISMATCH_DIR={raw_dir!r}{self._rlprobe_on_rank(env)} is not a folder name"
+            )
+        warnings = []
+        if on and self._rlprobe_switch("PROMPTS_ONLY", env):
+            warnings.append(
+                "rlprobe-patch: MISMATCH_ON with PROMPTS_ONLY on: the batches are cut to their prompts and hold "
+                "no response token to compare; capture on a run without PROMPTS_ONLY"
+            )
+        if raw_dir.strip() and not on:
+            warnings.append("rlprobe-patch: MISMATCH_DIR is set and MISMATCH_ON is off: nothing is captured")
+        return {"on": on, "dir": directory, "warnings": warnings}
+    def _rlprobe_run_capture(self):
+        # The capture switches of this process, read at the first step and kept (as the dump
+        # switches are): off, each later step costs one dictionary lookup.
+        import sys
+
+        run = sys.modules.get("_rlprobe_patch_capture")
+        if run is None:
+            import types
+
+            capture = self._rlprobe_capture_switches()
+            for warning in capture["warnings"]:
+                print(warning, file=sys.stderr, flush=True)
+            run = types.ModuleType("_rlprobe_patch_capture", "rlprobe-patch: the capture switches of this process")
+            run.capture = capture
+            sys.modules["_rlprobe_patch_capture"] = run
+        return run.capture

@@ -1,0 +1,184 @@
+"""`verl.logprob-capture`'s inserted code, run here on numpy stand-ins for verl's tensors.
+
+What the payload writes (numpy only: it cannot import rlprobe-patch in a user's tree) is read
+by `report.capture_format.read_capture`, the one definition of the format; the switches are
+read by the shared reader; off, the batch is not touched. The same code on verl's real
+DataProto: tests/runtime/test_logprob_capture_runtime.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlprobe_patch.catalogue.patches import patches_dir
+from rlprobe_patch.codemod import Payload
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.report.capture_format import read_capture
+
+PAYLOAD = patches_dir() / "verl.logprob-capture" / "payload.py"
+
+
+class FakeTensor:
+    """What the payload calls on a torch tensor: detach, is_floating_point, float, cpu, numpy, shape."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = np.asarray(array)
+        self.shape = self.array.shape
+
+    def detach(self) -> FakeTensor:
+        return self
+
+    def cpu(self) -> FakeTensor:
+        return self
+
+    def float(self) -> FakeTensor:
+        return FakeTensor(self.array.astype(np.float32))
+
+    def is_floating_point(self) -> bool:
+        return bool(np.issubdtype(self.array.dtype, np.floating))
+
+    def numpy(self) -> Any:
+        return self.array
+
+
+class Untouchable:
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the batch was touched ({name}) with the capture off")
+
+
+@pytest.fixture
+def capture(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The inserted class `_RlprobeLogprobCapture`, as the codemod inserts it (shared parts spliced)."""
+    monkeypatch.delitem(sys.modules, "_rlprobe_patch_capture", raising=False)
+    for name in ("MISMATCH_ON", "MISMATCH_DIR", "PROMPTS_ONLY"):
+        monkeypatch.delenv(name, raising=False)
+    namespace: dict[str, Any] = {}
+    code = Payload(PAYLOAD).module.code.replace("from _shared.switches import Switches\n", "")
+    exec(compile(code, str(PAYLOAD), "exec"), namespace)
+    return namespace["_RlprobeLogprobCapture"]
+
+
+def _batch(rows: int = 3, prompt: int = 4, width: int = 5, ref: bool = True) -> Any:
+    rng = np.random.default_rng(0)
+    lengths = np.array([5, 2, 0][:rows])
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    attention = np.concatenate([np.arange(prompt)[None, :] >= np.array([0, 1, 3][:rows])[:, None], mask], axis=1)
+    tensors = {
+        "responses": FakeTensor(rng.integers(0, 1000, (rows, width))),
+        "response_mask": FakeTensor(mask.astype(np.int64)),
+        "attention_mask": FakeTensor(attention.astype(np.int64)),
+        "rollout_log_probs": FakeTensor(-rng.random((rows, width)).astype(np.float32)),
+        "old_log_probs": FakeTensor(-rng.random((rows, width)).astype(np.float32)),
+    }
+    if ref:
+        tensors["ref_log_prob"] = FakeTensor(-rng.random((rows, width)).astype(np.float32))
+    non_tensor = {
+        "request_id": np.array([f"req-{i}" for i in range(rows - 1)] + [None], dtype=object),
+        "index": np.array([7, 8, 9][:rows], dtype=object),
+        "raw_prompt": np.array([[{"role": "user", "content": f"q{i}"}] for i in range(rows)] + [None], dtype=object)[
+            :rows
+        ],
+    }
+    return types.SimpleNamespace(batch=tensors, non_tensor_batch=non_tensor)
+
+
+def test_what_the_payload_writes_is_a_capture_read_capture_reads(
+    capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MISMATCH_ON", "1")
+    monkeypatch.setenv("MISMATCH_DIR", str(tmp_path / "caps"))
+    batch = _batch()
+    trainer = types.SimpleNamespace(global_steps=12)
+    capture()._rlprobe_capture_logprobs(trainer, batch)
+
+    (path,) = (tmp_path / "caps").iterdir()
+    assert path.name == "step-000012.rlprobe-logprobs.npz"
+    read = read_capture(path)
+    assert read.step == 12 and read.request_ids == ["req-0", "req-1", ""]
+    assert read.prompt_lengths.tolist() == [4, 3, 1]
+    assert read.mask.sum(axis=1).tolist() == [5, 2, 0]
+    assert read.dataset_index is not None and read.dataset_index.tolist() == [7, 8, 9]
+    np.testing.assert_array_equal(read.responses, batch.batch["responses"].array)
+    np.testing.assert_array_equal(read.rollout, batch.batch["rollout_log_probs"].array.astype(np.float64))
+    np.testing.assert_array_equal(read.training, batch.batch["old_log_probs"].array.astype(np.float64))
+    assert read.ref is not None
+    assert read.raw_prompts is not None and read.raw_prompts[0] == '[{"role": "user", "content": "q0"}]'
+    assert [p.name for p in (tmp_path / "caps").iterdir()] == [path.name]  # no temporary file left
+
+
+def test_v1_rows_tagged_padding_are_no_request(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MISMATCH_ON", "yes")
+    monkeypatch.setenv("MISMATCH_DIR", str(tmp_path))
+    data = _batch(ref=False)
+    tags = [{"prompt_len": 4}, {"prompt_len": 3, "is_padding": True}, {"prompt_len": 1}]
+    meta = type("KVBatchMeta", (), {"tags": tags, "__len__": lambda self: 3})()
+    capture()._rlprobe_capture_kv_logprobs(types.SimpleNamespace(global_steps=1), meta, data)
+    read = read_capture(tmp_path / "step-000001.rlprobe-logprobs.npz")
+    assert read.samples == 2 and read.prompt_lengths.tolist() == [4, 1] and read.ref is None
+    assert read.mask.sum(axis=1).tolist() == [5, 0]
+
+
+def test_off_the_batch_is_not_touched(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    trainer = types.SimpleNamespace(global_steps=1, config=Untouchable())
+    capture()._rlprobe_capture_logprobs(trainer, Untouchable())
+    capture()._rlprobe_capture_kv_logprobs(trainer, Untouchable(), Untouchable())
+    capture()._rlprobe_capture_precondition(trainer)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_rollout_log_probs_fails_loudly(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MISMATCH_ON", "1")
+    monkeypatch.setenv("MISMATCH_DIR", str(tmp_path))
+    batch = _batch()
+    del batch.batch["rollout_log_probs"]
+    with pytest.raises(RuntimeError, match=r"step 3 holds no rollout_log_probs.*calculate_log_probs=True"):
+        capture()._rlprobe_capture_logprobs(types.SimpleNamespace(global_steps=3), batch)
+    assert list(tmp_path.iterdir()) == []
+
+
+class Config(dict):  # what the precondition reads of verl's DictConfig: attributes and .get
+    __getattr__ = dict.__getitem__
+
+
+@pytest.mark.parametrize(
+    ("bypass", "calculate", "message"),
+    [(True, True, "bypass_mode=True"), (False, False, "calculate_log_probs is off"), (None, True, None)],
+)
+def test_the_precondition_names_the_setting(
+    capture: Any, monkeypatch: pytest.MonkeyPatch, bypass: bool | None, calculate: bool, message: str | None
+) -> None:
+    monkeypatch.setenv("MISMATCH_ON", "on")
+    correction = None if bypass is None else Config(bypass_mode=bypass)
+    config = Config(
+        algorithm=Config(rollout_correction=correction),
+        actor_rollout_ref=Config(rollout=Config(calculate_log_probs=calculate)),
+    )
+    trainer = types.SimpleNamespace(config=config)
+    if message is None:
+        capture()._rlprobe_capture_precondition(trainer)
+    else:
+        with pytest.raises(RuntimeError, match=message):
+            capture()._rlprobe_capture_precondition(trainer)
+
+
+def test_a_wrong_switch_value_names_the_variable(capture: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MISMATCH_ON", "maybe")
+    with pytest.raises(ValueError, match="MISMATCH_ON='maybe'"):
+        capture()._rlprobe_capture_logprobs(types.SimpleNamespace(global_steps=1), Untouchable())
+
+
+def test_a_truncated_capture_is_refused_by_name(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MISMATCH_ON", "1")
+    monkeypatch.setenv("MISMATCH_DIR", str(tmp_path))
+    capture()._rlprobe_capture_logprobs(types.SimpleNamespace(global_steps=2), _batch())
+    path = tmp_path / "step-000002.rlprobe-logprobs.npz"
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(RefusedError, match=str(path)):
+        read_capture(path)
