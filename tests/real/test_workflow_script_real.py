@@ -143,3 +143,115 @@ def test_the_derived_script_pins_the_env_it_was_derived_with(real_tree, tmp_path
     printed = {f"{c['key']}={c['value']}" for c in out["changes"] if c["action"] in ("set", "added")}
     launched = {a.removeprefix("++") for a in launch.args}
     assert printed <= launched, printed - launched
+
+
+@pytest.mark.skipif(not VL_EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
+def test_trtllm_rollout_is_named_and_refused_where_it_cannot_dump(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29, item 7: v0.8.0's VL example offers TensorRT-LLM through INFER_BACKEND. bash + Hydra say the run
+    is `rollout.name=trtllm`, a name verl 0.8.0's rollout config knows; detect names it and says no msprobe
+    rollout dump exists for it; script and check-script refuse inference and consistency (exit 3), training
+    mode derives."""
+    root = real_tree("0.8.0")
+    assert '"trtllm"' in (root / "verl/workers/config/rollout.py").read_text()  # verl runs it
+    repo = tmp_path / "verl"
+    (repo / "examples").mkdir(parents=True)
+    shutil.copy(VL_EXAMPLE, repo / "examples" / VL_EXAMPLE.name)
+    (repo / "verl").symlink_to(root / "verl")
+    monkeypatch.chdir(repo)
+    original = f"examples/{VL_EXAMPLE.name}"
+    pinned = repo / "pinned.sh"  # the oracle runs with a clean environment: INFER_BACKEND set by a wrapper
+    pinned.write_text(f"export INFER_BACKEND=trtllm\nbash {original}\n")
+    launch = run_in_checkout(repo, "pinned.sh", root).main
+    assert launch is not None and not launch.error and launch.facts["rollout_backend"] == "trtllm"
+    env = ("--env", "INFER_BACKEND=trtllm")
+    code, out = cli_json("detect", original, "--verl-root", str(root), *env)
+    assert out["rollout_backend"] == "trtllm", out
+    assert any("trtllm (TensorRT-LLM): no msprobe rollout dump exists for it" in n for n in out["notices"]), out
+    for mode in ("inference", "consistency"):
+        for command in (("script", original, *CONFIGS, "-o", "x.sh"), ("check-script", original)):
+            code, out = cli_json(*command, "--mode", mode, "--verl-root", str(root), *env)
+            assert code == ExitCode.REFUSED, (command, mode, out)
+            assert "no msprobe rollout dump exists for it" in out["details"][0], out
+            assert "--set" not in out.get("hint", ""), out  # no --set can make it collectable
+    code, out = cli_json("script", original, "--mode", "training", "--training-config", "/t.json", "-o", "t.sh",
+                         "--verl-root", str(root), *env)  # fmt: skip
+    assert code == ExitCode.OK, out
+
+
+V080 = SHARED / "upstream/verl-examples/v0.8.0/examples"
+
+
+def _v080_checkout(tmp_path: Path, root: Path, *scripts: str) -> Path:
+    repo = tmp_path / "verl"
+    for rel in scripts:
+        (repo / "examples" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(V080 / rel, repo / "examples" / rel)
+    (repo / "verl").symlink_to(root / "verl")
+    return repo
+
+
+@pytest.mark.skipif(not V080.is_dir(), reason="../shared/upstream is not beside the repository")
+def test_consistency_aligns_cp_and_lists_set_values_as_set(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29, item 9: v0.8.0's `mtp_trainer/run_mimo_7b_mtp_megatron.sh` runs Megatron CP 2 (`ACTOR_CP:-2`):
+    each CP rank holds a part of every sequence, so CP is set to 1 with a notice (as SP is for FSDP), and bash +
+    Hydra launch CP 1 on actor and ref. The `--set` values its refusal names changed settings of the script:
+    they are listed as `set` with the value they replace, never as `kept`."""
+    root = real_tree("0.8.0")
+    rel = "mtp_trainer/run_mimo_7b_mtp_megatron.sh"
+    repo = _v080_checkout(tmp_path, root, rel)
+    monkeypatch.chdir(repo)
+    original, derived = f"examples/{rel}", "examples/derived.sh"
+    before = run_in_checkout(repo, original, root).main
+    assert before is not None and not before.error
+    cp_key = "actor_rollout_ref.actor.megatron.context_parallel_size"
+    assert OmegaConf.select(compose_config(before.entry, before.args, root, repo), cp_key) == 2
+    args = ["script", original, "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", derived]
+    code, out = cli_json(*args)
+    assert code == ExitCode.REFUSED, out
+    sets = [w for w in shlex.split(out["hint"].split("add:", 1)[1].split("(or")[0]) if w != "--set"]
+    code, out = cli_json(*args, *(a for s in sets for a in ("--set", s)))
+    assert code == ExitCode.OK, out
+    changes = {c["key"]: c for c in out["changes"]}
+    for item in sets:
+        key, value = item.split("=", 1)
+        assert changes[key]["action"] == "set" and changes[key]["value"] == value, changes[key]
+        assert "--set" in changes[key]["source"] and changes[key]["old"] not in (None, value), changes[key]
+    assert any(n.startswith(f"{cp_key} was 2 (") and "forced to 1" in n for n in out["notices"]), out["notices"]
+    launch = run_in_checkout(repo, derived, root).main
+    assert launch is not None and not launch.error, launch
+    config = compose_config(launch.entry, launch.args, root, repo)
+    assert OmegaConf.select(config, cp_key) == 1
+    assert OmegaConf.select(config, "actor_rollout_ref.ref.megatron.context_parallel_size") == 1
+    for item in sets:
+        key, value = item.split("=", 1)
+        assert str(OmegaConf.select(config, key)) == value
+    code, checked = cli_json("check-script", derived, "--mode", "consistency", "--verl-root", str(root))
+    assert code == ExitCode.OK, [c for c in checked["checks"] if not c["ok"]]
+
+
+@pytest.mark.skipif(not V080.is_dir(), reason="../shared/upstream is not beside the repository")
+def test_consistency_turns_partial_rollout_off_and_names_pd_only_where_used(
+    real_tree, tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 29, item 9: v0.8.0's fully-async MTP example runs `async_training.partial_rollout=True` (an
+    interrupted request is resumed, its rid prefilled again from cache: no pair); the derived script turns it
+    off and bash launches that last. The SGLang PD-disaggregation notice appears only where the run uses PD."""
+    root = real_tree("0.8.0")
+    rel = "mtp_trainer/run_mimo_7b_mtp_fully_async_megatron_multinode.sh"
+    repo = _v080_checkout(tmp_path, root, rel)
+    monkeypatch.chdir(repo)
+    original, derived = f"examples/{rel}", "examples/derived.sh"
+    args = ["script", original, "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", derived]
+    code, out = cli_json(*args)
+    assert code == ExitCode.OK, out
+    change = next(c for c in out["changes"] if c["key"] == "async_training.partial_rollout")
+    assert (change["action"], change["value"], change["old"]) == ("set", "False", True), change
+    launch = run_in_checkout(repo, derived, root).main
+    assert launch is not None and not launch.error, launch
+    assert [a for a in launch.args if a.startswith("async_training.partial_rollout=")][-1].endswith("=False")
+    assert not any("disaggregation" in n for n in out["notices"]), out["notices"]
+    assert out["rollout_backend"] == "sglang"
+    code, out = cli_json(*args, "--force", "--set", "actor_rollout_ref.rollout.disaggregation.enabled=True")
+    assert code == ExitCode.OK, out
+    pd = "SGLang with prefill/decode disaggregation (actor_rollout_ref.rollout.disaggregation.enabled=True at --set)"
+    assert any(n.startswith(pd) for n in out["notices"]), out["notices"]

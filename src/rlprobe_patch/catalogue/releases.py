@@ -50,6 +50,7 @@ KNOWN_KEYS = {
     "release",
     "wheel_python",
     "compared",
+    "precision_debugger_stage",
 }
 
 
@@ -103,6 +104,24 @@ class Fingerprint:
 
 
 @dataclass(frozen=True)
+class ProfilerStage:
+    """A stage of verl's precision_debugger profiler: the releases that accept it, its role, the key that
+    turns the role's profiler on ("" where the role has none), the releases where a method runs under it."""
+
+    name: str
+    role: str
+    versions: SpecifierSet
+    enable: str = ""
+    dumps: SpecifierSet | None = None  # None: no release runs a method under it (accepted, dumps nothing)
+
+    def accepted(self, version: Version) -> bool:
+        return _in(self.versions, version)
+
+    def dumps_on(self, version: Version) -> bool:
+        return self.dumps is not None and _in(self.dumps, version)
+
+
+@dataclass(frozen=True)
 class DefaultsRange:
     """The release defaults of verl's ppo_trainer.yaml for `start` <= release < `below`."""
 
@@ -145,6 +164,12 @@ class PackageReleases:
     wheel_python: str = ""
     # Tested releases whose target files are also compared with another distribution's wheel.
     compared: tuple[str, ...] = ()
+    # verl's precision_debugger stages (`[[precision_debugger_stage]]`), in the file's order.
+    profiler_stages: tuple[ProfilerStage, ...] = ()
+
+    def stages_of(self, version: Version) -> tuple[ProfilerStage, ...]:
+        """The precision_debugger stages `version` accepts."""
+        return tuple(stage for stage in self.profiler_stages if stage.accepted(version))
 
     def reported(self, release: str) -> str:
         """The version a tree of the tag `release` says it is."""
@@ -217,6 +242,16 @@ def _load(package: str) -> PackageReleases:
         assume_when_unknown=data.get("assume_when_unknown", ""),
         defaults=tuple(
             DefaultsRange(r["from"], r.get("below", ""), dict(r["defaults"])) for r in data.get("release", [])
+        ),
+        profiler_stages=tuple(
+            ProfilerStage(
+                st["name"],
+                st["role"],
+                SpecifierSet(st["versions"]),
+                st.get("enable", ""),
+                SpecifierSet(st["dumps"]) if "dumps" in st else None,
+            )
+            for st in data.get("precision_debugger_stage", [])
         ),
     )
 

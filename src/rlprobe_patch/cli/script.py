@@ -22,7 +22,7 @@ from rlprobe_patch.workflow.derive import (
     render_script,
     write_script,
 )
-from rlprobe_patch.workflow.detect import COLLECTION_MODES, STAGES
+from rlprobe_patch.workflow.detect import COLLECTION_MODES
 
 
 def _script_options(fn: Any) -> Any:
@@ -36,7 +36,11 @@ def _script_options(fn: Any) -> Any:
         ),
         click.option("--generate-config", metavar="PATH", help="msprobe config of the rollout side."),
         click.option("--training-config", metavar="PATH", help="msprobe config of verl's precision_debugger."),
-        click.option("--stages", help=f"Training-mode stages (default: the script's, else {','.join(STAGES)})."),
+        click.option(
+            "--stages",
+            help="Training-mode stages, comma-separated (default: the script's, else the ones this run has: "
+            "the roles it runs, the stages that dump on its verl release).",
+        ),
         click.option("--save-path", metavar="DIR", help="Training mode: global_profiler.save_path."),
         click.option("--sglang-version", metavar="V", help="Default: the one --python imports."),
         click.option("--vllm-ascend-version", metavar="V", help="Default: the one --python imports."),
@@ -126,6 +130,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
 
     carried = _reader_flags(opts)  # before _derive takes --arg / --env out of opts
     detection, req, verl_root = _derive(original, opts)
+    _refuse_blocked(original, req)
     missing = [side for side in SIDES[req.mode] if side not in req.configs]
     if missing:
         flags = " ".join(f"--{side}-config PATH" for side in missing)
@@ -162,6 +167,8 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
     )
     for c in changes:
         where = f" (was {c.old} at {c.source})" if c.action in ("set", "removed") else ""
+        if c.action == "set" and c.old is None and c.source and c.source.startswith("--set"):
+            where = f" ({c.source})"
         colour = {"skipped": "yellow", "kept": None}.get(c.action, "green")
         out.line(f"  {c.action:<9} {c.key}={c.value}{where}", fg=colour)
     for name, value in req.env.items():
@@ -187,6 +194,7 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
     refuse its overrides)."""
 
     detection, req, _ = _derive(script, opts)
+    _refuse_blocked(script, req)
     checks = check_script(detection.script, req)
     _missing_dump_arg(detection.script, req, checks)
     ok = all(c.ok for c in checks)
@@ -209,6 +217,16 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
         )
     out.line("script OK" if ok else "script check FAILED", fg="green" if ok else "red", bold=True)
     return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
+
+
+def _refuse_blocked(script: Path, req: Any) -> None:
+    """A run no option can make collectable in this mode: refused (exit 3) before any rule is checked."""
+    if req.blocked:
+        raise RefusedError(
+            f"{script}: no {req.mode} collection is possible for this run",
+            details=[req.blocked],
+            hint="run the rollout on a backend msprobe dumps (vllm, sglang), or collect with --mode training",
+        )
 
 
 def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:

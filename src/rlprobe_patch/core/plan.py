@@ -206,7 +206,9 @@ def plan_apply(
             plan.recorded_revision = outdated[patch.id].recorded
             if not upgrade:
                 plan.state = None
-                plan.targets = [s.target for s in patch.sites_for(tree.version) if site_present(tree, s)]
+                plan.targets = list(
+                    dict.fromkeys(s.target for s in patch.sites_for(tree.version) if site_present(tree, s))
+                )
                 continue
         _plan_patch(ws, plan, selection, params, force, hooked)
     return _finish(tree, selection, params, ws, plans, hooked, check, replaced, records.superseded, merged)
@@ -245,7 +247,8 @@ def _plan_patch(
     for site in _sites(patch, tree):
         if not site_present(tree, site):
             continue  # an optional part of the package this tree does not have
-        plan.targets.append(site.target)
+        if site.target not in plan.targets:  # several sites in one file (request-id: two in llm_server.py)
+            plan.targets.append(site.target)
         st = site_state(ws, patch, site)
         states.append(st.state)
         codemod = patch.codemod(site)

@@ -110,6 +110,11 @@ FACT_KEYS: dict[str, tuple[str, ...]] = {
     "rollout_n": (f"{ROLLOUT}.n",),
     "use_dynamic_bsz": (f"{ACTOR}.use_dynamic_bsz",),
     "profiler_tool": ("global_profiler.tool",),
+    # which roles the run has (verl/trainer/ppo/utils.py: need_reference_policy, need_critic)
+    "adv_estimator": ("algorithm.adv_estimator",),
+    "use_kl_loss": (f"{ACTOR}.use_kl_loss",),
+    "use_kl_in_reward": ("algorithm.use_kl_in_reward",),
+    "critic_enable": ("critic.enable",),
     "profiler_steps": ("global_profiler.steps",),
 }
 # Engine facts where no engine section holds the key: FSDP / VeOmni have no TP or PP.

@@ -25,6 +25,8 @@ from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING, same_value
 COLLECTION_MODES = ("training", "inference", "consistency")  # what `detect` tells apart
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
 ROLLOUT_BACKENDS = ("sglang", "vllm", "trtllm", "hf")
+# Rollout engines verl can run that have no msprobe rollout dump (no option, no patch of ours).
+UNDUMPED_ROLLOUTS = {"trtllm": "TensorRT-LLM", "hf": "Hugging Face generate"}
 
 # The skill's hint words (SKILL.md, step 0), per mode.
 HINT_WORDS: dict[str, tuple[str, ...]] = {
@@ -190,6 +192,15 @@ def _rollout_backend(script: Script) -> tuple[str, list[Signal]]:
     return signal.value, [signal]
 
 
+def undumped_rollout(backend: str) -> str:
+    """What a rollout engine without an msprobe dump means for the collection modes."""
+    return (
+        f"rollout backend {backend} ({UNDUMPED_ROLLOUTS[backend]}): no msprobe rollout dump exists for it, "
+        "so inference and consistency collection cannot run (vllm or sglang only); "
+        "training mode (verl's precision_debugger) does not dump the rollout and still works"
+    )
+
+
 def sglang_pairing(script: Script, mode: str) -> tuple[list[dict[str, Any]], list[str]]:
     """What check-dump needs from an SGLang rollout, against what the script runs with."""
     rows = []
@@ -242,6 +253,8 @@ def detect_script(
     if rollout_backend == "sglang":
         pairing, pairing_notices = sglang_pairing(script, mode)
         notices += pairing_notices
+    if rollout_backend in UNDUMPED_ROLLOUTS:
+        notices.append(undumped_rollout(rollout_backend))
     return Detection(
         script=script,
         mode=mode,

@@ -30,7 +30,7 @@ from rlprobe_patch.workflow.derive.base import (
 )
 from rlprobe_patch.workflow.derive.slime import Slime
 from rlprobe_patch.workflow.derive.verl import Verl
-from rlprobe_patch.workflow.detect import STAGES, Detection, detect_script
+from rlprobe_patch.workflow.detect import Detection, detect_script
 from rlprobe_patch.workflow.envprobe import packages
 
 __all__ = [
@@ -108,8 +108,8 @@ def derive(
     collection run needs: (detection, requirements, the verl root composed with).
 
     The configs are those given, else the ones the script already names (checked, not added);
-    the stages those given, else the script's, else every stage. Refused when verl would refuse
-    the launch's overrides, or when the mode is unknown."""
+    the stages those given, else the script's, else the ones this run has (`verl.roles_of`).
+    Refused when verl would refuse the launch's overrides, or when the mode is unknown."""
     versions: dict[str, str | None] = {}
     root, versions["verl"] = verl_tree_of(verl_root, python)
     detection = detect_script(
@@ -142,7 +142,7 @@ def derive(
     found_configs.update(configs or {})
     if not stages:
         in_script = detection.script.get("precision_debugger.stages")
-        stages = tuple(in_script.value) if in_script is not None and isinstance(in_script.value, list) else STAGES
+        stages = tuple(in_script.value) if in_script is not None and isinstance(in_script.value, list) else ()
     options = RunOptions(train_backend, rollout_backend, n_gpus, found_configs, versions, stages, save_path)
     req = requirements(detection, mode, options)
     req.pinned = dict(env or {})

@@ -53,6 +53,7 @@ class Requirements:
     configs: dict[str, str] = field(default_factory=dict)  # side -> config path the script uses
     fixes: list[str] = field(default_factory=list)  # `script` options that would make a refused run derivable
     pinned: dict[str, str] = field(default_factory=dict)  # the --env values the derivation assumed
+    blocked: str = ""  # why no option makes this run collectable in this mode (e.g. a rollout without a dump)
 
     def header(self, lines: str) -> str:
         """The derived script's opening comment, then the environment it was derived with, exported before

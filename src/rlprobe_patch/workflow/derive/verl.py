@@ -23,6 +23,8 @@ import re
 import shlex
 from typing import Any
 
+from packaging.version import Version
+
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.launch.hydra_compose import ACTOR, FACT_KEYS, REF, ROLLOUT
@@ -37,7 +39,7 @@ from rlprobe_patch.workflow.derive.base import (
     shared_switches,
     version_or_none,
 )
-from rlprobe_patch.workflow.detect import STAGES, Detection
+from rlprobe_patch.workflow.detect import UNDUMPED_ROLLOUTS, Detection, undumped_rollout
 from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING
 
 
@@ -120,18 +122,71 @@ def _set_by_script(script: Script, key: str) -> bool:
     return setting is not None and not setting.source.startswith(("verl default", "assumed"))
 
 
+def _fact(script: Script, fact: str, key: str) -> Any:
+    """The value the run gets for `key`: the script's or the tree's config, else the release default."""
+    setting = script.settings.get(key)
+    if setting is not None:
+        return setting.value
+    found = script.facts.get(fact)
+    return None if found is None else found.value
+
+
+def roles_of(script: Script) -> dict[str, str]:
+    """The roles this run has, each with the reason, as verl decides them
+    (`need_reference_policy` and `need_critic` in verl/trainer/ppo/utils.py)."""
+    roles = {"actor": "every PPO run has an actor"}
+    kl_reward = _fact(script, "use_kl_in_reward", "algorithm.use_kl_in_reward")
+    kl_loss = _fact(script, "use_kl_loss", f"{ACTOR}.use_kl_loss")
+    if is_true(kl_reward) or is_true(kl_loss):
+        roles["ref"] = "a KL term (algorithm.use_kl_in_reward or actor.use_kl_loss) needs the reference model"
+    critic = _fact(script, "critic_enable", "critic.enable")
+    estimator = _fact(script, "adv_estimator", "algorithm.adv_estimator")
+    if critic is not None and str(critic).lower() not in ("null", "none"):
+        if is_true(critic):
+            roles["critic"] = "critic.enable=True"
+    elif str(estimator).lower() == "gae":
+        roles["critic"] = "algorithm.adv_estimator=gae needs a critic (critic.enable unset)"
+    return roles
+
+
 def _training(
     req: Requirements, script: Script, versions: dict[str, str | None], stages: tuple[str, ...], save_path: str | None
 ) -> None:
+    data = releases("verl")
     verl = version_or_none(versions.get("verl"))
-    if verl is not None and not releases("verl").has("precision_debugger", verl):
+    if verl is not None and not data.has("precision_debugger", verl):
         req.refusals.append(
-            f"verl {verl} has no precision_debugger profiler (verl {releases('verl').cutoff('precision_debugger')}); "
+            f"verl {verl} has no precision_debugger profiler (verl {data.cutoff('precision_debugger')}); "
             "use --mode consistency (engine hook) on this release"
         )
-    unknown = [s for s in stages if s not in STAGES]
+        return
+    release = verl if verl is not None else Version(data.assume_when_unknown)
+    known = {stage.name: stage for stage in data.stages_of(release)}
+    roles = roles_of(script)
+    if not stages:  # the stages this run has, that dump on its release
+        stages = tuple(name for name, stage in known.items() if stage.role in roles and stage.dumps_on(release))
+        idle = [name for name, stage in known.items() if stage.role in roles and not stage.dumps_on(release)]
+        req.notices.append(
+            f"stages: {', '.join(stages)}, the ones this run has ("
+            + "; ".join(f"{role}: {why}" for role, why in roles.items())
+            + ")"
+            + (f"; left out, since verl {release} dumps nothing for them: {', '.join(idle)}" if idle else "")
+        )
+    unknown = [s for s in stages if s not in known]
     if unknown:
-        req.refusals.append(f"unknown stages {unknown}; known: {', '.join(STAGES)}")
+        req.refusals.append(f"unknown stages {unknown}; verl {release} knows: {', '.join(known)}")
+        return
+    for name in stages:
+        stage = known[name]
+        if stage.role not in roles:
+            req.refusals.append(
+                f"stage {name}: this run has no {stage.role.replace('_', ' ')} (verl would not run the stage)"
+            )
+        elif not stage.dumps_on(release):
+            req.notices.append(
+                f"stage {name}: verl {release} accepts it, but none of its worker methods runs under it: "
+                "nothing is dumped for it"
+            )
     req.add("global_profiler.tool", "precision_debugger", "verl's own msprobe integration (no source patch)")
     steps = script.settings.get("global_profiler.steps")
     if steps is None or not steps.value:
@@ -142,10 +197,9 @@ def _training(
     if config:
         req.add("global_profiler.global_tool_config.precision_debugger.config_path", config, "the msprobe config")
     req.add("global_profiler.global_tool_config.precision_debugger.stages", list(stages), "the stages to dump")
-    if any(s.startswith("actor_") for s in stages):
-        req.add(f"{ACTOR}.profiler.enable", True, "the actor stages need the actor's profiler on")
-    if "ref_compute_log_prob" in stages:
-        req.add(f"{REF}.profiler.enable", True, "ref_compute_log_prob needs the ref's profiler on")
+    for enable in dict.fromkeys(known[name].enable for name in stages if known[name].enable):
+        names = [name for name in stages if known[name].enable == enable]
+        req.add(enable, True, f"{', '.join(names)} run only where this role's profiler is on")
 
 
 def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> None:
@@ -184,15 +238,23 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> Non
                 f"SGLang {native} native option",
                 create=True,
             )
-        req.notices.append(
-            "SGLang with prefill/decode disaggregation: export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"
-        )
-    elif backend in ("trtllm", "hf"):
-        req.refusals.append(f"rollout backend {backend}: msprobe has no rollout dump for it (vllm or sglang only)")
+    elif backend in UNDUMPED_ROLLOUTS:
+        req.blocked = undumped_rollout(backend)
     else:
         req.refusals.append(
             "the rollout backend is unknown: set actor_rollout_ref.rollout.name or pass --rollout-backend"
         )
+
+
+def _disaggregation(script: Script) -> str | None:
+    """The setting that turns prefill/decode disaggregation on (`rollout.disaggregation.enabled`, an SGLang
+    `disaggregation_mode`), None when the run uses none."""
+    for s in script.settings.values():
+        on = s.key.endswith("disaggregation.enabled") and is_true(s.value)
+        mode = s.key.endswith("disaggregation_mode") and str(s.value).lower() not in ("", "null", "none")
+        if on or mode:
+            return f"{s.key}={s.value} at {s.source}"
+    return None
 
 
 def _sglang_pairing(req: Requirements) -> None:
@@ -282,12 +344,28 @@ def _alignment(req: Requirements, script: Script, train: str, world: int, world_
                 req.fixes.append(fix)
     for role in (ACTOR, REF):
         req.add(f"{role}.megatron.pipeline_model_parallel_size", 1, "PP = 1 (vLLM rollout PP > 1 is unsupported)")
+    for role in (ACTOR, REF):  # as SP for FSDP: each CP rank holds a part of every sequence
+        key = f"{role}.megatron.context_parallel_size"
+        cp, cp_why = _int(script, key, 1)
+        if cp != 1 and _set_by_script(script, key):
+            req.notices.append(f"{key} was {cp} ({cp_why}): forced to 1 for the dump")
+        req.add(key, 1, "context parallelism splits each sequence across ranks: no rank dumps a whole prompt")
     tp = sizes[ACTOR]["TP"][0] or 1
-    cp, _ = _int(script, f"{ACTOR}.megatron.context_parallel_size", 1)
-    if world % (tp * (cp or 1)):
-        req.refusals.append(f"Megatron: {world_why} is not divisible by TP {tp} x CP {cp}")
+    if world % tp:
+        req.refusals.append(f"Megatron: {world_why} is not divisible by TP {tp}")
         return None
-    return world // (tp * (cp or 1))
+    return world // tp
+
+
+def _set_change(script: Script, key: str, value: str, why: str) -> Change:
+    """A value `--set` gave: "set" over the script's own override of the key (or verl's value), "kept" where
+    the script already had it."""
+    own = [o for o in script.overrides_of(key) if o.source != "--set"]
+    if own and same_override_value(own[-1].value, value):
+        return Change(key, value, why, "kept", own[-1].source, own[-1].value)
+    if own:
+        return Change(key, value, why, "set", f"{own[-1].source}; by --set", own[-1].value)
+    return Change(key, value, why, "set", "--set (the script does not set it)")
 
 
 def _token(prefix: str, key: str, value: str) -> str:
@@ -317,7 +395,7 @@ class Verl(Framework):
         req = Requirements(mode, train, rollout, configs=dict(options.configs))
 
         if mode == "training":
-            _training(req, script, versions, options.stages or STAGES, options.save_path)
+            _training(req, script, versions, options.stages, options.save_path)
             return req
 
         # inference and consistency: the rollout dump
@@ -334,6 +412,11 @@ class Verl(Framework):
                     only_if_present=True,
                 )
         _rollout_dump_arg(req, versions)
+        pd = _disaggregation(script)
+        if rollout == "sglang" and pd is not None:
+            req.notices.append(
+                f"SGLang with prefill/decode disaggregation ({pd}): export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"
+            )
         if mode == "inference":
             return req
         if rollout == "sglang":
@@ -376,6 +459,13 @@ class Verl(Framework):
             ("algorithm.rollout_correction.rollout_is_batch_normalize", False, "rollout correction off"),
         ):
             req.add(key, value, why)
+        req.add(
+            "async_training.partial_rollout",
+            False,
+            "a request interrupted and resumed is prefilled again with its generated tokens cached: its dumps "
+            "cannot pair with the actor's",
+            only_if_present=True,
+        )
         if dp is not None:
             req.add(f"{ROLLOUT}.n", dp, f"rollout.n = DP = {dp}: each training rank gets one response")
         if train == "fsdp":
@@ -408,9 +498,16 @@ class Verl(Framework):
             )
         changes: list[Change] = []
         appended = [shlex.quote(f.text) for f in launch.args if f.file.name == "--set"]  # the user's, first
+        wanted = {r.key for r in req.settings}
+        for override in script.overrides:  # a --set no requirement names: listed as what it sets
+            if override.source == "--set" and override.key not in wanted:
+                changes.append(_set_change(script, override.key, override.value_text, "--set KEY=VALUE"))
         for r in req.settings:
             current = script.settings.get(r.key)
             if current is None and r.only_if_present:
+                continue
+            if current is not None and current.source == "--set" and same_override_value(current.value, r.value):
+                changes.append(_set_change(script, r.key, r.text, r.why))
                 continue
             if current is not None and same_override_value(current.value, r.value):
                 changes.append(Change(r.key, r.text, r.why, "kept", current.source, current.value))
