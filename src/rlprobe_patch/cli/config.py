@@ -43,7 +43,7 @@ def _int_list(text: str | None) -> list[int] | None:
     "--request-id",
     metavar="ID",
     help="Generate side: dump only this request's rows of each step that holds it (msprobe's request_id; "
-    "the id verl sent). Community vLLM's model runner (vllm.model-runner) hands msprobe the tokens per request.",
+    "the id verl sent). Community vLLM's patched model runner hands msprobe the tokens per request.",
 )
 @click.option("-o", "--output", type=CheckedPath("new-file"), required=True, help="The config.json to write.")
 @python_option

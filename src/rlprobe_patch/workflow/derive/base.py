@@ -26,6 +26,7 @@ from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, read_config, rule_problems
 from rlprobe_patch.workflow.detect import Detection
+from rlprobe_patch.workflow.engines import VllmEngine
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Requirements:
     fixes: list[str] = field(default_factory=list)  # `script` options that would make a refused run derivable
     pinned: dict[str, str] = field(default_factory=dict)  # the --env values the derivation assumed
     blocked: str = ""  # why no option makes this run collectable in this mode (e.g. a rollout without a dump)
+    checks: list[ScriptCheck] = field(default_factory=list)  # what check-script adds about the environment
 
     def header(self, lines: str) -> str:
         """The derived script's opening comment, then the environment it was derived with, exported before
@@ -141,6 +143,8 @@ class RunOptions:
     versions: dict[str, str | None] = field(default_factory=dict)  # package -> the release it runs
     stages: tuple[str, ...] = ()  # training mode's stages; default: every one
     save_path: str | None = None  # training mode's global_profiler.save_path
+    vllm_engine: VllmEngine | None = None  # the engine behind rollout.name=vllm (unknown when None)
+    python: str | None = None  # the training environment's interpreter (--python), for the fixes named
 
 
 class Framework(abc.ABC):

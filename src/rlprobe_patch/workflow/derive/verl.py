@@ -40,6 +40,7 @@ from rlprobe_patch.workflow.derive.base import (
     version_or_none,
 )
 from rlprobe_patch.workflow.detect import UNDUMPED_ROLLOUTS, Detection, undumped_rollout
+from rlprobe_patch.workflow.engines import COMMUNITY, VllmEngine
 from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING
 
 
@@ -202,15 +203,54 @@ def _training(
         req.add(enable, True, f"{', '.join(names)} run only where this role's profiler is on")
 
 
-def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None]) -> None:
+def _community_vllm(req: Requirements, engine: VllmEngine, python: str | None) -> None:
+    """Community vLLM reads the rollout's dump config only through the catalogue's patch: check that the
+    run's vLLM has the patches this mode needs (a failing check-script names the apply that fixes it)."""
+    missing = engine.missing(req.mode)
+    fix = f"rlprobe-patch apply --python {shlex.quote(python)} --only {','.join(missing)}" if python else ""
+    if engine.root is None:
+        where = "--vllm-root SITE_PACKAGES (where the run's vLLM is installed)"
+        req.notices.append(
+            f"community vLLM {engine.version or '?'}: its model runner reads additional_config.dump_config_path only "
+            f"with {', '.join(engine.needed(req.mode))} applied: rlprobe-patch apply {where} "
+            f"--only {','.join(engine.needed(req.mode))}; pass --python to have it checked"
+        )
+        return
+    name = f"community vLLM {engine.version}: {', '.join(engine.needed(req.mode))} applied"
+    if missing:
+        states = ", ".join(f"{pid} {engine.states.get(pid, 'unknown')}" for pid in missing)
+        req.checks.append(
+            ScriptCheck(name, False, f"{states} in {engine.root}: the rollout would dump nothing; fix: {fix}")
+        )
+        req.notices.append(f"community vLLM {engine.version} in {engine.root} dumps nothing yet: {fix}")
+    else:
+        req.checks.append(ScriptCheck(name, True, str(engine.root)))
+
+
+def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None], options: RunOptions) -> None:
     config = req.configs.get("generate")
     backend = req.rollout_backend
-    if backend == "vllm":
+    engine = options.vllm_engine
+    if backend == "vllm" and engine is not None and engine.kind == COMMUNITY:
+        if config:
+            req.add(
+                f"{ROLLOUT}.engine_kwargs.vllm.additional_config.dump_config_path",
+                config,
+                f"community vLLM {engine.version or '?'} reads it through {VllmEngine.dumper()}",
+                create=True,
+            )
+        _community_vllm(req, engine, options.python)
+    elif backend == "vllm":
         ascend = version_or_none(versions.get("vllm_ascend"))
         old = ascend is not None and not releases("vllm_ascend").has("dump_config_path", ascend)
         key = "dump_config" if old else "dump_config_path"
         if ascend is None:
-            req.notices.append("vLLM-Ascend version unknown: using additional_config.dump_config_path (0.13+)")
+            req.notices.append(
+                "vLLM engine unknown (no --python environment with vLLM, no --vllm-version / --vllm-ascend-version): "
+                "using additional_config.dump_config_path, which vLLM-Ascend 0.13+ reads, and community vLLM only "
+                f"with {VllmEngine.dumper()} applied (rlprobe-patch apply --vllm-root SITE_PACKAGES "
+                f"--only {VllmEngine.dumper()})"
+            )
         if config:
             req.add(
                 f"{ROLLOUT}.engine_kwargs.vllm.additional_config.{key}", config, f"vLLM-Ascend reads {key}", create=True
@@ -411,7 +451,7 @@ class Verl(Framework):
                     "rollout skip replays dumped rollouts: nothing would be generated",
                     only_if_present=True,
                 )
-        _rollout_dump_arg(req, versions)
+        _rollout_dump_arg(req, versions, options)
         pd = _disaggregation(script)
         if rollout == "sglang" and pd is not None:
             req.notices.append(

