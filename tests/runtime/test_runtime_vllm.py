@@ -35,9 +35,9 @@ def python() -> Path:
     return python
 
 
-def drive(python: Path, work: Path, name: str, *args: str) -> dict:
+def drive(python: Path, work: Path, name: str, *args: str, **extra_env: str) -> dict:
     out = work / f"{name}.json"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **extra_env}
     for key in ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE"):
         env.pop(key, None)
     proc = subprocess.run(
@@ -187,5 +187,42 @@ def test_bad_dump_configs_stop_the_engine_before_any_request(python: Path, tmp_p
         assert expected in result["error"] and str(config) in result["error"], result["error"]
         assert "additional_config.dump_config_path" in result["error"]
         assert not (tmp_path / "d").exists() or not list((tmp_path / "d").glob("step*"))
+    finally:
+        assert cli_json("revert", "--python", python)[0] == ExitCode.OK
+
+
+def test_tensor_parallel_2_dumps_and_logs_each_rank(python: Path, tmp_path: Path) -> None:
+    """Two CPU workers (vllm-cpu binds one to each core: VLLM_CPU_OMP_THREADS_BIND), engine core in
+    its own process: one dump folder and one dispatch log per rank, with its rank and TP rank."""
+    assert cli_json("apply", "--python", python, "--only", PATCHES)[0] == ExitCode.OK
+    try:
+        dump = tmp_path / "dump"
+        config = msprobe_config(tmp_path / "tp.json", dump)
+        result = drive(
+            python,
+            tmp_path,
+            "tp2",
+            "--tp",
+            "2",
+            "--dump-config",
+            str(config),
+            VLLM_ENABLE_V1_MULTIPROCESSING="1",
+            VLLM_CPU_OMP_THREADS_BIND="0|1",
+        )
+        assert result["ok"], result.get("error")
+        logs = {}
+        for log in dump.glob("*/dispatch_log.jsonl"):
+            lines = [json.loads(line) for line in log.read_text().splitlines()]
+            assert len({r["pid"] for r in lines}) == 1 and int(log.parent.name) == lines[0]["pid"]
+            logs[lines[0]["rank"]] = lines
+        assert sorted(logs) == [0, 1]
+        for rank, lines in logs.items():
+            assert {(r["rank"], r["tp_rank"], r["dp_rank"]) for r in lines} == {(rank, rank, 0)}
+            for record in lines:
+                data = json.loads((dump / record["dump"]).read_text())["data"]
+                (qkv,) = [k for k in data if "layers.0.self_attn.qkv_proj" in k]
+                # each rank holds half of the qkv projection: (2 heads + 2 kv heads) x 64 / 2
+                assert data[qkv]["output"][0]["shape"] == [record["total_num_scheduled_tokens"], 192]
+        assert [r["step"] for r in logs[0]] == [r["step"] for r in logs[1]]
     finally:
         assert cli_json("revert", "--python", python)[0] == ExitCode.OK

@@ -53,7 +53,11 @@ def request_ids(count: int) -> list[str]:
 def run(args: argparse.Namespace) -> dict:
     model = Path(args.model)
     if not (model / "config.json").is_file():
-        make_model(model)
+        # In a child process: torch's threads started here would not survive the fork of vLLM's
+        # tensor-parallel workers (the run hangs).
+        import subprocess
+
+        subprocess.run([sys.executable, __file__, "--model", str(model), "--make-model"], check=True)
     from vllm import LLM, SamplingParams
     from vllm import __version__ as vllm_version
 
@@ -107,11 +111,15 @@ def run(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     parser.add_argument("--dump-config")
     parser.add_argument("--no-eager", action="store_true")
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--make-model", action="store_true", help="only write the model")
     args = parser.parse_args()
+    if args.make_model:
+        make_model(Path(args.model))
+        return
     try:
         result = run(args)
     except Exception as exc:  # the engine refused to start: the test reads why
