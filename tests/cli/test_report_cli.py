@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import zipfile
 from pathlib import Path
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -81,7 +83,15 @@ def test_report_ranks_the_bad_request_and_gates(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["tokens"]["requests"][0]["request_id"] == "req-2-4"
     html = (tmp_path / "out" / "report.html").read_text()
-    assert "req-2-4" in html and html.count("data:image/png;base64,") == 3
+    assert "req-2-4" in html and html.count("data:image/svg+xml;base64,") == 3
+    # the histogram is drawn from the counts report.json holds: one bar per non-empty bin
+    marker = 'id="plot-histogram"'
+    encoded = html[html.index(marker) :].split("base64,", 1)[1].split('"', 1)[0]
+    svg = ElementTree.fromstring(base64.b64decode(encoded))
+    bars = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.get("fill") == "#3b6ea8"]
+    histogram = saved["tokens"]["abs_dlogp_histogram"]
+    assert len(bars) == sum(1 for c in histogram["counts"] if c) > 0
+    assert sum(histogram["counts"]) + histogram["identical"] == tokens["tokens"]
     replay = [json.loads(line) for line in (tmp_path / "out" / "replay_prompts.jsonl").read_text().splitlines()]
     assert [r["extra_info"]["request_id"] for r in replay] == [r["request_id"] for r in tokens["requests"][:2]]
     assert replay[0]["prompt"] == [{"role": "user", "content": "q2-4"}] and replay[0]["extra_info"]["index"] == 204

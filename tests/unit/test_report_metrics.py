@@ -121,3 +121,34 @@ def test_profiles_by_position_and_probability() -> None:
                   (row["p_to"] == 1.0 and math.exp(r) >= 1.0)]  # fmt: skip
         assert row["tokens"] == len(inside)
     assert sum(r["share_of_abs_dlogp"] for r in by_probability if r["tokens"]) == pytest.approx(1.0)
+
+
+def test_worst_token_with_holes_and_a_row_that_agrees() -> None:
+    """A mask with holes (tool tokens left out) and a row whose tokens all agree: positions count valid tokens."""
+    rollout, training, _, responses = _batch(9, [6, 6], 6)
+    mask = np.array([[False, True, False, True, True, False], [False, False, True, True, False, False]])
+    training[1] = rollout[1]  # every valid token of row 1 agrees
+    rows = per_request(rollout, training, mask, responses)
+    dps = {j: abs(math.exp(training[0, j]) - math.exp(rollout[0, j])) for j in (1, 3, 4)}
+    worst = max(dps, key=dps.__getitem__)
+    assert rows[0]["worst_token"]["position"] == [1, 3, 4].index(worst)
+    assert rows[0]["worst_token"]["token_id"] == responses[0, worst]
+    assert rows[1]["max_abs_dp"] == 0.0
+    assert rows[1]["worst_token"]["position"] == 0 and rows[1]["worst_token"]["token_id"] == responses[1, 2]
+
+
+def test_run_figures_from_the_steps_equal_the_stacked_batch() -> None:
+    """The run's figures joined from per-step arrays equal the same figures on one stacked batch."""
+    from rlprobe_patch.report.metrics import Tokens, tokens_debug_metrics, tokens_offpolicy_metrics
+
+    a, b = _batch(1, [5, 0, 8], 8), _batch(2, [3, 3], 4)
+    parts = [Tokens.of(r, t, m, x) for r, t, m, x in (a, b)]
+    for part in parts:
+        assert part.abs_dp.size == part.size  # computed per step, then joined
+    joined = Tokens.concat(parts)
+    stacked = [np.zeros((5, 8)), np.zeros((5, 8)), np.zeros((5, 8), dtype=bool)]
+    for i, (r, t, m, _) in enumerate((a, b)):
+        rows = slice(0, 3) if i == 0 else slice(3, 5)
+        stacked[0][rows, : r.shape[1]], stacked[1][rows, : t.shape[1]], stacked[2][rows, : m.shape[1]] = r, t, m
+    assert tokens_debug_metrics(joined) == pytest.approx(debug_metrics(*stacked))
+    assert tokens_offpolicy_metrics(joined) == pytest.approx(offpolicy_metrics(stacked[1], stacked[0], stacked[2]))

@@ -38,9 +38,9 @@ class Out:
         if not self.as_json:
             click.secho(f"... {text}", err=True, dim=True)
 
-    def emit(self, data: dict[str, Any]) -> None:
+    def emit(self, data: dict[str, Any], indent: int | None = 2) -> None:
         if self.as_json:
-            click.echo(json.dumps(data, indent=2, default=str))
+            click.echo(json.dumps(data, indent=indent, default=str))
 
 
 def command(fn: Callable[..., int]) -> Callable[..., None]:

@@ -51,7 +51,6 @@ def report_cmd(
 ) -> int:
     """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
     try:
-        import matplotlib  # noqa: F401
         import numpy  # noqa: F401
     except ImportError as exc:
         raise RefusedError(f"report needs {exc.name}", hint="pip install 'rlprobe-patch[report]'") from None
@@ -70,11 +69,10 @@ def report_cmd(
     report["notes"] = notes
     if report["tokens"]:
         report["replay"] = replay(batches, report, top, output, replay_script, data)
-    dlogp = report["tokens"]["_abs_dlogp"] if report["tokens"] else None
-    written = write_outputs(report, render_html(report, plots(report, dlogp), top), output)
     document = to_json(report)
+    written = write_outputs(document, render_html(report, plots(report), top), output)
     document["written"] = written
-    out.emit(document)
+    out.emit(document, indent=None)  # the requests can be many: the C encoder, on one line
     for line in summary_lines(report, top):
         out.line(line)
     for note in notes:

@@ -17,7 +17,14 @@ from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, read_capture
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
-from rlprobe_patch.report.metrics import Profiles, debug_metrics, offpolicy_metrics, per_request
+from rlprobe_patch.report.metrics import (
+    Profiles,
+    Tokens,
+    dlogp_histogram,
+    tokens_debug_metrics,
+    tokens_offpolicy_metrics,
+    tokens_per_request,
+)
 
 REPORT_FORMAT = "rlprobe-report"
 REPORT_VERSION = 1
@@ -81,72 +88,64 @@ def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], l
     return batches, pairs, notes
 
 
-def _stack(batches: list[TokenBatch]) -> tuple[Any, Any, Any]:
-    width = max((b.mask.shape[1] for b in batches), default=0)
-    n = sum(b.samples for b in batches)
-    rollout = np.zeros((n, width))
-    training = np.zeros((n, width))
-    mask = np.zeros((n, width), dtype=bool)
-    row = 0
-    for b in batches:
-        k, w = b.mask.shape
-        rollout[row : row + k, :w] = b.rollout
-        training[row : row + k, :w] = b.training
-        mask[row : row + k, :w] = b.mask
-        row += k
-    return rollout, training, mask
-
-
 def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
+    """Per step, per request and over the run; each batch's valid tokens are taken out of the padding once."""
     steps = []
     requests: list[dict[str, Any]] = []
     profiles = Profiles()
+    parts = []
     for b in batches:
-        metrics: dict[str, Any] = debug_metrics(b.rollout, b.training, b.mask)
-        metrics.update({f"rollout_corr/{k}": v for k, v in offpolicy_metrics(b.training, b.rollout, b.mask).items()})
+        tokens = Tokens.of(b.rollout, b.training, b.mask, b.responses)
+        parts.append(tokens)
+        metrics: dict[str, Any] = tokens_debug_metrics(tokens)
+        metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
         steps.append(
             {
                 "step": b.step,
                 "kind": b.kind,
                 "path": b.path,
                 "samples": b.samples,
-                "tokens": int(b.mask.sum()),
+                "tokens": tokens.size,
                 "metrics": metrics,
             }
         )
-        profiles.add(b.rollout, b.training, b.mask)
-        for i, row in enumerate(per_request(b.rollout, b.training, b.mask, b.responses)):
+        profiles.add_tokens(tokens)
+        dataset_index = b.dataset_index.tolist() if b.dataset_index is not None else [None] * b.samples
+        for i, (row, request_id, index, prompt_length) in enumerate(
+            zip(tokens_per_request(tokens), b.request_ids, dataset_index, b.prompt_lengths.tolist())
+        ):
             row.update(
-                request_id=b.request_ids[i],
+                request_id=request_id,
                 step=b.step,
                 kind=b.kind,
                 row=i,
-                dataset_index=int(b.dataset_index[i]) if b.dataset_index is not None else None,
-                prompt_length=int(b.prompt_lengths[i]),
+                dataset_index=index,
+                prompt_length=prompt_length,
             )
             requests.append(row)
-    rollout, training, mask = _stack(batches)
-    overall: dict[str, Any] = debug_metrics(rollout, training, mask)
-    overall.update(offpolicy_metrics(training, rollout, mask))
+    run = Tokens.concat(parts)
+    overall: dict[str, Any] = tokens_debug_metrics(run)
+    overall.update(tokens_offpolicy_metrics(run))
     ranked = sorted(
         (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
     )
     for rank, r in enumerate(ranked, start=1):
         r["rank"] = rank
-    dlogp = profiles.all_dlogp()
+    dlogp = run.abs_dlogp
+    quantiles = (0.5, 0.9, 0.99, 0.999, 1.0)
     return {
         "samples": len(requests),
-        "tokens": int(mask.sum()),
+        "tokens": run.size,
         "empty_responses": sum(1 for r in requests if not r["tokens"]),
         "overall": overall,
         "steps": steps,
         "requests": ranked + [r for r in requests if not r["tokens"]],
         "by_position": profiles.by_position(),
         "by_probability": profiles.by_probability(),
-        "abs_dlogp_quantiles": {q: float(np.quantile(dlogp, float(q))) for q in ("0.5", "0.9", "0.99", "0.999", "1.0")}
+        "abs_dlogp_quantiles": dict(zip(map(str, quantiles), np.quantile(dlogp, quantiles).tolist()))
         if dlogp.size
         else {},
-        "_abs_dlogp": dlogp,  # for the histogram; dropped from report.json
+        "abs_dlogp_histogram": dlogp_histogram(dlogp),
     }
 
 
