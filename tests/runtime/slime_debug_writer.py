@@ -29,8 +29,10 @@ samples 10-15 with a response of 2-4 tokens each and `Sample.rollout_log_probs` 
 as the rollout engine fills it; v0.3.1's `Sample` checks its length against `response_length`),
 through the same real rollout writer; the train side as slime's Megatron actor hands it to
 `save_debug_train_data` per data-parallel rank (v0.2.2 / v0.3.1 `actor.py`, `train_actor`): the
-rank's share of the rollout (`_split_train_data_by_dp` without `--balance-data`: positions
-`range(rank, n, dp_size)`; `partition` popped by `slime.utils.data.process_rollout_data`),
+rank's share of the rollout (positions `range(rank, n, dp_size)`: v0.2.2's
+`_split_train_data_by_dp` without `--balance-data`; v0.3.x's `build_dp_schedule` packs another
+order, the same for a join by `sample_index`; `partition` popped by
+`slime.utils.data.process_rollout_data`),
 `rollout_log_probs` as float32 tensors (`_get_rollout_data`), and `log_probs` as float32 tensors
 (`compute_log_prob(store_prefix="")`), which are the rollout's plus the `--perturb` offsets:
 `INDEX=DELTA` on every response token of sample INDEX, `INDEX@K=DELTA` on token K only.
