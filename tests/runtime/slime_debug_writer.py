@@ -3,6 +3,7 @@
 Run it with a python that has torch (the megatron venv), not pytest's::
 
     <venv>/bin/python tests/runtime/slime_debug_writer.py --slime-root <tree> --out <dir> [--slime-root ...]
+    <venv>/bin/python tests/runtime/slime_debug_writer.py --logprobs --perturb 12=0.5 --perturb 14@1=-0.3 ...
 
 Real, per tree: `slime.utils.types.Sample` (its `to_dict`), the rollout writer
 `RolloutManager._save_debug_rollout_data` of `slime/ray/rollout.py` and the train writer
@@ -22,6 +23,22 @@ Stand-ins, and why:
 * the `format_version` 2 train dump (after v0.3.1, in no tree here): written by us from its
   documented structure (`{"format_version": 2, "rollout_id", "rank", "samples", "dp_shards"}`,
   samples sorted by rollout position); derived, not slime's writer.
+
+With `--logprobs` (issue 30: the per-sample log-probs `rlprobe-patch report` reads), instead:
+samples 10-15 with a response of 2-4 tokens each and `Sample.rollout_log_probs` (a list of floats,
+as the rollout engine fills it; v0.3.1's `Sample` checks its length against `response_length`),
+through the same real rollout writer; the train side as slime's Megatron actor hands it to
+`save_debug_train_data` per data-parallel rank (v0.2.2 / v0.3.1 `actor.py`, `train_actor`): the
+rank's share of the rollout (positions `range(rank, n, dp_size)`: v0.2.2's
+`_split_train_data_by_dp` without `--balance-data`; v0.3.x's `build_dp_schedule` packs another
+order, the same for a join by `sample_index`; `partition` popped by
+`slime.utils.data.process_rollout_data`),
+`rollout_log_probs` as float32 tensors (`_get_rollout_data`), and `log_probs` as float32 tensors
+(`compute_log_prob(store_prefix="")`), which are the rollout's plus the `--perturb` offsets:
+`INDEX=DELTA` on every response token of sample INDEX, `INDEX@K=DELTA` on token K only.
+Stand-ins besides the above: the training log-probs themselves (ours, not a model's), and the
+rank: `torch.distributed.get_rank` answers each data-parallel rank in turn while slime's writer
+runs (one process here), so the writer names each rank's file itself (`{rollout_id}_{rank}.pt`).
 
 Output JSON (stdout, last line): the files written per tree and the stand-ins.
 """
@@ -134,17 +151,92 @@ def write_tree(root: Path, out: Path) -> dict[str, object]:
     return {"root": str(root), "files": sorted(str(p.relative_to(out)) for p in out.rglob("*.pt"))}
 
 
+DP_SIZE = 2
+
+
+def _perturbations(specs: list[str]) -> dict[int, dict[int | None, float]]:
+    """`12=0.5` (every token of sample 12), `14@1=-0.3` (its token 1)."""
+    out: dict[int, dict[int | None, float]] = {}
+    for spec in specs:
+        key, delta = spec.split("=")
+        index, _, token = key.partition("@")
+        out.setdefault(int(index), {})[int(token) if token else None] = float(delta)
+    return out
+
+
+def write_logprobs_tree(root: Path, out: Path, perturb: dict[int, dict[int | None, float]]) -> dict[str, object]:
+    slime_types = _import_tree(root)
+    sample_cls = slime_types.Sample
+    samples = []
+    for index in range(10, 16):
+        length = 2 + index % 3
+        response = [100 + 10 * index + k for k in range(length)]
+        samples.append(
+            sample_cls(
+                index=index,
+                prompt=f"prompt {index}",
+                tokens=[1, 2, 3, *response],
+                response="x" * length,
+                response_length=length,
+                reward=1.0,
+                status=sample_cls.Status.COMPLETED,
+                rollout_log_probs=[-(0.25 + 0.125 * k + 0.0625 * (index - 10)) for k in range(length)],
+                metadata={"rlprobe_request_ids": [f"slime-{index}"]},
+            )
+        )
+    eval_samples = [sample_cls(index=i, prompt="eval", tokens=[1], status=sample_cls.Status.COMPLETED) for i in (0, 1)]
+    writer = _rollout_writer(root)
+    manager = SimpleNamespace(
+        args=SimpleNamespace(save_debug_rollout_data=str(out / "rollout_data" / "{rollout_id}.pt"))
+    )
+    writer(manager, samples, rollout_id=5, evaluation=False)
+    writer(manager, {"aime": {"samples": eval_samples}}, rollout_id=5, evaluation=True)
+
+    def training(sample) -> list[float]:  # type: ignore[no-untyped-def]
+        offsets = perturb.get(sample.index, {})
+        return [lp + offsets.get(k, offsets.get(None, 0.0)) for k, lp in enumerate(sample.rollout_log_probs)]
+
+    from slime.utils import train_dump_utils
+
+    args = SimpleNamespace(save_debug_train_data=str(out / "train_data" / "{rollout_id}_{rank}.pt"))
+    get_rank = torch.distributed.get_rank
+    try:
+        for rank in range(DP_SIZE):
+            share = [samples[i] for i in range(rank, len(samples), DP_SIZE)]
+            rollout_data = {
+                "tokens": [torch.tensor(s.tokens) for s in share],
+                "total_lengths": [len(s.tokens) for s in share],
+                "response_lengths": [s.response_length for s in share],
+                "sample_indices": [s.index for s in share],
+                "rewards": [s.reward for s in share],
+                "rollout_log_probs": [torch.tensor(s.rollout_log_probs, dtype=torch.float32) for s in share],
+                "log_probs": [torch.tensor(training(s), dtype=torch.float32) for s in share],
+            }
+            torch.distributed.get_rank = lambda *a, _rank=rank, **k: _rank  # type: ignore[misc]
+            train_dump_utils.save_debug_train_data(args, rollout_id=5, rollout_data=rollout_data)
+    finally:
+        torch.distributed.get_rank = get_rank
+    STANDINS.append("torch.distributed.get_rank: each data-parallel rank in turn, while slime's train writer runs")
+    sys.path.remove(str(root))
+    return {"root": str(root), "files": sorted(str(p.relative_to(out)) for p in out.rglob("*.pt"))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slime-root", type=Path, action="append", required=True)
     parser.add_argument("--out", type=Path, required=True, help="one folder per tree is made under it")
+    parser.add_argument("--logprobs", action="store_true", help="the per-sample log-probs tree (issue 30)")
+    parser.add_argument("--perturb", action="append", default=[], help="INDEX=DELTA or INDEX@TOKEN=DELTA")
     args = parser.parse_args()
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     trees = []
     for number, root in enumerate(args.slime_root):
         out = args.out / str(number)
         out.mkdir(parents=True, exist_ok=True)
-        trees.append(write_tree(root, out))
+        if args.logprobs:
+            trees.append(write_logprobs_tree(root, out, _perturbations(args.perturb)))
+        else:
+            trees.append(write_tree(root, out))
     torch.distributed.destroy_process_group()
     print(json.dumps({"trees": trees, "standins": sorted(set(STANDINS))}))
 
