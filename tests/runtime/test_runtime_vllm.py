@@ -10,10 +10,12 @@ driver's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the driver sees what it 
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -40,17 +42,26 @@ def drive(python: Path, work: Path, name: str, *args: str, **extra_env: str) -> 
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **extra_env}
     for key in ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE"):
         env.pop(key, None)
-    proc = subprocess.run(
-        [str(python), str(DRIVER), "--model", str(work / "model"), "--out", str(out), *args],
-        env=env,
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.is_file(), proc.stderr[-3000:]
+    log = work / f"{name}.log"
+    with open(log, "w") as sink:
+        # Its own session: what vLLM's workers leave behind (multiprocessing's resource tracker holds
+        # the output open) is killed with it, and the output goes to a file, not a pipe to wait on.
+        proc = subprocess.Popen(
+            [str(python), str(DRIVER), "--model", str(work / "model"), "--out", str(out), *args],
+            env=env,
+            cwd=work,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=600)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert out.is_file(), log.read_text()[-3000:]
     result: dict = json.loads(out.read_text())
-    result["stderr"] = proc.stderr
+    result["stderr"] = log.read_text()
     return result
 
 
