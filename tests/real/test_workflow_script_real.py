@@ -255,3 +255,45 @@ def test_consistency_turns_partial_rollout_off_and_names_pd_only_where_used(
     assert code == ExitCode.OK, out
     pd = "SGLang with prefill/decode disaggregation (actor_rollout_ref.rollout.disaggregation.enabled=True at --set)"
     assert any(n.startswith(pd) for n in out["notices"]), out["notices"]
+
+
+V061 = SHARED / "upstream/verl-examples/v0.6.1/examples"
+
+
+@pytest.mark.skipif(not V061.is_dir(), reason="../shared/upstream is not beside the repository")
+def test_launches_from_another_directory(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29, item 5: v0.6.1's multi-turn examples name their config folder from `$(pwd)` and their YAMLs
+    `hydra.searchpath: [file://verl/trainer/config]`, both relative to the checkout verl runs from.
+    - Run from elsewhere, the script inside a checkout holding --verl-root's package: read as run from that
+      checkout, with a notice; the facts are bash + Hydra's run from there.
+    - `--cwd DIR` where DIR holds the examples but not verl/: the config folder resolves, the searchpath does
+      not; it is resolved from --verl-root's checkout, and the notice says so.
+    - Nothing resolves: `script` says to name the directory (--cwd), not to fix an override."""
+    root = real_tree("0.6.1")
+    rel = "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"
+    repo = tmp_path / "verl"
+    repo.mkdir()
+    (repo / "examples").symlink_to(V061)
+    (repo / "verl").symlink_to(root / "verl")
+    truth = run_in_checkout(repo, f"examples/{rel}", root).main
+    assert truth is not None and not truth.error and truth.facts["rollout_backend"] == "sglang"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out = cli_json("detect", repo / "examples" / rel, "--verl-root", root)
+    assert code == ExitCode.OK, out
+    assert {k: out["facts"][k]["value"] for k in truth.facts} == truth.facts
+    assert any(n.startswith(f"read as run from the verl checkout holding --verl-root and the script ({repo})")
+               for n in out["notices"]), out["notices"]  # fmt: skip
+    no_verl = tmp_path / "examples-only"
+    no_verl.mkdir()
+    (no_verl / "examples").symlink_to(V061)
+    code, out = cli_json("detect", V061 / rel, "--verl-root", root, "--cwd", no_verl)
+    assert code == ExitCode.OK, out
+    assert {k: out["facts"][k]["value"] for k in truth.facts} == truth.facts
+    assert any("hydra.searchpath file://verl/trainer/config" in n and f"--verl-root ({root})" in n
+               for n in out["notices"]), out["notices"]  # fmt: skip
+    args = ("script", V061 / rel, "--mode", "training", "--training-config", "/t.json", "-o", elsewhere / "x.sh")
+    code, out = cli_json(*args, "--verl-root", root)
+    assert code == ExitCode.REFUSED, out
+    assert "--cwd DIR" in out["hint"] and "fix the override" not in out["hint"], out

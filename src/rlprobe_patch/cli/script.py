@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
+from rlprobe_patch.cli.options import cwd_option, python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
@@ -26,7 +26,7 @@ from rlprobe_patch.workflow.detect import COLLECTION_MODES
 
 
 def _script_options(fn: Any) -> Any:
-    options = [
+    options: list[Any] = [
         click.option("--mode", type=click.Choice(COLLECTION_MODES), help="Default: the mode detect finds."),
         click.option("--train-backend", type=click.Choice(["fsdp", "fsdp2", "megatron"]), help="Default: detected."),
         click.option("--rollout-backend", type=click.Choice(["vllm", "sglang"]), help="Default: detected."),
@@ -48,6 +48,7 @@ def _script_options(fn: Any) -> Any:
         python_option,
         click.option("--hint", default="", help="As for detect."),
         reader_options,
+        cwd_option,
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -78,6 +79,7 @@ def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
         save_path=opts["save_path"],
         sglang_version=opts["sglang_version"],
         vllm_ascend_version=opts["vllm_ascend_version"],
+        cwd=opts["cwd"],
     )
 
 
@@ -93,6 +95,7 @@ _READER_FLAGS = (
     ("hint", "--hint"),
     ("script_env", "--env"),
     ("script_args", "--arg"),
+    ("cwd", "--cwd"),
 )
 
 
