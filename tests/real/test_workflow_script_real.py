@@ -297,3 +297,36 @@ def test_launches_from_another_directory(real_tree, tmp_path: Path, monkeypatch)
     code, out = cli_json(*args, "--verl-root", root)
     assert code == ExitCode.REFUSED, out
     assert "--cwd DIR" in out["hint"] and "fix the override" not in out["hint"], out
+
+
+@pytest.mark.skipif(not V080.is_dir(), reason="../shared/upstream is not beside the repository")
+def test_engine_facts_name_the_lines_that_set_them(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29, item 9: v0.8.0's Megatron examples choose `model_engine=megatron` after setting TP/PP
+    (`gpg_trainer/run_qwen3_8b_megatron.sh`: TP/PP at :71/:72, the group at :105). Hydra composes group
+    choices before any value override, so the values are the lines' (bash + Hydra agree), and each fact's
+    source must be the line that sets its key, not the group's."""
+    root = real_tree("0.8.0")
+    scripts = sorted(
+        p.relative_to(V080).as_posix() for p in V080.rglob("*.sh") if "model_engine=megatron" in p.read_text()
+    )
+    assert "gpg_trainer/run_qwen3_8b_megatron.sh" in scripts
+    repo = _v080_checkout(tmp_path, root, *scripts)
+    monkeypatch.chdir(repo)
+    keys = {"actor_tp": "tensor_model_parallel_size", "actor_pp": "pipeline_model_parallel_size"}
+    checked = 0
+    for rel in scripts:
+        truth = run_in_checkout(repo, f"examples/{rel}", root).main
+        if truth is None or truth.error or not truth.ppo:
+            continue
+        code, out = cli_json("detect", f"examples/{rel}", "--verl-root", root, "--no-trees")
+        assert code == ExitCode.OK, out
+        assert out["facts"]["actor_tp"]["value"] == truth.facts["actor_tp"], rel
+        lines = (repo / "examples" / rel).read_text().splitlines()
+        for fact, key in keys.items():
+            source = out["facts"][fact]["source"]
+            name, _, number = source.rpartition(":")
+            if name != Path(rel).name:
+                continue  # a verl default, or a sourced file
+            checked += 1
+            assert f"actor.megatron.{key}=" in lines[int(number) - 1], (rel, fact, source)
+    assert checked >= 4, checked

@@ -400,15 +400,18 @@ def _source(config: Any, fact: str, key: str, overrides: list[Arg], default: str
 
 
 def _last_setter(config: Any, fact: str, key: str, overrides: list[Arg], depth: int) -> tuple[int, str]:
-    """(position, source) of the last override that set `key`, its parent or its group; for an
-    interpolated node (`${oc.select:other,1}`), the later of that and the one that set `other`."""
+    """(position, source) of the last override that set `key` or its parent, else of the last one that
+    chose its group; for an interpolated node (`${oc.select:other,1}`), the later of that and the one
+    that set `other`. Hydra composes the defaults list (group choices such as `model_engine=megatron`)
+    before it applies any value override, wherever each stands on the command line: a value override
+    of the key wins over a group choice written after it."""
     groups = FACT_GROUPS.get(fact, ())
     found = (-1, "")
-    for position in range(len(overrides) - 1, -1, -1):
-        okey = override_key(overrides[position].text)
-        if _covers(okey, key) or okey in groups:
-            found = (position, overrides[position].source)
-            break
+    keys = [override_key(arg.text) for arg in overrides]
+    direct = [position for position, okey in enumerate(keys) if _covers(okey, key)]
+    chosen = direct or [position for position, okey in enumerate(keys) if okey in groups]
+    if chosen:
+        found = (chosen[-1], overrides[chosen[-1]].source)
     target = _interpolated_from(config, key) if depth < 4 else None
     if target:
         found = max(found, _last_setter(config, fact, target, overrides, depth + 1))
