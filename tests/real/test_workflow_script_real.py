@@ -208,8 +208,10 @@ def test_consistency_aligns_cp_and_lists_set_values_as_set(real_tree, tmp_path: 
     args = ["script", original, "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", derived]
     code, out = cli_json(*args)
     assert code == ExitCode.REFUSED, out
-    sets = [w for w in shlex.split(out["hint"].split("add:", 1)[1].split("(or")[0]) if w != "--set"]
-    code, out = cli_json(*args, *(a for s in sets for a in ("--set", s)))
+    command = shlex.split(out["hint"].split(", run: ", 1)[1])  # the hint's command, run as printed
+    sets = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
+    assert sets and command[:2] == ["rlprobe-patch", "script"]
+    code, out = cli_json(*command[1:])
     assert code == ExitCode.OK, out
     changes = {c["key"]: c for c in out["changes"]}
     for item in sets:

@@ -99,6 +99,27 @@ _READER_FLAGS = (
 )
 
 
+def _invocation() -> list[str]:
+    """This command's line as given (arguments and the options not left at their default), to print
+    a command that works as printed."""
+    ctx = click.get_current_context()
+    words = ["rlprobe-patch", str(ctx.info_name)]
+    for param in ctx.command.params:
+        value = ctx.params.get(str(param.name))
+        if isinstance(param, click.Argument):
+            words.append(str(value))
+            continue
+        if param.name == "as_json" or value in (None, False, (), "") or value == param.default:
+            continue
+        flag = max(param.opts, key=len)
+        if isinstance(param, click.Option) and param.is_flag:
+            words.append(flag)
+        else:
+            for item in value if isinstance(value, tuple) else (value,):
+                words += [flag, str(item)]
+    return words
+
+
 def _reader_flags(opts: dict[str, Any]) -> list[str]:
     flags: list[str] = []
     for name, flag in _READER_FLAGS:
@@ -139,11 +160,15 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         flags = " ".join(f"--{side}-config PATH" for side in missing)
         raise UsageError(f"--mode {req.mode} needs {flags}", hint="write them with rlprobe-patch config")
     if req.refusals:
-        fixes = " ".join(dict.fromkeys(f for f in req.fixes if f.startswith("--set")))
+        fixes = [f for f in dict.fromkeys(req.fixes) if f.startswith("--set")]
         others = [f for f in req.fixes if not f.startswith("--set")]
         hint = "nothing was written"
         if fixes:
-            hint += f"; to collect with these values, add: {fixes}" + (f" (or {' / '.join(others)})" if others else "")
+            given = set(opts.get("sets", ()))
+            sets = [word for fix in fixes for word in shlex.split(fix) if word != "--set" and word not in given]
+            rerun = [*_invocation(), *(word for item in sets for word in ("--set", item))]
+            instead = f" (or with {' / '.join(others)} instead of the --set options)" if others else ""
+            hint += f"; to collect with these values{instead}, run: {shlex.join(rerun)}"
         raise RefusedError(f"{original}: cannot derive a {req.mode} collection script", details=req.refusals, hint=hint)
     text, changes = render_script(detection.script, req, original.name, composed=verl_root is not None)
     output = output or default_output(original, req.mode)
