@@ -61,7 +61,7 @@ def detect_cmd(
 
     reader = read_options(opts)
     root, release = verl_tree_of(verl_root, python)
-    d = detect_script(script, hint, verl_root=root, release=release, cwd=cwd, **reader)
+    d = detect_script(script, hint, verl_root=root, release=release, cwd=cwd, python=python, **reader)
     trees = None if no_trees or verl_root is not None else found_trees(python)
     s = d.script
     # nothing to collect from: neither backend is known (no verl launch read, or Hydra refused it)

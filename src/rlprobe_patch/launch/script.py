@@ -72,12 +72,13 @@ def read_script(
     release: str | None = None,
     extra: list[str] | None = None,
     cwd: Path | None = None,
+    python: str | None = None,
 ) -> Script:
     """Read `path` as bash and Hydra would. `args` are the script's arguments, `env` the caller's,
     `extra` overrides added after the launch's own (`script --set`), `cwd` the directory it is run
-    from (default: this process's)."""
+    from (default: this process's), `python` the interpreter that answers its import probes."""
     path = Path(path)
-    script = _read_script(path, args, env, verl_root, release, extra, cwd)
+    script = _read_script(path, args, env, verl_root, release, extra, cwd, python)
     composed = script.composed
     if cwd is not None or verl_root is None or composed is None or not composed.errors:
         return script
@@ -85,7 +86,7 @@ def read_script(
     if checkout is None or checkout == Path.cwd().absolute():
         return script
     # run from elsewhere, verl's examples name their config relative to the checkout they run from
-    there = _read_script(path, args, env, verl_root, release, extra, checkout)
+    there = _read_script(path, args, env, verl_root, release, extra, checkout, python)
     if there.composed is None or there.composed.errors:
         return script
     there.composed.searchpath_note = (
@@ -118,8 +119,9 @@ def _read_script(
     release: str | None,
     extra: list[str] | None,
     cwd: Path | None,
+    python: str | None = None,
 ) -> Script:
-    reading = read_shell(path, args=args, env=env, cwd=cwd.absolute() if cwd is not None else None)
+    reading = read_shell(path, args=args, env=env, cwd=cwd.absolute() if cwd is not None else None, python=python)
     text = path.read_text(encoding="utf-8")
     script = Script(path=path, text=text, reading=reading)
     found = launches(reading)

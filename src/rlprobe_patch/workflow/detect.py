@@ -239,8 +239,11 @@ def detect_script(
     release: str | None = None,
     extra: list[str] | None = None,
     cwd: Path | None = None,
+    python: str | None = None,
 ) -> Detection:
-    script = read_script(path, args=args, env=env, verl_root=verl_root, release=release, extra=extra, cwd=cwd)
+    script = read_script(
+        path, args=args, env=env, verl_root=verl_root, release=release, extra=extra, cwd=cwd, python=python
+    )
     own = {k: v for k, v in script.settings.items() if not v.source.startswith("verl default")}
     signals = _hint_signals(hint) + _mode_signals(replace(script, settings=own))  # what the script sets
     scores = {

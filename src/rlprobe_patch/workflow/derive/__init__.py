@@ -122,7 +122,15 @@ def derive(
     versions: dict[str, str | None] = {}
     root, versions["verl"] = verl_tree_of(verl_root, python)
     detection = detect_script(
-        script, hint, verl_root=root, release=versions["verl"], extra=list(sets), args=args, env=env, cwd=cwd
+        script,
+        hint,
+        verl_root=root,
+        release=versions["verl"],
+        extra=list(sets),
+        args=args,
+        env=env,
+        cwd=cwd,
+        python=python,
     )
     composed = detection.script.composed
     if composed is not None and composed.errors and _cwd_dependent(composed):
@@ -162,4 +170,15 @@ def derive(
     options = RunOptions(train_backend, rollout_backend, n_gpus, found_configs, versions, stages, save_path)
     req = requirements(detection, mode, options)
     req.pinned = dict(env or {})
+    reading = detection.script.reading
+    for name, (value, where, keeps) in reading.probed.items():
+        if name in req.pinned:
+            continue
+        if keeps:
+            req.probes[name] = (value, where)
+        else:
+            req.notices.append(
+                f"{name}={value} ({where}) is an import probe answered by {reading.python}; bash asks the Python "
+                "on the machine that runs the script again, which may answer otherwise (derive with that --python)"
+            )
     return detection, req, root
