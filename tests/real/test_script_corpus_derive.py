@@ -119,9 +119,10 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
                 problems.append(f"{truth.script}: refused for reasons not true of it: {false}")
                 continue
             hint = out.get("hint", "")
-            assert "--set" in hint, f"{truth.script}: refusal without a way forward: {out}"
-            sets = [w for w in shlex.split(hint.split("add:", 1)[1].split("(or")[0]) if w != "--set"]
-            code, out = derive(original, output, root, sets)
+            assert ", run: rlprobe-patch script " in hint, f"{truth.script}: refusal without a way forward: {out}"
+            command = shlex.split(hint.split(", run: ", 1)[1])  # issue 29: a command that works as printed
+            assert "--set" in command and command[2] == original, command
+            code, out = run(*command[1:])
         if code != ExitCode.OK:
             problems.append(f"{truth.script}: script exit {code}: {out.get('message')} {out.get('details')}")
             continue
@@ -157,7 +158,8 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
         if wrong:
             problems.append(f"{truth.script}: {wrong}")
             continue
-        code, checked = run("check-script", output, "--mode", "consistency", "--verl-root", str(root))
+        assert out["next"][:3] == ["rlprobe-patch", "check-script", output], out["next"]
+        code, checked = run(*out["next"][1:])  # the next: line, as printed
         if code != ExitCode.OK:
             failed = [c for c in checked.get("checks", []) if not c["ok"]] or checked
             problems.append(f"{truth.script}: check-script on the derived script: {failed}")

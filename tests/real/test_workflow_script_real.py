@@ -208,8 +208,10 @@ def test_consistency_aligns_cp_and_lists_set_values_as_set(real_tree, tmp_path: 
     args = ["script", original, "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", derived]
     code, out = cli_json(*args)
     assert code == ExitCode.REFUSED, out
-    sets = [w for w in shlex.split(out["hint"].split("add:", 1)[1].split("(or")[0]) if w != "--set"]
-    code, out = cli_json(*args, *(a for s in sets for a in ("--set", s)))
+    command = shlex.split(out["hint"].split(", run: ", 1)[1])  # the hint's command, run as printed
+    sets = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
+    assert sets and command[:2] == ["rlprobe-patch", "script"]
+    code, out = cli_json(*command[1:])
     assert code == ExitCode.OK, out
     changes = {c["key"]: c for c in out["changes"]}
     for item in sets:
@@ -255,3 +257,78 @@ def test_consistency_turns_partial_rollout_off_and_names_pd_only_where_used(
     assert code == ExitCode.OK, out
     pd = "SGLang with prefill/decode disaggregation (actor_rollout_ref.rollout.disaggregation.enabled=True at --set)"
     assert any(n.startswith(pd) for n in out["notices"]), out["notices"]
+
+
+V061 = SHARED / "upstream/verl-examples/v0.6.1/examples"
+
+
+@pytest.mark.skipif(not V061.is_dir(), reason="../shared/upstream is not beside the repository")
+def test_launches_from_another_directory(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29, item 5: v0.6.1's multi-turn examples name their config folder from `$(pwd)` and their YAMLs
+    `hydra.searchpath: [file://verl/trainer/config]`, both relative to the checkout verl runs from.
+    - Run from elsewhere, the script inside a checkout holding --verl-root's package: read as run from that
+      checkout, with a notice; the facts are bash + Hydra's run from there.
+    - `--cwd DIR` where DIR holds the examples but not verl/: the config folder resolves, the searchpath does
+      not; it is resolved from --verl-root's checkout, and the notice says so.
+    - Nothing resolves: `script` says to name the directory (--cwd), not to fix an override."""
+    root = real_tree("0.6.1")
+    rel = "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"
+    repo = tmp_path / "verl"
+    repo.mkdir()
+    (repo / "examples").symlink_to(V061)
+    (repo / "verl").symlink_to(root / "verl")
+    truth = run_in_checkout(repo, f"examples/{rel}", root).main
+    assert truth is not None and not truth.error and truth.facts["rollout_backend"] == "sglang"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out = cli_json("detect", repo / "examples" / rel, "--verl-root", root)
+    assert code == ExitCode.OK, out
+    assert {k: out["facts"][k]["value"] for k in truth.facts} == truth.facts
+    assert any(n.startswith(f"read as run from the verl checkout holding --verl-root and the script ({repo})")
+               for n in out["notices"]), out["notices"]  # fmt: skip
+    no_verl = tmp_path / "examples-only"
+    no_verl.mkdir()
+    (no_verl / "examples").symlink_to(V061)
+    code, out = cli_json("detect", V061 / rel, "--verl-root", root, "--cwd", no_verl)
+    assert code == ExitCode.OK, out
+    assert {k: out["facts"][k]["value"] for k in truth.facts} == truth.facts
+    assert any("hydra.searchpath file://verl/trainer/config" in n and f"--verl-root ({root})" in n
+               for n in out["notices"]), out["notices"]  # fmt: skip
+    args = ("script", V061 / rel, "--mode", "training", "--training-config", "/t.json", "-o", elsewhere / "x.sh")
+    code, out = cli_json(*args, "--verl-root", root)
+    assert code == ExitCode.REFUSED, out
+    assert "--cwd DIR" in out["hint"] and "fix the override" not in out["hint"], out
+
+
+@pytest.mark.skipif(not V080.is_dir(), reason="../shared/upstream is not beside the repository")
+def test_engine_facts_name_the_lines_that_set_them(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 29, item 9: v0.8.0's Megatron examples choose `model_engine=megatron` after setting TP/PP
+    (`gpg_trainer/run_qwen3_8b_megatron.sh`: TP/PP at :71/:72, the group at :105). Hydra composes group
+    choices before any value override, so the values are the lines' (bash + Hydra agree), and each fact's
+    source must be the line that sets its key, not the group's."""
+    root = real_tree("0.8.0")
+    scripts = sorted(
+        p.relative_to(V080).as_posix() for p in V080.rglob("*.sh") if "model_engine=megatron" in p.read_text()
+    )
+    assert "gpg_trainer/run_qwen3_8b_megatron.sh" in scripts
+    repo = _v080_checkout(tmp_path, root, *scripts)
+    monkeypatch.chdir(repo)
+    keys = {"actor_tp": "tensor_model_parallel_size", "actor_pp": "pipeline_model_parallel_size"}
+    checked = 0
+    for rel in scripts:
+        truth = run_in_checkout(repo, f"examples/{rel}", root).main
+        if truth is None or truth.error or not truth.ppo:
+            continue
+        code, out = cli_json("detect", f"examples/{rel}", "--verl-root", root, "--no-trees")
+        assert code == ExitCode.OK, out
+        assert out["facts"]["actor_tp"]["value"] == truth.facts["actor_tp"], rel
+        lines = (repo / "examples" / rel).read_text().splitlines()
+        for fact, key in keys.items():
+            source = out["facts"][fact]["source"]
+            name, _, number = source.rpartition(":")
+            if name != Path(rel).name:
+                continue  # a verl default, or a sourced file
+            checked += 1
+            assert f"actor.megatron.{key}=" in lines[int(number) - 1], (rel, fact, source)
+    assert checked >= 4, checked

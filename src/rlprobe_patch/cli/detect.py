@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
+from rlprobe_patch.cli.options import cwd_option, python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode
@@ -44,16 +44,24 @@ def reading_json(s: Any) -> dict[str, Any]:
 @verl_root_option
 @click.option("--no-trees", is_flag=True, help="Do not look for verl / SGLang / vLLM-Ascend in the interpreter.")
 @reader_options
+@cwd_option
 @command
 def detect_cmd(
-    out: Out, script: Path, hint: str, python: str | None, verl_root: Path | None, no_trees: bool, **opts: Any
+    out: Out,
+    script: Path,
+    hint: str,
+    python: str | None,
+    verl_root: Path | None,
+    no_trees: bool,
+    cwd: Path | None,
+    **opts: Any,
 ) -> int:
     """Collection mode, training and rollout backends of SCRIPT, with the source of each value (exit 3 when
     neither backend is known)."""
 
     reader = read_options(opts)
     root, release = verl_tree_of(verl_root, python)
-    d = detect_script(script, hint, verl_root=root, release=release, **reader)
+    d = detect_script(script, hint, verl_root=root, release=release, cwd=cwd, python=python, **reader)
     trees = None if no_trees or verl_root is not None else found_trees(python)
     s = d.script
     # nothing to collect from: neither backend is known (no verl launch read, or Hydra refused it)

@@ -43,6 +43,12 @@ verl_root_option = click.option(
     type=click.Path(path_type=Path),
     help="The verl tree whose config the script's values are composed with (default: the one --python imports).",
 )
+cwd_option = click.option(
+    "--cwd",
+    type=CheckedPath("dir"),
+    help="The directory the script is run from (default: this one): its relative paths, `cd`s and the "
+    "YAMLs' relative hydra.searchpath resolve against it.",
+)
 lock_timeout_option = click.option(
     "--lock-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for another run."
 )

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from rlprobe_patch.cli.options import python_option, read_options, reader_options, verl_root_option
+from rlprobe_patch.cli.options import cwd_option, python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
@@ -26,7 +26,7 @@ from rlprobe_patch.workflow.detect import COLLECTION_MODES
 
 
 def _script_options(fn: Any) -> Any:
-    options = [
+    options: list[Any] = [
         click.option("--mode", type=click.Choice(COLLECTION_MODES), help="Default: the mode detect finds."),
         click.option("--train-backend", type=click.Choice(["fsdp", "fsdp2", "megatron"]), help="Default: detected."),
         click.option("--rollout-backend", type=click.Choice(["vllm", "sglang"]), help="Default: detected."),
@@ -54,6 +54,7 @@ def _script_options(fn: Any) -> Any:
         python_option,
         click.option("--hint", default="", help="As for detect."),
         reader_options,
+        cwd_option,
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -85,6 +86,7 @@ def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
         sglang_version=opts["sglang_version"],
         vllm_ascend_version=opts["vllm_ascend_version"],
         vllm_version=opts["vllm_version"],
+        cwd=opts["cwd"],
     )
 
 
@@ -101,7 +103,29 @@ _READER_FLAGS = (
     ("hint", "--hint"),
     ("script_env", "--env"),
     ("script_args", "--arg"),
+    ("cwd", "--cwd"),
 )
+
+
+def _invocation() -> list[str]:
+    """This command's line as given (arguments and the options not left at their default), to print
+    a command that works as printed."""
+    ctx = click.get_current_context()
+    words = ["rlprobe-patch", str(ctx.info_name)]
+    for param in ctx.command.params:
+        value = ctx.params.get(str(param.name))
+        if isinstance(param, click.Argument):
+            words.append(str(value))
+            continue
+        if param.name == "as_json" or value in (None, False, (), "") or value == param.default:
+            continue
+        flag = max(param.opts, key=len)
+        if isinstance(param, click.Option) and param.is_flag:
+            words.append(flag)
+        else:
+            for item in value if isinstance(value, tuple) else (value,):
+                words += [flag, str(item)]
+    return words
 
 
 def _reader_flags(opts: dict[str, Any]) -> list[str]:
@@ -144,11 +168,15 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         flags = " ".join(f"--{side}-config PATH" for side in missing)
         raise UsageError(f"--mode {req.mode} needs {flags}", hint="write them with rlprobe-patch config")
     if req.refusals:
-        fixes = " ".join(dict.fromkeys(f for f in req.fixes if f.startswith("--set")))
+        fixes = [f for f in dict.fromkeys(req.fixes) if f.startswith("--set")]
         others = [f for f in req.fixes if not f.startswith("--set")]
         hint = "nothing was written"
         if fixes:
-            hint += f"; to collect with these values, add: {fixes}" + (f" (or {' / '.join(others)})" if others else "")
+            given = set(opts.get("sets", ()))
+            sets = [word for fix in fixes for word in shlex.split(fix) if word != "--set" and word not in given]
+            rerun = [*_invocation(), *(word for item in sets for word in ("--set", item))]
+            instead = f" (or with {' / '.join(others)} instead of the --set options)" if others else ""
+            hint += f"; to collect with these values{instead}, run: {shlex.join(rerun)}"
         raise RefusedError(f"{original}: cannot derive a {req.mode} collection script", details=req.refusals, hint=hint)
     text, changes = render_script(detection.script, req, original.name, composed=verl_root is not None)
     output = output or default_output(original, req.mode)
@@ -168,6 +196,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             "set": list(opts.get("sets", ())),
             "env": req.env,
             "pinned_env": req.pinned,
+            "pinned_probes": {name: value for name, (value, _) in req.probes.items()},
             "notices": req.notices,
             "text": text if dry_run else None,
             "next": None if dry_run else next_command,
@@ -183,6 +212,12 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         out.line(f"  export    {name}={value}", fg="green")
     for name, value in req.pinned.items():
         out.line(f"  pinned    {name}={value} (--env: exported at the top, before the script's own lines)", fg="green")
+    for name, (value, where) in req.probes.items():
+        out.line(
+            f"  pinned    {name}={value} (import probe at {where}, answered by {detection.script.reading.python}: "
+            "exported at the top)",
+            fg="green",
+        )
     for notice in req.notices:
         out.line(f"notice: {notice}", fg="yellow")
     if dry_run:

@@ -59,6 +59,11 @@ class Composed:
     assumed: bool = False
     ppo: bool = True  # the entry point composes a PPO trainer config (actor_rollout_ref.*)
     config_file: str = ""  # the primary config, e.g. "ppo_trainer.yaml"
+    # where relative `file://` search paths were resolved when not from the launch's directory, and why
+    searchpath_note: str = ""
+    # relative `file://` search paths of the primary config that resolve neither from the launch's
+    # directory nor from the verl checkout (the fix is the directory, not an override)
+    unresolved_searchpath: list[str] = field(default_factory=list)
 
 
 # verl's config nodes of the three roles (the one place these keys are spelt).
@@ -241,6 +246,18 @@ def compose_launch(
     config_file = f"{config_name}.yaml"
     result = Composed(None, config_file=config_file)
     overrides = [a.text for a in launch.overrides]
+    relative = relative_searchpaths(config_dir / config_file)
+    missing = [entry for entry in relative if not (cwd / entry).is_dir()]
+    if missing and all((verl_root / entry).is_dir() for entry in missing):
+        result.searchpath_note = (
+            f"{config_file} names hydra.searchpath {', '.join(f'file://{e}' for e in missing)} relative to the "
+            f"directory verl runs in; it does not resolve from {cwd}, so it was resolved from the checkout holding "
+            f"--verl-root ({verl_root}). verl resolves it the same way only when run from there: "
+            f"cd {verl_root} before the launch, or read the script with --cwd DIR"
+        )
+        cwd = verl_root
+    elif missing:
+        result.unresolved_searchpath = missing
     try:
         config = _compose(config_dir, config_name, overrides, cwd)
     except Exception as exc:  # Hydra's exceptions and OmegaConf's
@@ -255,6 +272,23 @@ def compose_launch(
     )
     result.facts = read_facts(config, launch.overrides, default_source)
     return result
+
+
+def relative_searchpaths(config_file: Path) -> list[str]:
+    """The relative `file://` entries of a config file's `hydra.searchpath` (Hydra resolves them against
+    the process's working directory); [] when the file has none or cannot be read."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    hydra = data.get("hydra") if isinstance(data, dict) else None
+    entries = hydra.get("searchpath") if isinstance(hydra, dict) else None
+    if not isinstance(entries, list):
+        return []
+    found = [str(e).removeprefix("file://") for e in entries if isinstance(e, str) and e.startswith("file://")]
+    return [entry for entry in found if entry and not os.path.isabs(entry)]
 
 
 def _compose(config_dir: Path, config_name: str, overrides: list[str], cwd: Path) -> Any:
@@ -366,15 +400,18 @@ def _source(config: Any, fact: str, key: str, overrides: list[Arg], default: str
 
 
 def _last_setter(config: Any, fact: str, key: str, overrides: list[Arg], depth: int) -> tuple[int, str]:
-    """(position, source) of the last override that set `key`, its parent or its group; for an
-    interpolated node (`${oc.select:other,1}`), the later of that and the one that set `other`."""
+    """(position, source) of the last override that set `key` or its parent, else of the last one that
+    chose its group; for an interpolated node (`${oc.select:other,1}`), the later of that and the one
+    that set `other`. Hydra composes the defaults list (group choices such as `model_engine=megatron`)
+    before it applies any value override, wherever each stands on the command line: a value override
+    of the key wins over a group choice written after it."""
     groups = FACT_GROUPS.get(fact, ())
     found = (-1, "")
-    for position in range(len(overrides) - 1, -1, -1):
-        okey = override_key(overrides[position].text)
-        if _covers(okey, key) or okey in groups:
-            found = (position, overrides[position].source)
-            break
+    keys = [override_key(arg.text) for arg in overrides]
+    direct = [position for position, okey in enumerate(keys) if _covers(okey, key)]
+    chosen = direct or [position for position, okey in enumerate(keys) if okey in groups]
+    if chosen:
+        found = (chosen[-1], overrides[chosen[-1]].source)
     target = _interpolated_from(config, key) if depth < 4 else None
     if target:
         found = max(found, _last_setter(config, fact, target, overrides, depth + 1))

@@ -71,11 +71,57 @@ def read_script(
     verl_root: Path | None = None,
     release: str | None = None,
     extra: list[str] | None = None,
+    cwd: Path | None = None,
+    python: str | None = None,
 ) -> Script:
     """Read `path` as bash and Hydra would. `args` are the script's arguments, `env` the caller's,
-    `extra` overrides added after the launch's own (`script --set`)."""
+    `extra` overrides added after the launch's own (`script --set`), `cwd` the directory it is run
+    from (default: this process's), `python` the interpreter that answers its import probes."""
     path = Path(path)
-    reading = read_shell(path, args=args, env=env)
+    script = _read_script(path, args, env, verl_root, release, extra, cwd, python)
+    composed = script.composed
+    if cwd is not None or verl_root is None or composed is None or not composed.errors:
+        return script
+    checkout = _checkout_of(path, verl_root)
+    if checkout is None or checkout == Path.cwd().absolute():
+        return script
+    # run from elsewhere, verl's examples name their config relative to the checkout they run from
+    there = _read_script(path, args, env, verl_root, release, extra, checkout, python)
+    if there.composed is None or there.composed.errors:
+        return script
+    there.composed.searchpath_note = (
+        f"read as run from the verl checkout holding --verl-root and the script ({checkout}): run from "
+        f"{Path.cwd().absolute()}, Hydra cannot compose it ({composed.errors[0]}). verl reads it the same way only "
+        f"when run from there: cd {checkout} before the launch (or say where it runs with --cwd DIR)"
+    )
+    return there
+
+
+def _checkout_of(path: Path, verl_root: Path) -> Path | None:
+    """The nearest folder above the script whose `verl/` is the package of `verl_root` (the checkout the
+    script belongs to), None when there is none."""
+    try:
+        package = (verl_root / "verl").resolve(strict=True)
+    except OSError:
+        return None
+    for folder in path.absolute().parents:
+        candidate = folder / "verl"
+        if candidate.is_dir() and candidate.resolve() == package:
+            return folder
+    return None
+
+
+def _read_script(
+    path: Path,
+    args: list[str] | None,
+    env: dict[str, str] | None,
+    verl_root: Path | None,
+    release: str | None,
+    extra: list[str] | None,
+    cwd: Path | None,
+    python: str | None = None,
+) -> Script:
+    reading = read_shell(path, args=args, env=env, cwd=cwd.absolute() if cwd is not None else None, python=python)
     text = path.read_text(encoding="utf-8")
     script = Script(path=path, text=text, reading=reading)
     found = launches(reading)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import operator
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -99,6 +101,10 @@ class Reading:
     variables: dict[str, Var] = field(default_factory=dict)  # at the end of the script
     files: list[Path] = field(default_factory=list)  # the script and every file it sourced
     code: list[str] = field(default_factory=list)  # each file's text with its comments blanked out
+    # variables whose value came from an import probe (`$(python3 -c 'import torch_npu' && ...)`):
+    # name -> (value, where it was assigned, whether bash keeps an exported value: `${NAME:-...}`)
+    probed: dict[str, tuple[str, str, bool]] = field(default_factory=dict)
+    python: str = ""  # the interpreter that answered the import probes
 
 
 class _Exit(Exception):
@@ -159,10 +165,14 @@ def read_shell(
     args: list[str] | None = None,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
+    python: str | None = None,
 ) -> Reading:
-    """Evaluate `path` statically. `args` are "$@", `env` the caller's environment (`--env`)."""
+    """Evaluate `path` statically. `args` are "$@", `env` the caller's environment (`--env`), `python`
+    the interpreter that answers import probes (default: this one)."""
     path = Path(path)
     evaluator = _Evaluator(path, cwd or Path.cwd())
+    evaluator.python = python or sys.executable
+    evaluator.reading.python = evaluator.python
     for name, value in (env or {}).items():
         evaluator.vars[name] = Var((Field(value, Path("--env"), 0),), exported=True, origin="--env")
     evaluator.positional = [Field(a, Path("--arg"), 0) for a in (args or [])]
@@ -195,6 +205,7 @@ class _Evaluator:
         self.functions: dict[str, tuple[Any, Path]] = {}
         self.positional: list[Field] = []
         self.cwd = cwd
+        self.python = sys.executable
         self.stack: list[Path] = []  # files being evaluated
         self.conditions: list[str] = []
         self.call_stack: list[str] = []
@@ -295,6 +306,10 @@ class _Evaluator:
         self.vars[name] = Var(
             items, array=array, exported=exported or bool(old and old.exported), origin=self.here(node)
         )
+        if not array and any(v.startswith(PROBE_VIA) for f in items for v in f.via):
+            text = value_node.text.decode() if value_node is not None else ""
+            keeps = bool(re.match(rf"[\"']?\$\{{{re.escape(name)}:?[-=]", text))  # ${NAME:-...}: an exported value wins
+            self.reading.probed[name] = (items[0].text, self.here(node), keeps)
 
     def s_declaration(self, node: Any) -> None:
         keyword = node.children[0].type
@@ -985,7 +1000,7 @@ class _Evaluator:
             self.cwd = saved
         if out is None:
             return _Seg(_opaque(text), unresolved=(f"{self.here(node)}: `{text[:60]}` not evaluated",))
-        via = ("import probe answered by this Python",) if "import " in text else ()
+        via = (f"{PROBE_VIA} {self.python}",) if "import " in text else ()
         return _Seg(out.rstrip("\n"), via=via)
 
     def captured(self, node: Any) -> tuple[str | None, bool | None]:
@@ -1039,7 +1054,7 @@ class _Evaluator:
             return " ".join(a for a in args if a not in ("-n", "-e")) + newline, True
         if name in ("true", "false"):
             return "", name == "true"
-        probe = _import_probe(name, args)
+        probe = _import_probe(name, args, self.python)
         if probe is not None:
             return "", probe
         return None, None
@@ -1103,19 +1118,36 @@ def _bash_verdict(path: Path) -> str | None:
     return lines[0].removeprefix(f"{path}: ") if lines else f"bash -n exit {proc.returncode}"
 
 
-def _import_probe(name: str, args: list[str]) -> bool | None:
-    """`python3 -c 'import torch_npu'`: whether the module is importable here (found, not imported)."""
+PROBE_VIA = "import probe answered by"
+_FIND_SPEC = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)"
+
+
+def _import_probe(name: str, args: list[str], python: str) -> bool | None:
+    """`python3 -c 'import torch_npu'`: whether `python` finds the module (found, not imported)."""
     if not re.search(r"(^|/)python[\d.]*$", name) or len(args) != 2 or args[0] != "-c":
         return None
     m = re.fullmatch(r"\s*import\s+([A-Za-z_][\w.]*)\s*;?\s*", args[1])
     if not m:
         return None
-    import importlib.util
+    return _finds(python, m.group(1).split(".")[0])
+
+
+@functools.cache
+def _finds(python: str, module: str) -> bool | None:
+    if python == sys.executable:
+        import importlib.util
+
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return None
+    import subprocess
 
     try:
-        return importlib.util.find_spec(m.group(1).split(".")[0]) is not None
-    except (ImportError, ValueError):
+        proc = subprocess.run([python, "-c", _FIND_SPEC, module], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
         return None
+    return {0: True, 1: False}.get(proc.returncode)
 
 
 def _opaque(text: str) -> str:

@@ -239,8 +239,12 @@ def detect_script(
     verl_root: Path | None = None,
     release: str | None = None,
     extra: list[str] | None = None,
+    cwd: Path | None = None,
+    python: str | None = None,
 ) -> Detection:
-    script = read_script(path, args=args, env=env, verl_root=verl_root, release=release, extra=extra)
+    script = read_script(
+        path, args=args, env=env, verl_root=verl_root, release=release, extra=extra, cwd=cwd, python=python
+    )
     own = {k: v for k, v in script.settings.items() if not v.source.startswith("verl default")}
     signals = _hint_signals(hint) + _mode_signals(replace(script, settings=own))  # what the script sets
     scores = {
@@ -250,6 +254,8 @@ def detect_script(
     mode = next(m for m in COLLECTION_MODES if scores[m] == best) if best > 0 else "unknown"
     train_backend, train_signals, notices = _train_backend(script)
     rollout_backend, rollout_signals = _rollout_backend(script)
+    if script.composed is not None and script.composed.searchpath_note:
+        notices.append(script.composed.searchpath_note)
     pairing: list[dict[str, Any]] = []
     if rollout_backend == "sglang":
         pairing, pairing_notices = sglang_pairing(script, mode)

@@ -13,6 +13,7 @@ reader of its launch in `launch/`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.errors import PatchError, RefusedError
@@ -86,6 +87,13 @@ def verl_tree_of(verl_root: Path | None, python: str | None) -> tuple[Path | Non
     return tree.root, str(tree.version)
 
 
+def _cwd_dependent(composed: Any) -> bool:
+    """Hydra refused for a folder it looked for relative to the working directory, not for an override."""
+    return bool(composed.unresolved_searchpath) or any(
+        "Primary config directory not found" in error for error in composed.errors
+    )
+
+
 def derive(
     script: Path,
     *,
@@ -105,6 +113,7 @@ def derive(
     sglang_version: str | None = None,
     vllm_ascend_version: str | None = None,
     vllm_version: str | None = None,
+    cwd: Path | None = None,
 ) -> tuple[Detection, Requirements, Path | None]:
     """Read `script` (composed with the verl tree named, if any) and work out what its `mode`
     collection run needs: (detection, requirements, the verl root composed with).
@@ -115,9 +124,24 @@ def derive(
     versions: dict[str, str | None] = {}
     root, versions["verl"] = verl_tree_of(verl_root, python)
     detection = detect_script(
-        script, hint, verl_root=root, release=versions["verl"], extra=list(sets), args=args, env=env
+        script,
+        hint,
+        verl_root=root,
+        release=versions["verl"],
+        extra=list(sets),
+        args=args,
+        env=env,
+        cwd=cwd,
+        python=python,
     )
     composed = detection.script.composed
+    if composed is not None and composed.errors and _cwd_dependent(composed):
+        raise RefusedError(
+            f"{script}: verl would not find its config run from {(cwd or Path.cwd()).absolute()}",
+            details=composed.errors,
+            hint="the script names its config relative to the directory it runs from: say where it runs with "
+            "--cwd DIR (the verl checkout), or pass --verl-root with the checkout holding the script",
+        )
     if composed is not None and composed.errors:
         raise RefusedError(
             f"{script}: verl would refuse this launch (Hydra cannot compose its overrides)",
@@ -153,4 +177,15 @@ def derive(
     )
     req = requirements(detection, mode, options)
     req.pinned = dict(env or {})
+    reading = detection.script.reading
+    for name, (value, where, keeps) in reading.probed.items():
+        if name in req.pinned:
+            continue
+        if keeps:
+            req.probes[name] = (value, where)
+        else:
+            req.notices.append(
+                f"{name}={value} ({where}) is an import probe answered by {reading.python}; bash asks the Python "
+                "on the machine that runs the script again, which may answer otherwise (derive with that --python)"
+            )
     return detection, req, root

@@ -54,6 +54,8 @@ class Requirements:
     configs: dict[str, str] = field(default_factory=dict)  # side -> config path the script uses
     fixes: list[str] = field(default_factory=list)  # `script` options that would make a refused run derivable
     pinned: dict[str, str] = field(default_factory=dict)  # the --env values the derivation assumed
+    # import probes the derivation answered (name -> (value, where)), pinned like --env
+    probes: dict[str, tuple[str, str]] = field(default_factory=dict)
     blocked: str = ""  # why no option makes this run collectable in this mode (e.g. a rollout without a dump)
     checks: list[ScriptCheck] = field(default_factory=list)  # what check-script adds about the environment
 
@@ -61,10 +63,15 @@ class Requirements:
         """The derived script's opening comment, then the environment it was derived with, exported before
         the user's own lines, so that bash runs what was checked (a variable the script reads, such as
         INFER_BACKEND, otherwise takes whatever value the shell that runs it has)."""
-        if not self.pinned:
-            return lines
-        pins = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in self.pinned.items())
-        return lines + "# rlprobe-patch: the environment this script was derived with (--env)\n" + pins
+        if self.pinned:
+            pins = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in self.pinned.items())
+            lines += "# rlprobe-patch: the environment this script was derived with (--env)\n" + pins
+        if self.probes:
+            pins = "".join(
+                f"export {name}={shlex.quote(value)}  # {where}\n" for name, (value, where) in self.probes.items()
+            )
+            lines += "# rlprobe-patch: the import probes' answers this script was derived with\n" + pins
+        return lines
 
     def add(self, key: str, value: Any, why: str, **kw: Any) -> None:
         self.settings = [r for r in self.settings if r.key != key]

@@ -1,0 +1,182 @@
+"""Acceptance (issue 29, items 1 and 3): derived scripts run what was checked, in every mode.
+
+For a deterministic sample of both shared corpora (every script that reads an import probe or
+`INFER_BACKEND`, and a fixed slice of the rest, chosen by a hash of the name), `script` derives in
+each mode the release has (consistency, inference; training from verl 0.8), with the `--python`
+that finds `torch_npu`, the `--env INFER_BACKEND=sglang` and neither in turn; a refusal's printed
+command is run as printed. Each derived script is then run by bash with the recording launchers of
+tests/script_oracle.py, with every launcher also recording the environment it starts with:
+
+- the launched overrides are the ones `script` printed as set or added (each key's last value on the
+  command line);
+- every value the derivation assumed is in force at the launch: the `--env` pins, the import
+  probes' answers (`DEVICE=npu`, answered by a `--python` that finds `torch_npu`, though the
+  recording `python3 -c` fails) and the switches `script` exports;
+- the rollout engine bash + Hydra launch is the one whose dump config was added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from omegaconf import OmegaConf
+from script_oracle import CORPORA, EXAMPLES, compose_config, corpus_truth, run_in_checkout, verl_root
+
+from rlprobe_patch.cli import main
+from rlprobe_patch.errors import ExitCode
+
+pytestmark = pytest.mark.skipif(not EXAMPLES.is_dir(), reason="no ../shared/upstream")
+
+# per corpus: scripts that read an import probe or INFER_BACKEND, then others, each by a hash of the name
+SAMPLE_CHOICE, SAMPLE_OTHERS = 5, 4
+NAMED = ("ppo_trainer/run_qwen3_8b_fsdp.sh",)  # issue 29's: a torch_npu probe, INFER_BACKEND, a critic
+CONFIGS = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json", "--training-config", "/d/t.json")
+DUMP_KEYS = {
+    "vllm": "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path",
+    "sglang": "actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config",
+}
+# Each launcher, a bash function exported to the derived script, records the environment it starts with.
+ENV_RECORD = "__ENV__"
+WRAPPER = """#!/bin/bash
+__record_env() {{ printf '%s\\0' {marker} {names} $'\\x1e' >> "$ORACLE_RECORD"; }}
+python3() {{ __record_env; command python3 "$@"; }}
+python() {{ __record_env; command python "$@"; }}
+ray() {{ __record_env; command ray "$@"; }}
+torchrun() {{ __record_env; command torchrun "$@"; }}
+export -f __record_env python3 python ray torchrun
+bash {script}
+"""
+
+
+def run(*args: str) -> tuple[int, dict[str, Any]]:
+    result = CliRunner().invoke(main, [*args, "--json"], catch_exceptions=False)
+    return result.exit_code, json.loads(result.stdout)
+
+
+def sample(corpus: str) -> list[Any]:
+    truths = [t for t in corpus_truth(corpus) if t.composes and t.main is not None and "ppo" in t.main.entry]
+    truths = [t for t in truths if t.main.facts["rollout_backend"] in ("vllm", "sglang")]  # type: ignore[union-attr]
+
+    def reads_choice(script: str) -> bool:
+        text = (EXAMPLES / corpus / "examples" / script).read_text()
+        return "python3 -c" in text or "INFER_BACKEND" in text
+
+    def by_hash(t: Any) -> tuple[bool, str]:
+        return t.script not in NAMED, hashlib.sha256(t.script.encode()).hexdigest()
+
+    chosen = sorted((t for t in truths if reads_choice(t.script)), key=by_hash)[:SAMPLE_CHOICE]
+    others = sorted((t for t in truths if not reads_choice(t.script)), key=by_hash)[:SAMPLE_OTHERS]
+    return chosen + others
+
+
+@pytest.fixture
+def npu_python(tmp_path: Path) -> str:
+    """An interpreter that finds `torch_npu` (an empty package on its path): the probe's answer is npu."""
+    (tmp_path / "npu" / "torch_npu").mkdir(parents=True)
+    (tmp_path / "npu" / "torch_npu" / "__init__.py").write_text("")
+    wrapper = tmp_path / "npu" / "python"
+    wrapper.write_text(f'#!/bin/bash\nPYTHONPATH={tmp_path / "npu"} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def derive(original: str, output: str, root: Path, mode: str, extra: list[str]) -> tuple[int, dict[str, Any]]:
+    args = ["script", original, "--mode", mode, "--verl-root", str(root), *CONFIGS, "-o", output, "--force", *extra]
+    code, out = run(*args)
+    if code == ExitCode.REFUSED and ", run: rlprobe-patch script " in out.get("hint", ""):
+        command = shlex.split(out["hint"].split(", run: ", 1)[1])  # the refusal's command, as printed
+        code, out = run(*command[1:])
+    return code, out
+
+
+def launched_env(calls: list[list[str]]) -> dict[str, str]:
+    """The environment recorded just before the verl launch (the last record before a `-m verl...` call)."""
+    env: dict[str, str] = {}
+    for argv in calls:
+        if argv and argv[0] == ENV_RECORD:
+            env = dict(item.split("=", 1) for item in argv[1:])
+        elif any(a.startswith("verl.") or "/verl/" in a for a in argv):
+            return env
+    return env
+
+
+@pytest.mark.parametrize("corpus", sorted(CORPORA))
+def test_derived_scripts_run_what_was_checked(
+    corpus: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, npu_python: str
+) -> None:
+    release = CORPORA[corpus]
+    root = verl_root(release)
+    repo = tmp_path / "verl"
+    shutil.copytree(EXAMPLES / corpus / "examples", repo / "examples", symlinks=True)
+    (repo / "verl").symlink_to(root / "verl")
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    modes = ["consistency", "inference"] + (["training"] if release >= "0.8" else [])
+    cases = sample(corpus)
+    problems: list[str] = []
+    counts = {"scripts": len(cases), "derived": 0, "probes pinned": 0, "env pinned": 0}
+    for truth in cases:
+        original = f"examples/{truth.script}"
+        text = (repo / original).read_text()
+        variants: list[list[str]] = []  # one per mode, in turn: the pins first, then the script as it is
+        if "python3 -c 'import torch_npu'" in text:
+            variants.append(["--python", npu_python])
+        if "INFER_BACKEND" in text:
+            variants.append(["--env", "INFER_BACKEND=sglang"])
+        variants.append([])
+        for index, mode in enumerate(modes):
+            for extra in [variants[index % len(variants)]]:
+                name = f"{truth.script} {mode} {' '.join(extra)}".strip()
+                output = "examples/derived.sh"
+                code, out = derive(original, output, root, mode, extra)
+                if code == ExitCode.REFUSED and not any("--set" in d or "GPU" in d for d in out.get("details", [])):
+                    continue  # refused for what no option changes (e.g. a stage this release lacks)
+                if code != ExitCode.OK:
+                    problems.append(f"{name}: exit {code}: {out.get('message')} {out.get('details')}")
+                    continue
+                counts["derived"] += 1
+                counts["probes pinned"] += bool(out["pinned_probes"])
+                counts["env pinned"] += bool(out["pinned_env"])
+                assumed = {**out["env"], **out["pinned_env"], **out["pinned_probes"]}
+                wrapper = repo / "wrapped.sh"
+                names = " ".join(f'"{n}=${{{n}-<unset>}}"' for n in assumed)
+                wrapper.write_text(WRAPPER.format(marker=ENV_RECORD, names=names, script=output))
+                recorded = run_in_checkout(repo, "wrapped.sh", root)
+                launch = recorded.main
+                if launch is None or launch.error:
+                    problems.append(f"{name}: the derived script does not compose: {launch and launch.error}")
+                    continue
+                last = {}
+                for arg in launch.args:
+                    key, eq, value = arg.lstrip("+").partition("=")
+                    if eq:
+                        last[key] = value
+                printed = {c["key"]: c["value"] for c in out["changes"] if c["action"] in ("set", "added")}
+                wrong = [
+                    f"{k}: printed {v!r}, launched {last.get(k)!r}" for k, v in printed.items() if last.get(k) != v
+                ]
+                env = launched_env(recorded.calls)
+                wrong += [
+                    f"${n}: assumed {v!r}, at launch {env.get(n)!r}" for n, v in assumed.items() if env.get(n) != v
+                ]
+                config = compose_config(launch.entry, launch.args, root, repo)
+                engine = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
+                if engine != out["rollout_backend"]:
+                    wrong.append(f"rollout {engine} launched, {out['rollout_backend']} derived")
+                if mode != "training" and OmegaConf.select(config, DUMP_KEYS[str(engine)]) != "/d/g.json":
+                    wrong.append(f"no dump config for the {engine} rollout launched")
+                if wrong:
+                    problems.append(f"{name}: {wrong}")
+    print(f"{corpus}: {counts}")
+    assert not problems, "\n".join(problems)
+    assert counts["derived"] >= len(cases), counts
+    if release >= "0.8":
+        assert counts["probes pinned"] and counts["env pinned"], counts
