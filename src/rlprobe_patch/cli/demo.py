@@ -63,17 +63,18 @@ def demo_cmd(
 
     if consistency:
         from rlprobe_patch.demo.consistency import run_consistency_demo
+        from rlprobe_patch.demo.vllm_consistency import run_vllm_demo
 
         if offline:
             raise UsageError("--offline does not go with --consistency (it needs verl, SGLang and msprobe)")
-        result = run_consistency_demo(
-            python=python,
-            workdir=workdir,
-            say=out.line,
-            progress=out.progress,
-            rollout=rollout,
-            vllm_python=vllm_python,
-        )
+        if rollout == "sglang-standin":
+            if vllm_python:
+                raise UsageError("--vllm-python goes with the vLLM rollout (--rollout vllm)")
+            result = run_consistency_demo(python=python, workdir=workdir, say=out.line, progress=out.progress)
+        else:
+            result = run_vllm_demo(
+                python=python, vllm_python=vllm_python, workdir=workdir, say=out.line, progress=out.progress
+            )
         out.emit(result)
         return int(ExitCode.OK if result["ok"] else ExitCode.VERIFY_FAILED)
     if python or vllm_python or rollout != "vllm":

@@ -1,4 +1,4 @@
-"""`rlprobe-patch demo --consistency`: the consistency chain end to end, on the CPU.
+"""`rlprobe-patch demo --consistency --rollout sglang-standin`: the consistency chain end to end, on the CPU,
 
 The same tiny Qwen2 (same weights, same prompts) on both sides of an RL run:
 
@@ -221,23 +221,6 @@ def check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str, 
     }
 
 
-def run_consistency_demo(
-    *,
-    python: str | None,
-    workdir: Path | None,
-    say: Callable[..., None],
-    progress: Callable[[str], None],
-    rollout: str = "vllm",
-    vllm_python: str | None = None,
-) -> dict[str, Any]:
-    """The demo with the real vLLM engine as the rollout side (`rollout="vllm"`), or the SGLang stand-in."""
-    if rollout == "sglang-standin":
-        return run_sglang_standin_demo(python=python, workdir=workdir, say=say, progress=progress)
-    from rlprobe_patch.demo.vllm_consistency import run_vllm_demo
-
-    return run_vllm_demo(python=python, vllm_python=vllm_python, workdir=workdir, say=say, progress=progress)
-
-
 def prepare(
     python: str | None, workdir: Path | None, say: Callable[..., None], progress: Callable[[str], None]
 ) -> tuple[Path, Path, Path]:
@@ -272,7 +255,7 @@ def refuse_patched(state: Path, python: Path, what: str) -> None:
         )
 
 
-def run_sglang_standin_demo(
+def run_consistency_demo(
     *,
     python: str | None,
     workdir: Path | None,
