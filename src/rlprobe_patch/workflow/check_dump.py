@@ -497,6 +497,73 @@ def _forward_steps(
     return found
 
 
+# vLLM's module tree against transformers' (what verl's FSDP engine runs): the modules whose output
+# means the same on both sides, by path under the model (vLLM fuses q/k/v and gate/up, and its
+# decoder layers and fused-add norms return (hidden, residual) where transformers adds the residual:
+# those have no counterpart and stay unmatched). vLLM's rows are [tokens, ...] where a micro-batch
+# of one sequence is [1, tokens, ...]: the compare views the actor's rows without that leading 1.
+_VLLM_SAME_AS_HF = re.compile(
+    r"^Module\.model\.(embed_tokens|norm|layers\.\d+\.(input_layernorm|post_attention_layernorm|self_attn|"
+    r"self_attn\.o_proj|mlp|mlp\.down_proj))\.[A-Za-z0-9_]+\.forward\.(\d+)$"
+)
+_VLLM_CLASSES = ("VocabParallelEmbedding", "RowParallelLinear", "QKVParallelLinear", "MergedColumnParallelLinear")
+
+
+def _rows(data: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """A dump.json's tensor rows: msprobe's row name -> (module key, the tensor's entry), for output.0
+    and the parameters."""
+    rows: dict[str, tuple[str, dict[str, Any]]] = {}
+    for key, entry in data.items():
+        if not isinstance(entry, dict):
+            continue
+        outputs = entry.get("output")
+        if isinstance(outputs, list) and outputs and isinstance(outputs[0], dict):
+            rows[f"{key}.output.0"] = (key, outputs[0])
+        for pname, param in (entry.get("parameters") or {}).items():
+            if isinstance(param, dict):
+                rows[f"{key}.parameters.{pname}"] = (key, param)
+    return rows
+
+
+def vllm_module_mapping(actor: dict[str, Any], generate: dict[str, Any]) -> dict[str, Any]:
+    """msprobe's `data_mapping` (actor row name -> vLLM row name) for a vLLM dump against an actor dump
+    of transformers' modules, and the rows left out with why; empty when the generate side is not vLLM's
+    module tree (the names then match as they are)."""
+    if not any(cls in key for key in generate for cls in _VLLM_CLASSES):
+        return {}
+
+    def index(data: dict[str, Any]) -> dict[tuple[str, int, str], tuple[str, dict[str, Any]]]:
+        found = {}
+        for row, (key, tensor) in _rows(data).items():
+            match = _VLLM_SAME_AS_HF.match(key)
+            if match:
+                found[(match.group(1), int(match.group(3)), row[len(key) + 1 :])] = (row, tensor)
+        return found
+
+    gen = index(generate)
+    mapping: dict[str, str] = {}
+    left_out: dict[str, str] = {}
+    for slot, (row, tensor) in sorted(index(actor).items()):
+        other = gen.get(slot)
+        if other is None:
+            continue
+        bench, bench_tensor = other
+        shape, bench_shape = tensor.get("shape"), bench_tensor.get("shape")
+        if shape is not None and bench_shape is not None and list(bench_shape) not in (list(shape), list(shape)[1:]):
+            # vLLM on the CPU packs its linear weights for oneDNN and leaves an empty `weight` ([0])
+            left_out[row] = f"shape {shape} vs vLLM's {bench_shape} ({bench})"
+            continue
+        grads = tensor.get("requires_grad"), bench_tensor.get("requires_grad")
+        if ".parameters." in row and None not in grads and grads[0] != grads[1]:
+            # msprobe fails a row whose requires_grad differs: a trained parameter against an inference one
+            left_out[row] = (
+                f"requires_grad {grads[0]} vs vLLM's {grads[1]} ({bench}): a training against an inference parameter"
+            )
+            continue
+        mapping[row] = bench
+    return {"data_mapping": mapping, "left_out": left_out}
+
+
 _COMPARE = r"""
 import json, sys, io, contextlib, os
 from msprobe.pytorch.compare.pt_compare import pt_compare
@@ -537,17 +604,61 @@ def verdict(out, files):
         return {"agree": None, "verdict_error": f"{type(exc).__name__}: {exc}"}
 
 
+def flat_view(dump, folder, mapping):
+    # The actor dump as vLLM lays out a step: the tensors of the mapped modules (inputs, outputs) of a
+    # one-sequence micro-batch without their leading [1, ...] (values, dtypes, statistics untouched);
+    # the tensors are copies, the actor's dump stays as it is.
+    import torch
+    with open(dump) as f:
+        doc = json.load(f)
+    modules = {row.split(".parameters.")[0].rsplit(".output.", 1)[0] for row in mapping}
+    src = os.path.join(os.path.dirname(dump), "dump_tensor_data")
+    dst = os.path.join(folder, "dump_tensor_data")
+    os.makedirs(dst, exist_ok=True)
+
+    def walk(node, flatten):
+        if isinstance(node, dict) and node.get("data_name"):
+            name = node["data_name"]
+            if not os.path.isfile(os.path.join(src, name)):
+                return
+            value = torch.load(os.path.join(src, name), weights_only=True)
+            shape = node.get("shape") or []
+            if flatten and len(shape) > 1 and shape[0] == 1:
+                value = value.squeeze(0)
+                node["shape"] = list(shape[1:])
+            torch.save(value, os.path.join(dst, name))
+        elif isinstance(node, dict):
+            for value in node.values():
+                walk(value, flatten)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, flatten)
+
+    for key, entry in doc["data"].items():
+        for part, value in entry.items():
+            walk(value, key in modules and part != "parameters")
+    path = os.path.join(folder, "dump.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
 results = []
 for pair in pairs:
     out = pair["output"]
     os.makedirs(out, exist_ok=True)
     buf = io.StringIO()
     try:
+        actor = pair["actor"]
+        mapping = pair.get("data_mapping") or {}
+        if mapping:
+            actor = flat_view(actor, pair["view"], mapping)
         with contextlib.redirect_stdout(buf):
-            pt_compare({"npu_path": pair["actor"], "bench_path": pair["generate"],
-                        "is_print_compare_log": False}, out)
+            pt_compare({"npu_path": actor, "bench_path": pair["generate"],
+                        "is_print_compare_log": False}, out, **({"data_mapping": mapping} if mapping else {}))
         files = sorted(f for f in os.listdir(out) if f.endswith((".csv", ".xlsx")))
-        results.append({"ok": bool(files), "output": out, "files": files, **verdict(out, files)})
+        results.append({"ok": bool(files), "output": out, "files": files, "mapped_rows": len(mapping),
+                        **verdict(out, files)})
     except BaseException as exc:
         results.append({"ok": False, "output": out, "error": f"{type(exc).__name__}: {exc}",
                         "log": buf.getvalue().splitlines()[-5:]})
@@ -558,20 +669,42 @@ print(json.dumps(results))
 def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[dict[str, Any]]:
     """msprobe's own compare (actor = target, generate = golden) on each pair, in `python`."""
     jobs = []
+    left_out: list[dict[str, str]] = []
     for index, pair in enumerate(report.pairs):
         name = f"{index:03d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', pair['request_id'])}"
-        jobs.append(
-            {"actor": pair["actor"]["dump"], "generate": pair["generate"]["dump"], "output": str(output / name)}
-        )
+        job: dict[str, Any] = {
+            "actor": pair["actor"]["dump"],
+            "generate": pair["generate"]["dump"],
+            "output": str(output / name),
+        }
+        mapped = _mapping_for(Path(job["actor"]), Path(job["generate"]))
+        if mapped:
+            job["data_mapping"] = mapped["data_mapping"]
+            # beside the compare output, not in it (`report` reads that folder)
+            job["view"] = str(output.parent / f"{output.name}.actor-views" / name)
+        left_out.append(mapped.get("left_out", {}))
+        jobs.append(job)
     proc = run_python(python, _COMPARE, json.dumps(jobs), timeout=1800)
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("["):
             results: list[dict[str, Any]] = json.loads(line)
-            for pair, result in zip(report.pairs, results):
+            for pair, result, skipped in zip(report.pairs, results, left_out):
+                if skipped:
+                    result["left_out"] = skipped
                 pair["compare"] = result
             return results
     last_json(proc, "msprobe compare")  # raises with the stderr tail
     return []
+
+
+def _mapping_for(actor: Path, generate: Path) -> dict[str, Any]:
+    """The vLLM-to-transformers row mapping of one pair (module_mapping), {} when the names match as they are."""
+    try:
+        actor_data = json.loads(actor.read_text(encoding="utf-8")).get("data") or {}
+        generate_data = json.loads(generate.read_text(encoding="utf-8")).get("data") or {}
+    except (OSError, ValueError):
+        return {}  # msprobe's compare says what is wrong with the file
+    return vllm_module_mapping(actor_data, generate_data)
 
 
 def judge_compare(report: DumpReport, results: list[dict[str, Any]]) -> CompareVerdict:

