@@ -26,13 +26,23 @@ from rlprobe_patch.fsio import atomic_write
 
 
 def _plain(value: Any) -> Any:
+    kind = type(value)  # exact types first: the report holds tens of thousands of values
+    if kind is dict:
+        return {k: _plain(v) for k, v in value.items() if not (type(k) is str and k[:1] == "_")}
+    if kind is list:
+        return [v if type(v) in _LEAVES else _plain(v) for v in value]
+    if kind in _LEAVES:
+        return value
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else str(value)
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if not k.startswith("_")}
+        return {k: _plain(v) for k, v in value.items() if not str(k).startswith("_")}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+_LEAVES = (str, int, bool, type(None))  # not float: a float may be NaN or infinite
 
 
 def to_json(report: dict[str, Any]) -> dict[str, Any]:
