@@ -130,7 +130,13 @@ def test_loop_overriding_engines_are_named(real_tree) -> None:
     assert "MegatronEngine" not in notices  # the Megatron backend has its own patch
 
 
-CONSISTENCY_SET = {"verl.prompts-only", "verl.debug-metrics", "verl.rollout-correction", "verl.request-id"}
+CONSISTENCY_SET = {
+    "verl.prompts-only",
+    "verl.debug-metrics",
+    "verl.rollout-correction",
+    "verl.request-id",
+    "verl.logprob-capture",
+}
 
 
 def not_for(version: str) -> set[str]:
