@@ -62,7 +62,14 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     assert code == ExitCode.OK, out
     applied = {p["id"] for p in out["patches"] if p["state"] == "applicable"}
     hook = "verl.legacy-fsdp-workers" if version.startswith("0.7") else "verl.fsdp-engine"  # the auto worker path
-    assert applied == {hook, "verl.prompts-only", "verl.debug-metrics", "verl.rollout-correction", "verl.request-id"}
+    assert applied == {
+        hook,
+        "verl.prompts-only",
+        "verl.debug-metrics",
+        "verl.rollout-correction",
+        "verl.request-id",
+        "verl.logprob-capture",
+    }
     code, out = cli_json("verify", "--python", python)
     assert code == ExitCode.OK, [c for t in out["trees"] for c in t["checks"] if not c["ok"]]
 
