@@ -25,6 +25,7 @@ from rlprobe_patch.report.metrics import (
     tokens_offpolicy_metrics,
     tokens_per_request,
 )
+from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
 
 REPORT_FORMAT = "rlprobe-report"
 REPORT_VERSION = 1
@@ -80,8 +81,6 @@ def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], l
     batches = [read_capture(p) for p in inputs.captures]
     notes: list[str] = []
     if inputs.slime:
-        from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
-
         slime_batches, notes = join_slime(read_slime_files(inputs.slime, python))
         batches += slime_batches
     pairs = [read_compare_csv(p) for p in inputs.compares]
