@@ -199,6 +199,9 @@ def test_compare_runs_msprobe_on_each_pair(dumps: Path, tmp_path: Path) -> None:
         assert result["ok"] and result["files"], result
         csv = Path(result["output"]) / result["files"][0]
         assert "Module." in csv.read_text()  # msprobe's per-module rows
+        # statistics mode (no Cosine column): msprobe's own Result per row still gives a verdict
+        assert result["mode"] == "statistics" and result["agree"] is True and result["matched"] > 0, result
+        assert set(result["last_output"]) == {"name", "result", "max_diff"}, result
 
 
 def test_strip_vllm_suffix() -> None:

@@ -580,14 +580,17 @@ def verdict(out, files):
         bench = table["Bench Name"].astype(str)
         matched = table[table["Bench Name"].notna() & ~bench.isin(["N/A", "nan", ""])]
         results = matched["Result"].astype(str).str.lower()
-        try:  # and msprobe's accuracy rule on Cosine and MaxAbsErr (its "Accuracy Reached or Not")
+        accuracy = pd.Series([None] * len(matched), index=matched.index, dtype=object)
+        tensor_mode = "Cosine" in table.columns  # statistics mode: Max/Min/Mean/L2norm diff, no cosine
+        try:  # tensor mode: msprobe's accuracy rule on Cosine and MaxAbsErr (its "Accuracy Reached or Not")
             from msprobe.core.compare.multiprocessing_compute import check_accuracy
-            numeric = pd.to_numeric(matched["Cosine"], errors="coerce").notna()
-            accuracy = matched["Cosine"].where(~numeric, None).astype(object)
-            for index in matched.index[numeric]:
-                accuracy[index] = check_accuracy(matched.at[index, "Cosine"], matched.at[index, "MaxAbsErr"])
+            if tensor_mode:
+                numeric = pd.to_numeric(matched["Cosine"], errors="coerce").notna()
+                accuracy = matched["Cosine"].where(~numeric, None).astype(object)
+                for index in matched.index[numeric]:
+                    accuracy[index] = check_accuracy(matched.at[index, "Cosine"], matched.at[index, "MaxAbsErr"])
         except ImportError:
-            accuracy = pd.Series([None] * len(matched), index=matched.index, dtype=object)
+            pass
         bad = matched[results.isin(["warning", "error"]) | (accuracy == "No")]
         last = matched[matched["NPU Name"].astype(str).str.contains(r"\.output\.", regex=True)].tail(1)
         return {
@@ -596,9 +599,10 @@ def verdict(out, files):
             "accuracy_reached": {k: int(v) for k, v in accuracy[accuracy.isin(["Yes", "No"])].value_counts().items()},
             "agree": bool(len(matched)) and bad.empty,
             "mismatched": [str(n) for n in bad["NPU Name"].head(10)],
-            "last_output": {"name": str(last["NPU Name"].iloc[0]), "cosine": str(last["Cosine"].iloc[0]),
-                            "max_abs_err": str(last["MaxAbsErr"].iloc[0]),
-                            "result": str(last["Result"].iloc[0])} if len(last) else None,
+            "mode": "tensor" if tensor_mode else "statistics",
+            "last_output": {"name": str(last["NPU Name"].iloc[0]), "result": str(last["Result"].iloc[0]),
+                            **({"cosine": str(last["Cosine"].iloc[0]), "max_abs_err": str(last["MaxAbsErr"].iloc[0])}
+                               if tensor_mode else {"max_diff": str(last["Max diff"].iloc[0])})} if len(last) else None,
         }
     except Exception as exc:  # an older msprobe's columns: the files are still there
         return {"agree": None, "verdict_error": f"{type(exc).__name__}: {exc}"}
