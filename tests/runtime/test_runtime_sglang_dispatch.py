@@ -217,8 +217,12 @@ def test_check_dump_pairs_sglang_prefills_with_actor_steps(
         "check-dump", "--actor", actor_dump, "--generate", generate, "--compare", "--compare-output",
         tmp_path / "cmp", "--python", python,
     )  # fmt: skip
-    assert code == ExitCode.OK, out["problems"]
+    # The two sides are different models (the actor's and this stand-in's), so msprobe's own verdict is
+    # that each pair disagrees, and a disagreement exits 4.
     assert len(out["pairs"]) == 2 and all(p["compare"]["ok"] and p["compare"]["files"] for p in out["pairs"])
+    assert code == ExitCode.VERIFY_FAILED, out["problems"]
+    assert [p["compare"]["agree"] for p in out["pairs"]] == [False, False]
+    assert sorted(p.split(" (")[0] for p in out["problems"]) == ["msprobe: req-0 DISAGREES", "msprobe: req-1 DISAGREES"]
 
 
 def test_check_dump_lists_what_cannot_pair(python: Path, patched, actor_dump: Path, tmp_path: Path) -> None:
