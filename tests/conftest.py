@@ -12,6 +12,7 @@ markers say another folder, or a test file at tests/ itself, fails to collect.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import zipfile
@@ -31,6 +32,11 @@ from rlprobe_patch.launch.hydra_compose import Arg
 
 # Helper modules beside this file whose asserts pytest explains as it does a test's.
 pytest.register_assert_rewrite("partial_compare", "patched_bytes")
+
+# One download cache for the session, fixed before any test gives the tool a scratch HOME: the
+# wheels, venvs and the oracle's corpus truth stay where they are (a corpus truth recomputed in a
+# scratch HOME costs a minute and more, and its verl wheel is downloaded again).
+os.environ.setdefault("RLPROBE_TEST_CACHE", str(matrix.cache_dir()))
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

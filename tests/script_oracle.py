@@ -147,8 +147,12 @@ def run_script(corpus: str, script: Path, root: Path) -> Truth:
     return truth
 
 
-def run_in_checkout(checkout: Path, rel: str, root: Path) -> Truth:
-    """bash `rel` from the root of `checkout` (a folder holding `examples/` and `verl/`), launchers recorded."""
+def run_in_checkout(checkout: Path, rel: str, root: Path, configs: list[Any] | None = None) -> Truth:
+    """bash `rel` from the root of `checkout` (a folder holding `examples/` and `verl/`), launchers recorded.
+
+    `configs`, when given, receives the composed config of each launch that composes (in the
+    order of `Truth.launches`; None for one that does not), for checks on any key without a
+    second compose."""
     with tempfile.TemporaryDirectory(prefix="oracle-run-") as tmp:
         work = Path(tmp)
         home, bin_dir = work / "home", work / "bin"
@@ -174,7 +178,12 @@ def run_in_checkout(checkout: Path, rel: str, root: Path) -> Truth:
             exit_code, stderr = None, "timed out"
         calls = _read_record(record.read_bytes())
         with _HYDRA:
-            launches = [_compose(entry, args, root, checkout) for entry, args in _verl_launches(calls, root)]
+            launches = []
+            for entry, args in _verl_launches(calls, root):
+                holder: list[Any] = []
+                launches.append(_compose(entry, args, root, checkout, keep=holder))
+                if configs is not None:
+                    configs.append(holder[0] if holder else None)
     tail = "\n".join(stderr.splitlines()[-5:]).replace(tmp, "/oracle-tmp")
     return Truth(rel, exit_code, _untmp(calls, tmp), _untmp_launches(launches, tmp), tail)
 

@@ -1,18 +1,26 @@
 """Acceptance (issue 29, items 1 and 3): derived scripts run what was checked, in every mode.
 
-For a deterministic sample of both shared corpora (every script that reads an import probe or
-`INFER_BACKEND`, and a fixed slice of the rest, chosen by a hash of the name), `script` derives in
-each mode the release has (consistency, inference; training from verl 0.8), with the `--python`
-that finds `torch_npu`, the `--env INFER_BACKEND=sglang` and neither in turn; a refusal's printed
-command is run as printed. Each derived script is then run by bash with the recording launchers of
-tests/script_oracle.py, with every launcher also recording the environment it starts with:
+The scripts swept: those of both shared corpora that launch a PPO trainer with a vLLM or SGLang
+rollout (and compose as they are). In inference mode every one of them; in consistency and
+training mode (from verl 0.8) every one that reads an import probe or `INFER_BACKEND`, and a fixed
+sample of the rest (by a hash of the name). Every script is derived in those two modes by
+tests/real/test_script_corpus_derive.py (consistency) and, per kind of run, by
+tests/real/test_script_corpus_training.py (training), which check the printed overrides against
+the launch as well; a derivation costs about two Hydra composes, so the sweep does not repeat them.
+
+A script that reads a choice is derived once per choice in each mode: with the `--python` that
+finds `torch_npu`, with `--env INFER_BACKEND=sglang`, and with neither. A refusal's printed command
+is run as printed. Each derived script is then run by bash with the recording launchers of
+tests/script_oracle.py, every launcher also recording the environment it starts with:
 
 - the launched overrides are the ones `script` printed as set or added (each key's last value on the
   command line);
 - every value the derivation assumed is in force at the launch: the `--env` pins, the import
   probes' answers (`DEVICE=npu`, answered by a `--python` that finds `torch_npu`, though the
-  recording `python3 -c` fails) and the switches `script` exports;
+  recording `python3 -c` fails) and the switches `script` exports; a pin asked for is reported;
 - the rollout engine bash + Hydra launch is the one whose dump config was added.
+
+Inference mode's scripts are split into shards, so that pytest-xdist spreads them over its workers.
 """
 
 from __future__ import annotations
@@ -28,16 +36,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from omegaconf import OmegaConf
-from script_oracle import CORPORA, EXAMPLES, compose_config, corpus_truth, run_in_checkout, verl_root
+from script_oracle import CORPORA, EXAMPLES, corpus_truth, run_in_checkout, verl_root
 
 from rlprobe_patch.cli import main
 from rlprobe_patch.errors import ExitCode
 
 pytestmark = pytest.mark.skipif(not EXAMPLES.is_dir(), reason="no ../shared/upstream")
 
-# per corpus: scripts that read an import probe or INFER_BACKEND, then others, each by a hash of the name
-SAMPLE_CHOICE, SAMPLE_OTHERS = 5, 4
-NAMED = ("ppo_trainer/run_qwen3_8b_fsdp.sh",)  # issue 29's: a torch_npu probe, INFER_BACKEND, a critic
+SHARDS = 3  # inference mode, per corpus
+SAMPLE_OTHERS = 4  # consistency and training: scripts that read no choice, per corpus
 CONFIGS = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json", "--training-config", "/d/t.json")
 DUMP_KEYS = {
     "vllm": "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path",
@@ -61,20 +68,32 @@ def run(*args: str) -> tuple[int, dict[str, Any]]:
     return result.exit_code, json.loads(result.stdout)
 
 
-def sample(corpus: str) -> list[Any]:
+def modes(release: str) -> list[str]:
+    return ["consistency", "inference"] + (["training"] if release >= "0.8" else [])
+
+
+def reads_choice(corpus: str, script: str) -> bool:
+    text = (EXAMPLES / corpus / "examples" / script).read_text()
+    return "python3 -c" in text or "INFER_BACKEND" in text
+
+
+def swept(corpus: str, mode: str) -> list[Any]:
+    """The scripts swept in `mode` (the module's docstring says which)."""
     truths = [t for t in corpus_truth(corpus) if t.composes and t.main is not None and "ppo" in t.main.entry]
     truths = [t for t in truths if t.main.facts["rollout_backend"] in ("vllm", "sglang")]  # type: ignore[union-attr]
+    if mode == "inference":
+        return sorted(truths, key=lambda t: t.script)
+    others = [t for t in truths if not reads_choice(corpus, t.script)]
+    sample = sorted(others, key=lambda t: hashlib.sha256(t.script.encode()).hexdigest())[:SAMPLE_OTHERS]
+    return sorted([t for t in truths if reads_choice(corpus, t.script)] + sample, key=lambda t: t.script)
 
-    def reads_choice(script: str) -> bool:
-        text = (EXAMPLES / corpus / "examples" / script).read_text()
-        return "python3 -c" in text or "INFER_BACKEND" in text
 
-    def by_hash(t: Any) -> tuple[bool, str]:
-        return t.script not in NAMED, hashlib.sha256(t.script.encode()).hexdigest()
-
-    chosen = sorted((t for t in truths if reads_choice(t.script)), key=by_hash)[:SAMPLE_CHOICE]
-    others = sorted((t for t in truths if not reads_choice(t.script)), key=by_hash)[:SAMPLE_OTHERS]
-    return chosen + others
+CASES = [
+    pytest.param(corpus, mode, shard, id=f"{corpus}-{mode}-{shard}")
+    for corpus, release in sorted(CORPORA.items())
+    for mode in modes(release)
+    for shard in range(SHARDS if mode == "inference" else 1)
+]
 
 
 @pytest.fixture
@@ -108,75 +127,76 @@ def launched_env(calls: list[list[str]]) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("corpus", sorted(CORPORA))
+@pytest.mark.parametrize(("corpus", "mode", "shard"), CASES)
 def test_derived_scripts_run_what_was_checked(
-    corpus: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, npu_python: str
+    corpus: str, mode: str, shard: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, npu_python: str
 ) -> None:
     release = CORPORA[corpus]
+    cases = swept(corpus, mode)[shard :: SHARDS if mode == "inference" else 1]
     root = verl_root(release)
     repo = tmp_path / "verl"
     shutil.copytree(EXAMPLES / corpus / "examples", repo / "examples", symlinks=True)
     (repo / "verl").symlink_to(root / "verl")
     monkeypatch.chdir(repo)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    modes = ["consistency", "inference"] + (["training"] if release >= "0.8" else [])
-    cases = sample(corpus)
     problems: list[str] = []
-    counts = {"scripts": len(cases), "derived": 0, "probes pinned": 0, "env pinned": 0}
+    counts = {"scripts": len(cases), "derivations": 0, "derived": 0, "refused": 0, "pins": 0}
     for truth in cases:
         original = f"examples/{truth.script}"
         text = (repo / original).read_text()
-        variants: list[list[str]] = []  # one per mode, in turn: the pins first, then the script as it is
+        variants: list[list[str]] = [[]]  # the script as it is, then once per choice it reads
         if "python3 -c 'import torch_npu'" in text:
             variants.append(["--python", npu_python])
         if "INFER_BACKEND" in text:
             variants.append(["--env", "INFER_BACKEND=sglang"])
-        variants.append([])
-        for index, mode in enumerate(modes):
-            for extra in [variants[index % len(variants)]]:
-                name = f"{truth.script} {mode} {' '.join(extra)}".strip()
-                output = "examples/derived.sh"
-                code, out = derive(original, output, root, mode, extra)
-                if code == ExitCode.REFUSED and not any("--set" in d or "GPU" in d for d in out.get("details", [])):
-                    continue  # refused for what no option changes (e.g. a stage this release lacks)
-                if code != ExitCode.OK:
-                    problems.append(f"{name}: exit {code}: {out.get('message')} {out.get('details')}")
-                    continue
-                counts["derived"] += 1
-                counts["probes pinned"] += bool(out["pinned_probes"])
-                counts["env pinned"] += bool(out["pinned_env"])
-                assumed = {**out["env"], **out["pinned_env"], **out["pinned_probes"]}
-                wrapper = repo / "wrapped.sh"
-                names = " ".join(f'"{n}=${{{n}-<unset>}}"' for n in assumed)
-                wrapper.write_text(WRAPPER.format(marker=ENV_RECORD, names=names, script=output))
-                recorded = run_in_checkout(repo, "wrapped.sh", root)
-                launch = recorded.main
-                if launch is None or launch.error:
-                    problems.append(f"{name}: the derived script does not compose: {launch and launch.error}")
-                    continue
-                last = {}
-                for arg in launch.args:
-                    key, eq, value = arg.lstrip("+").partition("=")
-                    if eq:
-                        last[key] = value
-                printed = {c["key"]: c["value"] for c in out["changes"] if c["action"] in ("set", "added")}
-                wrong = [
-                    f"{k}: printed {v!r}, launched {last.get(k)!r}" for k, v in printed.items() if last.get(k) != v
-                ]
-                env = launched_env(recorded.calls)
-                wrong += [
-                    f"${n}: assumed {v!r}, at launch {env.get(n)!r}" for n, v in assumed.items() if env.get(n) != v
-                ]
-                config = compose_config(launch.entry, launch.args, root, repo)
-                engine = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
-                if engine != out["rollout_backend"]:
-                    wrong.append(f"rollout {engine} launched, {out['rollout_backend']} derived")
-                if mode != "training" and OmegaConf.select(config, DUMP_KEYS[str(engine)]) != "/d/g.json":
-                    wrong.append(f"no dump config for the {engine} rollout launched")
-                if wrong:
-                    problems.append(f"{name}: {wrong}")
-    print(f"{corpus}: {counts}")
+        for extra in variants:
+            name = f"{truth.script} {mode} {' '.join(extra)}".strip()
+            output = "examples/derived.sh"
+            counts["derivations"] += 1
+            code, out = derive(original, output, root, mode, extra)
+            if code == ExitCode.REFUSED and not any("--set" in d or "GPU" in d for d in out.get("details", [])):
+                counts["refused"] += 1  # refused for what no option changes (e.g. a stage this release lacks)
+                continue
+            if code != ExitCode.OK:
+                problems.append(f"{name}: exit {code}: {out.get('message')} {out.get('details')}")
+                continue
+            counts["derived"] += 1
+            wrong: list[str] = []
+            if extra[:1] == ["--env"] and not out["pinned_env"]:
+                wrong.append(f"{extra[1]} asked for, no pinned_env reported")
+            if extra[:1] == ["--python"] and not out["pinned_probes"]:
+                wrong.append("the import probe's answer is not pinned")
+            counts["pins"] += bool(out["pinned_env"] or out["pinned_probes"])
+            assumed = {**out["env"], **out["pinned_env"], **out["pinned_probes"]}
+            wrapper = repo / "wrapped.sh"
+            names = " ".join(f'"{n}=${{{n}-<unset>}}"' for n in assumed)
+            wrapper.write_text(WRAPPER.format(marker=ENV_RECORD, names=names, script=output))
+            configs: list[Any] = []
+            recorded = run_in_checkout(repo, "wrapped.sh", root, configs)
+            launch = recorded.main
+            if launch is None or launch.error:
+                problems.append(f"{name}: the derived script does not compose: {launch and launch.error}")
+                continue
+            last = {}
+            for arg in launch.args:
+                key, eq, value = arg.lstrip("+").partition("=")
+                if eq:
+                    last[key] = value
+            printed = {c["key"]: c["value"] for c in out["changes"] if c["action"] in ("set", "added")}
+            wrong += [f"{k}: printed {v!r}, launched {last.get(k)!r}" for k, v in printed.items() if last.get(k) != v]
+            env = launched_env(recorded.calls)
+            wrong += [f"${n}: assumed {v!r}, at launch {env.get(n)!r}" for n, v in assumed.items() if env.get(n) != v]
+            config = configs[recorded.launches.index(launch)]
+            engine = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
+            if engine != out["rollout_backend"]:
+                wrong.append(f"rollout {engine} launched, {out['rollout_backend']} derived")
+            if mode != "training" and OmegaConf.select(config, DUMP_KEYS[str(engine)]) != "/d/g.json":
+                wrong.append(f"no dump config for the {engine} rollout launched")
+            if wrong:
+                problems.append(f"{name}: {wrong}")
+    print(f"{corpus} {mode} shard {shard}: {counts}")
+    assert cases, f"no script of {corpus} in shard {shard}"
     assert not problems, "\n".join(problems)
-    assert counts["derived"] >= len(cases), counts
-    if release >= "0.8":
-        assert counts["probes pinned"] and counts["env pinned"], counts
+    # Refused only for what no option changes, and never most of them: the sweep checks derivations.
+    assert counts["derived"] + counts["refused"] == counts["derivations"], counts
+    assert counts["derived"] > counts["refused"], counts
