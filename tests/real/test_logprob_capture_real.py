@@ -65,3 +65,25 @@ def test_logprob_capture_refused_before_debug_metrics(real_tree, version: str) -
     assert code == ExitCode.REFUSED, out
     assert "has no calculate_debug_metrics" in " ".join(out["details"])
     assert not (root / ".rlprobe-patch").exists()
+
+
+@pytest.mark.parametrize("version", [v for v in SUPPORTED if Version(v) >= Version("0.9.0")])
+def test_v1_capture_reads_fields_the_release_stores(real_tree, version: str) -> None:
+    """The V1 capture reads `extra_fields`, `index` and `raw_prompt` from TransferQueue: each row the
+    release's agent loop stores is `AgentLoopOutput.as_dict()` (its `extra_fields`, where
+    `verl.request-id` keeps the request id) updated with the prompt's kwargs (RLHFDataset's `index`
+    and `raw_prompt`). The trainer imports TransferQueue already: the capture's import is a lookup."""
+    root = real_tree(version)
+    agent_loop = (root / "verl/trainer/ppo/v1/agent_loop_tq.py").read_text()
+    assert "field = output.as_dict()" in agent_loop and "field.update(kwargs)" in agent_loop
+    assert '"extra_fields"' in (root / "verl/experimental/agent_loop/agent_loop.py").read_text()
+    dataset = (root / "verl/utils/dataset/rl_dataset.py").read_text()
+    assert 'row_dict["index"] = ' in dataset and 'row_dict["raw_prompt"] = ' in dataset
+    assert "import transfer_queue as tq" in (root / V1).read_text()
+
+    code, out = cli_json("apply", "--verl-root", root, "--backend", "fsdp", "--mode", "consistency")
+    assert code == ExitCode.OK, out
+    trainer = (root / V1).read_text()
+    assert "_RlprobeLogprobCapture()._rlprobe_capture_kv_logprobs(self, batch, data)" in trainer
+    assert '("extra_fields", "index", "raw_prompt")' in trainer
+    assert 'extra_fields["request_id"] = vllm_request_id' in (root / "verl/workers/rollout/llm_server.py").read_text()

@@ -1,10 +1,10 @@
 """Runs in the verl test venv: `verl.logprob-capture`'s inserted code, taken from the patched
-`ray_trainer.py` and `v1/trainer_base.py`, on verl's own `DataProto` with real torch tensors.
+`ray_trainer.py` (the V0 trainer), on verl's own `DataProto` with real torch tensors.
 
-Real: verl (its `DataProto`, `pad_dataproto_to_divisor`, `calculate_debug_metrics`), torch, numpy;
-the inserted class `_RlprobeLogprobCapture` and the hook lines as the patch wrote them into the
-installed files. Stand-ins: the trainer object (`global_steps`, `config`) and, for the V1 path,
-the `KVBatchMeta` (its `tags`, as verl writes them, with `is_padding` on verl's padding rows).
+Real: verl (its `DataProto`, `calculate_debug_metrics`), torch, numpy; the inserted class
+`_RlprobeLogprobCapture` and the hook line as the patch wrote them into the installed file.
+Stand-in: the trainer object (`global_steps`, `config`). The V1 trainer's capture runs against a
+real TransferQueue: tests/runtime/logprob_capture_tq_driver.py.
 Writes `result.json` and the captures under `--out`.
 """
 
@@ -73,7 +73,6 @@ def make_batch(rows: int, prompt: int, width: int, seed: int) -> Any:
 
 
 def run(out: Path) -> dict[str, Any]:
-    from verl.protocol import pad_dataproto_to_divisor
     from verl.utils.debug.metrics import calculate_debug_metrics
 
     result: dict[str, Any] = {}
@@ -93,20 +92,6 @@ def run(out: Path) -> dict[str, Any]:
         batch = make_batch(rows, prompt=6, width=8, seed=step)
         result[f"v0_step{step}_metrics"] = {k: float(v) for k, v in calculate_debug_metrics(batch).items()}
         exec(hook, {"_RlprobeLogprobCapture": capture}, {"self": trainer, "batch": batch})
-
-    # V1: the padded DataProto `data` and the KVBatchMeta's tags; verl's padding rows (here made by
-    # pad_dataproto_to_divisor, copies of real rows) are tagged is_padding and must not be captured.
-    capture1, hook1 = inserted(verl_file("trainer", "ppo", "v1", "trainer_base.py"), "def _compute_old_log_prob")
-    result["v1_hook"] = hook1
-    data = make_batch(3, prompt=6, width=8, seed=3)
-    padded, pad = pad_dataproto_to_divisor(data, 4)
-    prompt_lens = data.batch["attention_mask"][:, :6].sum(-1).tolist()
-    tags = [{"status": "success", "prompt_len": int(p)} for p in prompt_lens]
-    tags += [{"status": "success", "prompt_len": int(prompt_lens[i]), "is_padding": True} for i in range(pad)]
-    meta = type("KVBatchMeta", (), {"tags": tags, "__len__": lambda self: len(tags)})()
-    trainer.global_steps = 3
-    exec(hook1, {"_RlprobeLogprobCapture": capture1}, {"self": trainer, "batch": meta, "data": padded})
-    result["v1_rows"], result["v1_padding"] = len(padded), pad
 
     # Fails loudly: calculate_log_probs off (no rollout_log_probs), and bypass mode, at the first step.
     bare = make_batch(2, prompt=6, width=8, seed=9)

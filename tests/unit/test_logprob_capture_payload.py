@@ -2,8 +2,9 @@
 
 What the payload writes (numpy only: it cannot import rlprobe-patch in a user's tree) is read
 by `report.capture_format.read_capture`, the one definition of the format; the switches are
-read by the shared reader; off, the batch is not touched. The same code on verl's real
-DataProto: tests/runtime/test_logprob_capture_runtime.py.
+read by the shared reader; off, the batch is not touched and TransferQueue is not called. The
+V1 capture's reads run here on a stand-in `transfer_queue` module. The same code on verl's real
+DataProto and a real TransferQueue: tests/runtime/test_logprob_capture_runtime.py.
 """
 
 from __future__ import annotations
@@ -112,20 +113,91 @@ def test_what_the_payload_writes_is_a_capture_read_capture_reads(
     assert [p.name for p in (tmp_path / "caps").iterdir()] == [path.name]  # no temporary file left
 
 
-def test_v1_rows_tagged_padding_are_no_request(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class FakeTransferQueue(types.ModuleType):
+    """`transfer_queue` as the V1 capture calls it: `kv_batch_get(keys, partition_id, select_fields)`
+    returns {field: one value per row} of stored rows (a list, as tensordict's LinkedList is one),
+    and raises for a field the rows lack (TransferQueue 0.1.11 does, or returns no such field)."""
+
+    def __init__(self, rows: dict[str, dict[str, Any]], broken: tuple[str, ...] = ()) -> None:
+        super().__init__("transfer_queue")
+        self.rows, self.broken, self.calls = rows, broken, []
+
+    def kv_batch_get(self, keys: list[str], partition_id: str, select_fields: list[str]) -> dict[str, list[Any]]:
+        self.calls.append((partition_id, tuple(select_fields)))
+        (field,) = select_fields
+        if field in self.broken:
+            raise ConnectionError("storage unit gone")
+        if any(field not in self.rows[key] for key in keys):
+            raise RuntimeError(f"field {field} not found")
+        return {field: [self.rows[key][field] for key in keys]}
+
+
+class KVBatchMeta:  # what the capture reads of TransferQueue's KVBatchMeta
+    def __init__(self, tags: list[dict[str, Any]]) -> None:
+        self.keys = [f"uid{i}_0_0" for i in range(len(tags))]
+        self.tags, self.partition_id, self.fields = tags, "train", None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def _stored_rows(meta: KVBatchMeta, raw_prompt: bool = True) -> dict[str, dict[str, Any]]:
+    """The rows as the agent loop stores them; the padding row (uid1) copies uid0's fields."""
+    rows: dict[str, dict[str, Any]] = {}
+    for i, key in enumerate(meta.keys):
+        n = 0 if meta.tags[i].get("is_padding") else i
+        row: dict[str, Any] = {"extra_fields": {"request_id": f"req-{n}", "max_global_steps": 1}, "index": 40 + n}
+        if raw_prompt:
+            row["raw_prompt"] = [{"role": "user", "content": f"q{n}"}]
+        rows[key] = row
+    return rows
+
+
+def test_v1_rows_from_transferqueue_padding_is_no_request(
+    capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MISMATCH_ON", "yes")
     monkeypatch.setenv("MISMATCH_DIR", str(tmp_path))
     data = _batch(ref=False)
-    tags = [{"prompt_len": 4}, {"prompt_len": 3, "is_padding": True}, {"prompt_len": 1}]
-    meta = type("KVBatchMeta", (), {"tags": tags, "__len__": lambda self: 3})()
+    meta = KVBatchMeta([{"prompt_len": 4}, {"prompt_len": 3, "is_padding": True}, {"prompt_len": 1}])
+    tq = FakeTransferQueue(_stored_rows(meta))
+    monkeypatch.setitem(sys.modules, "transfer_queue", tq)
     capture()._rlprobe_capture_kv_logprobs(types.SimpleNamespace(global_steps=1), meta, data)
     read = read_capture(tmp_path / "step-000001.rlprobe-logprobs.npz")
     assert read.samples == 2 and read.prompt_lengths.tolist() == [4, 1] and read.ref is None
     assert read.mask.sum(axis=1).tolist() == [5, 0]
+    # The padding row carries req-0 too (a copy of the first real row): it is no request.
+    assert read.request_ids == ["req-0", "req-2"]
+    assert read.dataset_index is not None and read.dataset_index.tolist() == [40, 42]
+    assert read.raw_prompts == ['[{"role": "user", "content": "q0"}]', '[{"role": "user", "content": "q2"}]']
+    # One read per field, on the batch's keys and partition.
+    assert tq.calls == [("train", ("extra_fields",)), ("train", ("index",)), ("train", ("raw_prompt",))]
+
+
+def test_v1_a_field_not_read_leaves_its_column_empty(
+    capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MISMATCH_ON", "1")
+    monkeypatch.setenv("MISMATCH_DIR", str(tmp_path))
+    meta = KVBatchMeta([{"prompt_len": 4}, {"prompt_len": 3}, {"prompt_len": 1}])
+    rows = _stored_rows(meta, raw_prompt=False)  # a dataset without raw_prompt
+    rows["uid1_0_0"]["extra_fields"] = {}  # a rollout that did not keep the request id
+    monkeypatch.setitem(sys.modules, "transfer_queue", FakeTransferQueue(rows, broken=("index",)))
+    for step in (1, 2):
+        capture()._rlprobe_capture_kv_logprobs(types.SimpleNamespace(global_steps=step), meta, _batch(ref=False))
+    read = read_capture(tmp_path / "step-000002.rlprobe-logprobs.npz")
+    assert read.request_ids == ["req-0", "", "req-2"]
+    assert read.dataset_index is None and read.raw_prompts is None
+    err = capsys.readouterr().err
+    # Said once per process and field, naming what went wrong; the steps still wrote their files.
+    assert err.count("the capture reads no 'index' from TransferQueue (ConnectionError: storage unit gone)") == 1
+    assert err.count("the capture reads no 'raw_prompt' from TransferQueue (RuntimeError") == 1
 
 
 def test_off_the_batch_is_not_touched(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    # Off, the V1 capture makes no TransferQueue call (and numpy is not imported: Untouchable batches).
+    monkeypatch.setitem(sys.modules, "transfer_queue", Untouchable())
     trainer = types.SimpleNamespace(global_steps=1, config=Untouchable())
     capture()._rlprobe_capture_logprobs(trainer, Untouchable())
     capture()._rlprobe_capture_kv_logprobs(trainer, Untouchable(), Untouchable())

@@ -61,8 +61,8 @@ class _RlprobeLogprobCapture:
 
     def _rlprobe_capture_kv_logprobs(self, trainer, batch, data):
         # `data`: the padded DataProto _compute_old_log_prob built from TransferQueue (responses,
-        # response_mask, rollout_log_probs, old_log_probs); prompt lengths from the rows' tags.
-        # No TransferQueue call: request ids and dataset indices only where the tags carry them.
+        # response_mask, rollout_log_probs, old_log_probs); prompt lengths from the rows' tags;
+        # request ids, dataset indices and raw prompts read from the same rows (on only).
         capture = self._rlprobe_run_capture()
         if not capture["on"]:
             return
@@ -84,9 +84,10 @@ class _RlprobeLogprobCapture:
         # verl's own padding rows (upsample_batch_to_divisible_size) are tagged; they are no request.
         keep = np.array([not tag.get("is_padding", False) for tag in tags], dtype=bool)
         prompt_lengths = np.array([int(tag.get("prompt_len", -1)) for tag in tags], dtype=np.int64)
-        non_tensor = {
-            key: [tag.get(key) for tag in tags] for key in ("request_id", "index") if any(key in t for t in tags)
-        }
+        non_tensor = self._rlprobe_kv_columns(batch, ("extra_fields", "index", "raw_prompt"), rows)
+        extra = non_tensor.pop("extra_fields", None)
+        if extra is not None:
+            non_tensor["request_id"] = [e.get("request_id") if isinstance(e, dict) else None for e in extra]
         request_ids, dataset_index, raw_prompts = self._rlprobe_non_tensor_columns(non_tensor, rows)
         arrays = {
             "request_ids": request_ids,
@@ -95,12 +96,42 @@ class _RlprobeLogprobCapture:
             "response_mask": host(tensors["response_mask"]),
             "rollout_log_probs": host(tensors["rollout_log_probs"]),
             "old_log_probs": host(tensors["old_log_probs"]),
-            "ref_log_prob": None,
+            "ref_log_prob": None,  # computed after _compute_old_log_prob in the V1 trainer
             "dataset_index": dataset_index,
             "raw_prompts": raw_prompts,
             "source": f"verl {type(trainer).__name__}",
         }
         self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, keep)
+
+    def _rlprobe_kv_columns(self, batch, fields, rows):
+        # {field: one value per row} of the batch's TransferQueue rows, one read per field. A field
+        # the rows lack (TransferQueue raises) or a failed read is left out, said once per process:
+        # the capture must never fail a training step for a column it could not read.
+        import sys
+
+        import transfer_queue as tq
+
+        columns = {}
+        unread = self._rlprobe_run_capture().setdefault("unread", set())
+        for field in fields:
+            try:
+                got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[field])
+                # A NonTensorStack, a list or an array, depending on the storage: one value per row.
+                values = [v.data if type(v).__name__ == "NonTensorData" else v for v in list(got[field])]
+                if len(values) != rows:
+                    raise ValueError(f"{len(values)} values for {rows} rows")
+            except Exception as exc:
+                if field not in unread:
+                    unread.add(field)
+                    print(
+                        f"rlprobe-patch: MISMATCH_ON: the capture reads no {field!r} from TransferQueue "
+                        f"({type(exc).__name__}: {exc}); that column stays empty",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                continue
+            columns[field] = values
+        return columns
 
     def _rlprobe_capture_precondition(self, trainer):
         # With MISMATCH_ON, refuse a run whose batches will hold no two log-probs to compare, at
