@@ -252,6 +252,18 @@ def _verl_launches(calls: list[list[str]], root: Path) -> Iterator[tuple[str, li
                 break
 
 
+def printed_not_launched(changes: list[dict[str, Any]], args: list[str]) -> list[str]:
+    """The overrides `script` printed as set or added (its `--json` `changes`) that the recorded
+    launch does not end up with: each key's last value on the launch's command line counts."""
+    last: dict[str, str] = {}
+    for arg in args:
+        key, eq, value = arg.lstrip("+").partition("=")
+        if eq:
+            last[key] = value
+    printed = {c["key"]: c["value"] for c in changes if c["action"] in ("set", "added")}
+    return [f"{k}: printed {v!r}, launched {last.get(k)!r}" for k, v in printed.items() if last.get(k) != v]
+
+
 # --- Hydra ----------------------------------------------------------------------------------
 
 

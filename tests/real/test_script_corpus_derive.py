@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from omegaconf import OmegaConf
-from script_oracle import CORPORA, EXAMPLES, compose_config, corpus_truth, run_in_checkout, verl_root
+from script_oracle import (
+    CORPORA,
+    EXAMPLES,
+    compose_config,
+    corpus_truth,
+    printed_not_launched,
+    run_in_checkout,
+    verl_root,
+)
 
 from rlprobe_patch.cli import main
 from rlprobe_patch.errors import ExitCode
@@ -139,6 +147,9 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
             continue
         if main_launch.args[: len(before.args)] != before.args:
             problems.append(f"{truth.script}: the derived launch does not start with the original's arguments")
+            continue
+        if unlaunched := printed_not_launched(out["changes"], main_launch.args):  # issue 29: runs what was checked
+            problems.append(f"{truth.script}: the derived launch is not what script printed: {unlaunched}")
             continue
         config = compose_config(main_launch.entry, main_launch.args, root, repo)
         rollout = main_launch.facts["rollout_backend"]

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from omegaconf import OmegaConf
-from script_oracle import CORPORA, EXAMPLES, corpus_truth, run_in_checkout, verl_root
+from script_oracle import CORPORA, EXAMPLES, corpus_truth, printed_not_launched, run_in_checkout, verl_root
 
 from rlprobe_patch.cli import main
 from rlprobe_patch.errors import ExitCode
@@ -177,13 +177,7 @@ def test_derived_scripts_run_what_was_checked(
             if launch is None or launch.error:
                 problems.append(f"{name}: the derived script does not compose: {launch and launch.error}")
                 continue
-            last = {}
-            for arg in launch.args:
-                key, eq, value = arg.lstrip("+").partition("=")
-                if eq:
-                    last[key] = value
-            printed = {c["key"]: c["value"] for c in out["changes"] if c["action"] in ("set", "added")}
-            wrong += [f"{k}: printed {v!r}, launched {last.get(k)!r}" for k, v in printed.items() if last.get(k) != v]
+            wrong += printed_not_launched(out["changes"], launch.args)
             env = launched_env(recorded.calls)
             wrong += [f"${n}: assumed {v!r}, at launch {env.get(n)!r}" for n, v in assumed.items() if env.get(n) != v]
             config = configs[recorded.launches.index(launch)]

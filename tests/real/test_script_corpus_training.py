@@ -23,7 +23,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from omegaconf import OmegaConf
-from script_oracle import CORPORA, EXAMPLES, compose_config, corpus_truth, run_in_checkout, verl_root
+from script_oracle import (
+    CORPORA,
+    EXAMPLES,
+    compose_config,
+    corpus_truth,
+    printed_not_launched,
+    run_in_checkout,
+    verl_root,
+)
 
 from rlprobe_patch.cli import main
 from rlprobe_patch.errors import ExitCode
@@ -155,6 +163,9 @@ def test_every_example_of_080_gets_the_stages_it_has(checkout: Any) -> None:
         derived = run_in_checkout(repo, output, root).main
         if derived is None or derived.error:
             problems.append(f"{truth.script}: the derived script does not compose: {derived and derived.error}")
+            continue
+        if unlaunched := printed_not_launched(out["changes"], derived.args):  # issue 29: runs what was checked
+            problems.append(f"{truth.script}: the derived launch is not what script printed: {unlaunched}")
             continue
         after = compose_config(derived.entry, derived.args, root, repo)
         expected = [s for s in rules.stage_role if s in rules.dumping and rules.stage_role[s] in roles]

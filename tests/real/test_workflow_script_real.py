@@ -4,8 +4,11 @@ written; keys a release does not have are skipped). The rest: tests/cli/test_wor
 
 from __future__ import annotations
 
+import difflib
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -332,3 +335,61 @@ def test_engine_facts_name_the_lines_that_set_them(real_tree, tmp_path: Path, mo
             checked += 1
             assert f"actor.megatron.{key}=" in lines[int(number) - 1], (rel, fact, source)
     assert checked >= 4, checked
+
+
+RECORDING_PYTHON = """#!/bin/bash
+for a in "$@"; do [ "$a" = "-c" ] && exit 1; done  # import probes fail: this machine has no torch_npu
+printf '%s\\n' "$@" >> "$RECORD"
+"""
+
+
+@pytest.mark.parametrize("shared_line", [False, True])
+def test_a_plain_import_probe_is_pinned_where_bash_would_ask_again(
+    workflow_scripts: Path, tmp_path: Path, shared_line: bool, real_tree
+) -> None:
+    """Issue 29: `DEVICE=$(python3 -c 'import torch_npu' ...)` (no `${DEVICE:-...}`, so an exported value
+    does not survive it) is answered by the --python that reads the script; the derived script assigns
+    that answer again on the line after the probe, and real bash launches the branch that was checked."""
+    original = workflow_scripts / "probe.sh"
+    probe = "DEVICE=$(python3 -c 'import torch_npu' 2>/dev/null && echo npu || echo gpu)"
+    text = (workflow_scripts / "grpo_fsdp_vllm.sh").read_text()
+    text = text.replace(
+        "NGPUS=8\n",
+        f"NGPUS=8\n    {probe}{'; echo $DEVICE' if shared_line else ''}\n"
+        'if [ "$DEVICE" = npu ]; then DEVICE_ARG=trainer.val_before_train=False\n'
+        "else DEVICE_ARG=trainer.val_before_train=True; fi\n",
+    ).replace("trainer.nnodes=1 \\\n", "trainer.nnodes=1 \\\n    $DEVICE_ARG \\\n")
+    original.write_text(text)
+    (tmp_path / "npu" / "torch_npu").mkdir(parents=True)
+    (tmp_path / "npu" / "torch_npu" / "__init__.py").write_text("")
+    npu_python = tmp_path / "npu" / "python"
+    npu_python.write_text(f'#!/bin/bash\nPYTHONPATH={tmp_path / "npu"} exec {sys.executable} "$@"\n')
+    npu_python.chmod(0o755)
+    derived = workflow_scripts / "derived.sh"
+    code, out = cli_json(
+        "script", str(original), "--mode", "inference", "--generate-config", "/d/g.json",
+        "--verl-root", str(real_tree("0.9.1")), "--python", str(npu_python), "-o", str(derived),
+    )  # fmt: skip
+    assert code == ExitCode.OK, out
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(RECORDING_PYTHON)
+    (bin_dir / "python3").chmod(0o755)
+    record = tmp_path / "record"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "RECORD": str(record)}
+    proc = subprocess.run(["bash", str(derived)], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    launched = record.read_text().splitlines()
+    if shared_line:  # cannot be pinned: said so, and bash asks this machine (gpu)
+        assert out["pinned_probes"] == {}
+        assert any("DEVICE=npu" in n and "cannot pin it" in n for n in out["notices"]), out["notices"]
+        assert "trainer.val_before_train=True" in launched
+    else:
+        assert out["pinned_probes"] == {"DEVICE": "npu"}
+        lines = derived.read_text().splitlines()
+        at = lines.index(f"    {probe}")
+        assert lines[at + 1].startswith("    DEVICE=npu  # rlprobe-patch:"), lines[at : at + 2]
+        assert "trainer.val_before_train=False" in launched and "trainer.val_before_train=True" not in launched
+        ops = difflib.SequenceMatcher(None, text, derived.read_text(), autojunk=False).get_opcodes()
+        assert all(tag in ("equal", "insert") for tag, *_ in ops)  # the user's lines untouched

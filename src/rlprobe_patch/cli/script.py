@@ -196,7 +196,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             "set": list(opts.get("sets", ())),
             "env": req.env,
             "pinned_env": req.pinned,
-            "pinned_probes": {name: value for name, (value, _) in req.probes.items()},
+            "pinned_probes": {name: probe.value for name, probe in req.probes.items()},
             "notices": req.notices,
             "text": text if dry_run else None,
             "next": None if dry_run else next_command,
@@ -212,10 +212,11 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         out.line(f"  export    {name}={value}", fg="green")
     for name, value in req.pinned.items():
         out.line(f"  pinned    {name}={value} (--env: exported at the top, before the script's own lines)", fg="green")
-    for name, (value, where) in req.probes.items():
+    for name, probe in req.probes.items():
+        how = "exported at the top" if probe.keeps else "assigned again on the line after it"
         out.line(
-            f"  pinned    {name}={value} (import probe at {where}, answered by {detection.script.reading.python}: "
-            "exported at the top)",
+            f"  pinned    {name}={probe.value} (import probe at {probe.where}, answered by "
+            f"{detection.script.reading.python}: {how})",
             fg="green",
         )
     for notice in req.notices:

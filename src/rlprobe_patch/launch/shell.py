@@ -93,6 +93,19 @@ class Run:
     functions: tuple[str, ...] = ()  # functions it was called through
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A variable assigned from an import probe, and how a derived script can pin its answer."""
+
+    value: str  # the probe's answer (by the interpreter that read the script)
+    where: str  # file:line of the assignment
+    keeps: bool  # `NAME=${NAME:-$(...)}`: bash keeps a value exported before the script
+    # `NAME=$(...)` alone on its line in the script itself: the byte offset of that line's end, where
+    # a re-assignment on a line of its own pins the answer; None elsewhere (a sourced file, a line
+    # shared with other commands)
+    line_end: int | None = None
+
+
 @dataclass
 class Reading:
     path: Path
@@ -101,9 +114,8 @@ class Reading:
     variables: dict[str, Var] = field(default_factory=dict)  # at the end of the script
     files: list[Path] = field(default_factory=list)  # the script and every file it sourced
     code: list[str] = field(default_factory=list)  # each file's text with its comments blanked out
-    # variables whose value came from an import probe (`$(python3 -c 'import torch_npu' && ...)`):
-    # name -> (value, where it was assigned, whether bash keeps an exported value: `${NAME:-...}`)
-    probed: dict[str, tuple[str, str, bool]] = field(default_factory=dict)
+    # variables whose value came from an import probe (`$(python3 -c 'import torch_npu' && ...)`)
+    probed: dict[str, Probe] = field(default_factory=dict)
     python: str = ""  # the interpreter that answered the import probes
 
 
@@ -309,7 +321,21 @@ class _Evaluator:
         if not array and any(v.startswith(PROBE_VIA) for f in items for v in f.via):
             text = value_node.text.decode() if value_node is not None else ""
             keeps = bool(re.match(rf"[\"']?\$\{{{re.escape(name)}:?[-=]", text))  # ${NAME:-...}: an exported value wins
-            self.reading.probed[name] = (items[0].text, self.here(node), keeps)
+            self.reading.probed[name] = Probe(items[0].text, self.here(node), keeps, self._line_end(node))
+
+    def _line_end(self, node: Any) -> int | None:
+        """The end of the line of an assignment statement that has the line to itself, in the script
+        itself (not a sourced file); None otherwise."""
+        statement = node.parent if node.parent is not None and node.parent.type == "declaration_command" else node
+        if self.file != self.reading.path:
+            return None
+        start = self.source.rfind(b"\n", 0, statement.start_byte) + 1
+        end = self.source.find(b"\n", statement.end_byte)
+        end = len(self.source) if end < 0 else end
+        before, after = self.source[start : statement.start_byte], self.source[statement.end_byte : end]
+        if before.strip() or (after.strip() and not after.strip().startswith(b"#")) or after.rstrip().endswith(b"\\"):
+            return None
+        return end
 
     def s_declaration(self, node: Any) -> None:
         keyword = node.children[0].type

@@ -178,14 +178,16 @@ def derive(
     req = requirements(detection, mode, options)
     req.pinned = dict(env or {})
     reading = detection.script.reading
-    for name, (value, where, keeps) in reading.probed.items():
+    for name, probe in reading.probed.items():
         if name in req.pinned:
             continue
-        if keeps:
-            req.probes[name] = (value, where)
+        if probe.keeps or probe.line_end is not None:
+            req.probes[name] = probe
         else:
             req.notices.append(
-                f"{name}={value} ({where}) is an import probe answered by {reading.python}; bash asks the Python "
-                "on the machine that runs the script again, which may answer otherwise (derive with that --python)"
+                f"{name}={probe.value} ({probe.where}) is an import probe answered by {reading.python}, in a sourced "
+                "file or on a line shared with other commands, so the derived script cannot pin it: bash asks the "
+                "Python on the machine that runs the script again, which may answer otherwise (derive with that "
+                "--python, or pass --env to set what it decides)"
             )
     return detection, req, root

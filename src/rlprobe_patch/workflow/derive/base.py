@@ -24,6 +24,7 @@ from rlprobe_patch.catalogue.releases import patches_dir
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.launch.model import Script, is_true
+from rlprobe_patch.launch.shell import Probe
 from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, read_config, rule_problems
 from rlprobe_patch.workflow.detect import Detection
 from rlprobe_patch.workflow.engines import VllmEngine
@@ -54,8 +55,9 @@ class Requirements:
     configs: dict[str, str] = field(default_factory=dict)  # side -> config path the script uses
     fixes: list[str] = field(default_factory=list)  # `script` options that would make a refused run derivable
     pinned: dict[str, str] = field(default_factory=dict)  # the --env values the derivation assumed
-    # import probes the derivation answered (name -> (value, where)), pinned like --env
-    probes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # import probes the derivation answered, pinned: exported at the top where the script keeps an
+    # exported value (`${NAME:-$(...)}`), else assigned again on the line after the probe's
+    probes: dict[str, Probe] = field(default_factory=dict)
     blocked: str = ""  # why no option makes this run collectable in this mode (e.g. a rollout without a dump)
     checks: list[ScriptCheck] = field(default_factory=list)  # what check-script adds about the environment
 
@@ -66,12 +68,26 @@ class Requirements:
         if self.pinned:
             pins = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in self.pinned.items())
             lines += "# rlprobe-patch: the environment this script was derived with (--env)\n" + pins
-        if self.probes:
+        exported = {name: probe for name, probe in self.probes.items() if probe.keeps}
+        if exported:
             pins = "".join(
-                f"export {name}={shlex.quote(value)}  # {where}\n" for name, (value, where) in self.probes.items()
+                f"export {name}={shlex.quote(probe.value)}  # {probe.where}\n" for name, probe in exported.items()
             )
             lines += "# rlprobe-patch: the import probes' answers this script was derived with\n" + pins
         return lines
+
+    def probe_pins(self, data: bytes) -> list[tuple[int, bytes]]:
+        """(offset, text) insertions into the script's bytes `data`: after each `NAME=$(import probe)`
+        that bash would run again, the answer the derivation used, assigned on a line of its own."""
+        pins = []
+        for name, probe in self.probes.items():
+            if probe.keeps or probe.line_end is None:
+                continue
+            probe_line = data[data.rfind(b"\n", 0, probe.line_end) + 1 : probe.line_end]
+            indent = probe_line[: len(probe_line) - len(probe_line.lstrip())]
+            line = f"{name}={shlex.quote(probe.value)}  # rlprobe-patch: the probe's answer when derived"
+            pins.append((probe.line_end, b"\n" + indent + line.encode()))
+        return pins
 
     def add(self, key: str, value: Any, why: str, **kw: Any) -> None:
         self.settings = [r for r in self.settings if r.key != key]

@@ -270,6 +270,7 @@ class Slime(Framework):
         exports = [f"{indent}# rlprobe-patch: {req.mode} collection switches (slime)"]
         exports += [f"{indent}export {name}={shlex.quote(value)}" for name, value in req.env.items()]
         edits.append((at, at, ("\n".join(exports) + "\n").encode()))
+        edits += [(offset, offset, text) for offset, text in req.probe_pins(data)]
         for start, end, text in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
             data = data[:start] + text + data[end:]
         out = data.decode("utf-8")

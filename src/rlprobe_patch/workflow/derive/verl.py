@@ -580,6 +580,7 @@ class Verl(Framework):
         exports = [f"{indent}# rlprobe-patch: {req.mode} collection switches"]
         exports += [f"{indent}export {name}={shlex.quote(value)}" for name, value in req.env.items()]
         edits.append((line_start, ("\n".join(exports) + "\n").encode()))
+        edits += req.probe_pins(data)
         for at, text in sorted(edits, reverse=True):
             data = data[:at] + text + data[at:]
         out = data.decode("utf-8")
