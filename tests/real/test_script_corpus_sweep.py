@@ -20,7 +20,7 @@ tests/script_oracle.py, every launcher also recording the environment it starts 
   recording `python3 -c` fails) and the switches `script` exports; a pin asked for is reported;
 - the rollout engine bash + Hydra launch is the one whose dump config was added.
 
-Inference mode's scripts are split into shards, so that pytest-xdist spreads them over its workers.
+The scripts of a corpus and mode are split into shards, so that pytest-xdist spreads them over its workers.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from rlprobe_patch.errors import ExitCode
 
 pytestmark = pytest.mark.skipif(not EXAMPLES.is_dir(), reason="no ../shared/upstream")
 
-SHARDS = 3  # inference mode, per corpus
+SHARDS = {"inference": 3, "consistency": 2, "training": 2}  # per corpus: spread over pytest-xdist's workers
 SAMPLE_OTHERS = 4  # consistency and training: scripts that read no choice, per corpus
 CONFIGS = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json", "--training-config", "/d/t.json")
 DUMP_KEYS = {
@@ -92,7 +92,7 @@ CASES = [
     pytest.param(corpus, mode, shard, id=f"{corpus}-{mode}-{shard}")
     for corpus, release in sorted(CORPORA.items())
     for mode in modes(release)
-    for shard in range(SHARDS if mode == "inference" else 1)
+    for shard in range(SHARDS[mode])
 ]
 
 
@@ -132,7 +132,7 @@ def test_derived_scripts_run_what_was_checked(
     corpus: str, mode: str, shard: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, npu_python: str
 ) -> None:
     release = CORPORA[corpus]
-    cases = swept(corpus, mode)[shard :: SHARDS if mode == "inference" else 1]
+    cases = swept(corpus, mode)[shard :: SHARDS[mode]]
     root = verl_root(release)
     repo = tmp_path / "verl"
     shutil.copytree(EXAMPLES / corpus / "examples", repo / "examples", symlinks=True)
