@@ -25,7 +25,6 @@ from rlprobe_patch.report.metrics import (
     tokens_offpolicy_metrics,
     tokens_per_request,
 )
-from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
 
 REPORT_FORMAT = "rlprobe-report"
 REPORT_VERSION = 1
@@ -81,6 +80,10 @@ def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], l
     batches = [read_capture(p) for p in inputs.captures]
     notes: list[str] = []
     if inputs.slime:
+        # imported here: the slime reader brings the workflow's interpreter probe (subprocess and all),
+        # which a report of captures alone does not need
+        from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
+
         slime_batches, notes = join_slime(read_slime_files(inputs.slime, python))
         batches += slime_batches
     pairs = [read_compare_csv(p) for p in inputs.compares]
