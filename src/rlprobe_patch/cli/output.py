@@ -43,6 +43,11 @@ class Out:
         if self.as_json:
             click.echo(json.dumps(data, indent=indent, default=str))
 
+    def emit_encoded(self, text: str) -> None:
+        """A JSON document already encoded (on one line)."""
+        if self.as_json:
+            click.echo(text)
+
 
 def command(fn: Callable[..., int]) -> Callable[..., None]:
     """Turn PatchError into its message and exit code; never exit 0 after a failure."""
