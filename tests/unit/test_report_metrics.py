@@ -138,17 +138,47 @@ def test_worst_token_with_holes_and_a_row_that_agrees() -> None:
 
 
 def test_run_figures_from_the_steps_equal_the_stacked_batch() -> None:
-    """The run's figures joined from per-step arrays equal the same figures on one stacked batch."""
-    from rlprobe_patch.report.metrics import Tokens, tokens_debug_metrics, tokens_offpolicy_metrics
+    """The run's figures equal the same figures on one stacked batch, and each part of the run (views of
+    its arrays) gives exactly the figures of its batch alone."""
+    from rlprobe_patch.report.metrics import (
+        Tokens,
+        tokens_debug_metrics,
+        tokens_offpolicy_metrics,
+        tokens_per_request,
+    )
 
     a, b = _batch(1, [5, 0, 8], 8), _batch(2, [3, 3], 4)
-    parts = [Tokens.of(r, t, m, x) for r, t, m, x in (a, b)]
-    for part in parts:
-        assert part.abs_dp.size == part.size  # computed per step, then joined
-    joined = Tokens.concat(parts)
+    joined = Tokens.join([a, b])
+    parts = list(joined.parts())
+    for part, batch in zip(parts, (a, b)):
+        alone = Tokens.of(*batch)
+        assert part.size == alone.size and np.shares_memory(part.training, joined.training)
+        assert tokens_debug_metrics(part) == tokens_debug_metrics(alone)
+        assert tokens_offpolicy_metrics(part) == tokens_offpolicy_metrics(alone)
+        assert tokens_per_request(part) == tokens_per_request(alone)
+        assert np.shares_memory(part.abs_dp, joined.abs_dp)  # computed once, over the run
     stacked = [np.zeros((5, 8)), np.zeros((5, 8)), np.zeros((5, 8), dtype=bool)]
     for i, (r, t, m, _) in enumerate((a, b)):
         rows = slice(0, 3) if i == 0 else slice(3, 5)
         stacked[0][rows, : r.shape[1]], stacked[1][rows, : t.shape[1]], stacked[2][rows, : m.shape[1]] = r, t, m
     assert tokens_debug_metrics(joined) == pytest.approx(debug_metrics(*stacked))
     assert tokens_offpolicy_metrics(joined) == pytest.approx(offpolicy_metrics(stacked[1], stacked[0], stacked[2]))
+
+
+def test_quantiles_equal_numpys_bit_for_bit() -> None:
+    """`quantiles` takes numpy's linear interpolation on one partition; the numbers must not move by one bit."""
+    from rlprobe_patch.report.metrics import quantiles
+
+    rng = np.random.default_rng(4)
+    qs = (0.0, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0)
+    for size in (1, 2, 3, 7, 10, 101, 1000, 4097):
+        for values in (
+            np.abs(rng.normal(0.0, 0.01, size)),
+            np.where(rng.uniform(size=size) < 0.3, 0.0, rng.exponential(2.0, size)),  # ties and zeros
+            rng.integers(0, 4, size).astype(np.float64),
+            np.append(rng.uniform(size=size - 1), np.inf),
+            np.append(rng.uniform(size=size - 1), np.nan),
+        ):
+            with np.errstate(invalid="ignore"):  # inf - inf, in both
+                got, expected = quantiles(values, qs), np.quantile(values, qs).tolist()
+            assert [x.hex() for x in got] == [x.hex() for x in expected], (size, values[:5])

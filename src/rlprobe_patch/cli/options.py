@@ -5,7 +5,10 @@
 - `reader_options`: how a launch script is read (`--arg`, `--env`);
 - `python_option`, `verl_root_option`, `lock_timeout_option`: single options shared as they are.
 
-Only click and light modules are imported here (`--help` loads every command module).
+Only click and light modules are imported here (`--help` loads every command module). The option
+groups whose choices come from the catalogue (`tree_options`, `apply_options`) import it when a
+command module that takes them is imported, so that a command without them (`report`, `config`,
+`doctor`) never loads the catalogue, the record folder or gitdb.
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ from typing import Any
 
 import click
 
-from rlprobe_patch.catalogue.trees import BACKENDS, PATCH_MODES, ROOT_OPTIONS, WORKER_IMPLS
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.core.roots import Roots
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -65,20 +66,18 @@ def _root_option(package: str, option: str) -> Decorator:
     )
 
 
-TREE_OPTIONS: list[Decorator] = [
-    python_option,
-    click.option(
-        "--trust-record",
-        is_flag=True,
-        help="Use a tree's .rlprobe-patch record even when another user owns it (like git's safe.directory; "
-        "its content is checked all the same).",
-    ),
-    *(_root_option(package, option) for package, option in ROOT_OPTIONS.items()),
-]
+trust_record_option = click.option(
+    "--trust-record",
+    is_flag=True,
+    help="Use a tree's .rlprobe-patch record even when another user owns it (like git's safe.directory; "
+    "its content is checked all the same).",
+)
 
 
 def tree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--python, --trust-record and a root option per package; the command gets `roots: Roots`."""
+    from rlprobe_patch.catalogue.trees import ROOT_OPTIONS
+    from rlprobe_patch.core.roots import Roots
 
     @functools.wraps(fn)
     def wrapper(*args: Any, python: str | None, trust_record: bool, **kwargs: Any) -> Any:
@@ -86,47 +85,51 @@ def tree_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         roots = Roots({p: root for p, root in given.items() if root is not None}, python, trust_record)
         return fn(*args, roots=roots, **kwargs)
 
-    return _stack(TREE_OPTIONS, wrapper)
+    roots_options = [_root_option(package, option) for package, option in ROOT_OPTIONS.items()]
+    return _stack([python_option, trust_record_option, *roots_options], wrapper)
 
 
 # -- what apply patches ---------------------------------------------------------------------------
-APPLY_OPTIONS: list[Decorator] = [
-    click.option("--backend", type=click.Choice(BACKENDS), help="Training backend to hook (needed for verl)."),
-    click.option(
-        "--mode",
-        type=click.Choice(PATCH_MODES),
-        help="Apply the whole patch set of a collection mode (consistency: engine hook, PROMPTS_ONLY trimming, "
-        "guards, request id, and the SGLang / vLLM-Ascend patches; inference: SGLang without native msprobe). "
-        "Without it: the backend's engine hook, and the patches of the SGLang / vLLM-Ascend trees named.",
-    ),
-    click.option("--only", metavar="ID[,ID]", help="Apply just these patches (ids from `rlprobe-patch list`)."),
-    click.option("--skip", metavar="ID[,ID]", help="Leave these patches out of the set."),
-    click.option("--dry-run", is_flag=True, help="Plan and show what would change (the diff); write nothing."),
-    click.option(
-        "--force", is_flag=True, help="Allow a release outside the patch's version range (anchors still checked)."
-    ),
-    click.option(
-        "--worker-impl",
-        type=click.Choice(WORKER_IMPLS),
-        default="auto",
-        show_default=True,
-        help="verl's worker path to hook: the engine workers or the legacy fsdp/megatron workers. auto: the one "
-        "the release runs the PPO actor through (0.6.x legacy; 0.7.x trainer.use_legacy_worker_impl, read from "
-        "--script; 0.8+ engine).",
-    ),
-    click.option(
-        "--script",
-        type=CheckedPath("file"),
-        help="The training script, to read which worker path it uses (on a cluster: the same path on every node).",
-    ),
-    click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the verl hooks."),
-    click.option("--sglang-config", metavar="PATH", help="Default msprobe config.json baked into the SGLang hook."),
-]
+def _apply_options_list() -> list[Decorator]:
+    from rlprobe_patch.catalogue.trees import BACKENDS, PATCH_MODES, WORKER_IMPLS
+
+    return [
+        click.option("--backend", type=click.Choice(BACKENDS), help="Training backend to hook (needed for verl)."),
+        click.option(
+            "--mode",
+            type=click.Choice(PATCH_MODES),
+            help="Apply the whole patch set of a collection mode (consistency: engine hook, PROMPTS_ONLY trimming, "
+            "guards, request id, and the SGLang / vLLM-Ascend patches; inference: SGLang without native msprobe). "
+            "Without it: the backend's engine hook, and the patches of the SGLang / vLLM-Ascend trees named.",
+        ),
+        click.option("--only", metavar="ID[,ID]", help="Apply just these patches (ids from `rlprobe-patch list`)."),
+        click.option("--skip", metavar="ID[,ID]", help="Leave these patches out of the set."),
+        click.option("--dry-run", is_flag=True, help="Plan and show what would change (the diff); write nothing."),
+        click.option(
+            "--force", is_flag=True, help="Allow a release outside the patch's version range (anchors still checked)."
+        ),
+        click.option(
+            "--worker-impl",
+            type=click.Choice(WORKER_IMPLS),
+            default="auto",
+            show_default=True,
+            help="verl's worker path to hook: the engine workers or the legacy fsdp/megatron workers. auto: the one "
+            "the release runs the PPO actor through (0.6.x legacy; 0.7.x trainer.use_legacy_worker_impl, read from "
+            "--script; 0.8+ engine).",
+        ),
+        click.option(
+            "--script",
+            type=CheckedPath("file"),
+            help="The training script, to read which worker path it uses (on a cluster: the same path on every node).",
+        ),
+        click.option("--msprobe-config", metavar="PATH", help="Default msprobe config.json baked into the verl hooks."),
+        click.option("--sglang-config", metavar="PATH", help="Default msprobe config.json baked into the SGLang hook."),
+    ]
 
 
 def apply_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options of `apply` that `cluster apply` passes on to every node."""
-    return _stack(APPLY_OPTIONS, fn)
+    return _stack(_apply_options_list(), fn)
 
 
 # -- how a launch script is read --------------------------------------------------------------------

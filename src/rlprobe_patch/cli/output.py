@@ -1,7 +1,8 @@
 """What every command shares: output (text or one JSON document), and errors to exit codes.
 
 Only click and light modules are imported here: the engine (LibCST, GitPython) is imported
-inside the commands that use it, so that `--version`, `--help` and usage errors start fast.
+inside the commands that use it, so that `--version`, `--help` and usage errors start fast; the
+catalogue and the roots only where a helper needs them (`report` uses neither).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rlprobe_patch.catalogue.trees import Tree
 from rlprobe_patch.cli.paths import check_path_options, os_error
-from rlprobe_patch.core.roots import GONE_HINT, Roots
 from rlprobe_patch.errors import ExitCode, PatchError
 
 if TYPE_CHECKING:
+    from rlprobe_patch.catalogue.trees import Tree
     from rlprobe_patch.core.plan import PatchPlan
+    from rlprobe_patch.core.roots import Roots
 
 
 class Out:
@@ -41,6 +42,11 @@ class Out:
     def emit(self, data: dict[str, Any], indent: int | None = 2) -> None:
         if self.as_json:
             click.echo(json.dumps(data, indent=indent, default=str))
+
+    def emit_encoded(self, text: str) -> None:
+        """A JSON document already encoded (on one line)."""
+        if self.as_json:
+            click.echo(text)
 
 
 def command(fn: Callable[..., int]) -> Callable[..., None]:
@@ -87,6 +93,7 @@ def parse_ids(text: str | None) -> tuple[str, ...]:
 
 def print_gone(out: Out, roots: Roots) -> None:
     """The registered trees a command found gone, and how to drop them."""
+    from rlprobe_patch.core.roots import GONE_HINT
 
     for g in roots.gone:
         out.line(f"{g['package']} at {g['root']}: gone ({g['reason']})", fg="yellow")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from math import isfinite
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,15 @@ from rlprobe_patch.fsio import atomic_write
 
 
 def _plain(value: Any) -> Any:
-    kind = type(value)  # exact types first: the report holds tens of thousands of values
+    kind = type(value)  # exact types first, and leaves kept without a call: the report holds tens of thousands
     if kind is dict:
-        return {k: _plain(v) for k, v in value.items() if not (type(k) is str and k[:1] == "_")}
+        return {
+            k: v if type(v) in _LEAVES or (type(v) is float and isfinite(v)) else _plain(v)
+            for k, v in value.items()
+            if not (type(k) is str and k[:1] == "_")
+        }
     if kind is list:
-        return [v if type(v) in _LEAVES else _plain(v) for v in value]
+        return [v if type(v) in _LEAVES or (type(v) is float and isfinite(v)) else _plain(v) for v in value]
     if kind in _LEAVES:
         return value
     if isinstance(value, float) and not math.isfinite(value):
@@ -54,25 +59,50 @@ def to_json(report: dict[str, Any]) -> dict[str, Any]:
 def dumps(document: dict[str, Any]) -> str:
     """JSON laid out for reading, at the C encoder's speed: a key a line down to the second level, and
     each entry of a list of objects (requests, steps, modules) on one line."""
-    return _layout(document, 0) + "\n"
+    return _layout(document, 0)[0] + "\n"
 
 
-def _layout(value: Any, depth: int) -> str:
+def encode(document: dict[str, Any]) -> tuple[str, str]:
+    """report.json's text (`dumps`), and the document on one line as `json.dumps(document)` writes it (what
+    `--json` prints): each value is formatted once for both, the requests' numbers being most of the work."""
+    text, line = _layout(document, 0)
+    return text + "\n", line
+
+
+def with_entry(line: str, key: str, value: Any) -> str:
+    """`line`, a JSON object on one line, with `key: value` added last, as `json.dumps` would write it."""
+    entry = f"{json.dumps(key)}: {json.dumps(value)}"
+    return "{" + entry + "}" if line == "{}" else line[:-1] + ", " + entry + "}"
+
+
+def _layout(value: Any, depth: int) -> tuple[str, str]:
+    """`value` laid out at `depth`, and on one line; the keys are strings (as json.dumps writes them
+    either way)."""
     pad = " " * (depth + 1)
     if depth < 3 and isinstance(value, dict) and value:
-        inner = ",\n".join(f"{pad}{json.dumps(k)}: {_layout(v, depth + 1)}" for k, v in value.items())
-        return "{\n" + inner + "\n" + " " * depth + "}"
+        items = [(json.dumps(k), *_layout(v, depth + 1)) for k, v in value.items()]
+        return (
+            "{\n" + ",\n".join(f"{pad}{k}: {laid}" for k, laid, _ in items) + "\n" + " " * depth + "}",
+            "{" + ", ".join(f"{k}: {line}" for k, _, line in items) + "}",
+        )
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        inner = ",\n".join(pad + (_layout(v, depth + 1) if depth < 2 else json.dumps(v)) for v in value)
-        return "[\n" + inner + "\n" + " " * depth + "]"
-    return json.dumps(value)
+        if depth < 2:
+            entries = [_layout(v, depth + 1) for v in value]
+        else:
+            entries = [(text, text) for text in map(json.dumps, value)]
+        return (
+            "[\n" + ",\n".join(pad + laid for laid, _ in entries) + "\n" + " " * depth + "]",
+            "[" + ", ".join(line for _, line in entries) + "]",
+        )
+    text = json.dumps(value)
+    return text, text
 
 
-def write_outputs(document: dict[str, Any], html_text: str, directory: Path) -> dict[str, str]:
-    """report.json (`document`: the report as `to_json` gives it) then report.html, each through a
+def write_outputs(text: str, html_text: str, directory: Path) -> dict[str, str]:
+    """report.json (`text`: the report as `encode` lays it out) then report.html, each through a
     temporary file and a rename."""
     directory.mkdir(parents=True, exist_ok=True)
     json_path, html_path = directory / "report.json", directory / "report.html"
-    atomic_write(json_path, dumps(document).encode())
+    atomic_write(json_path, text.encode())
     atomic_write(html_path, html_text.encode())
     return {"json": str(json_path), "html": str(html_path)}

@@ -21,11 +21,11 @@ from rlprobe_patch.report.metrics import (
     Profiles,
     Tokens,
     dlogp_histogram,
+    quantiles,
     tokens_debug_metrics,
     tokens_offpolicy_metrics,
     tokens_per_request,
 )
-from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
 
 REPORT_FORMAT = "rlprobe-report"
 REPORT_VERSION = 1
@@ -81,6 +81,10 @@ def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], l
     batches = [read_capture(p) for p in inputs.captures]
     notes: list[str] = []
     if inputs.slime:
+        # imported here: the slime reader brings the workflow's interpreter probe (subprocess and all),
+        # which a report of captures alone does not need
+        from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
+
         slime_batches, notes = join_slime(read_slime_files(inputs.slime, python))
         batches += slime_batches
     pairs = [read_compare_csv(p) for p in inputs.compares]
@@ -88,14 +92,42 @@ def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], l
 
 
 def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
-    """Per step, per request and over the run; each batch's valid tokens are taken out of the padding once."""
+    """Per step, per request and over the run; the valid tokens are taken out of the padding once, into the
+    run's arrays, and each step's figures are computed over its slice of them."""
+    run = Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
+    # the run's figures first: their scratch arrays are freed before the per-token values only the steps use
+    # are made, and reuse the same memory
+    overall: dict[str, Any] = tokens_debug_metrics(run)
+    overall.update(tokens_offpolicy_metrics(run))
+    steps, requests, profiles = _per_step(batches, run)
+    tokens, dlogp = run.size, run.abs_dlogp
+    del run  # its other per-token arrays are released before the quantiles' and the histogram's copies
+    ranked = sorted(
+        (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
+    )
+    for rank, r in enumerate(ranked, start=1):
+        r["rank"] = rank
+    levels = (0.5, 0.9, 0.99, 0.999, 1.0)
+    return {
+        "samples": len(requests),
+        "tokens": tokens,
+        "empty_responses": sum(1 for r in requests if not r["tokens"]),
+        "overall": overall,
+        "steps": steps,
+        "requests": ranked + [r for r in requests if not r["tokens"]],
+        "by_position": profiles.by_position(),
+        "by_probability": profiles.by_probability(),
+        "abs_dlogp_quantiles": dict(zip(map(str, levels), quantiles(dlogp, levels))) if dlogp.size else {},
+        "abs_dlogp_histogram": dlogp_histogram(dlogp),
+    }
+
+
+def _per_step(batches: list[TokenBatch], run: Tokens) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles]:
+    """Each step's metrics, its requests' figures, and the profiles over every step."""
     steps = []
     requests: list[dict[str, Any]] = []
     profiles = Profiles()
-    parts = []
-    for b in batches:
-        tokens = Tokens.of(b.rollout, b.training, b.mask, b.responses)
-        parts.append(tokens)
+    for b, tokens in zip(batches, run.parts()):
         metrics: dict[str, Any] = tokens_debug_metrics(tokens)
         metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
         steps.append(
@@ -122,30 +154,7 @@ def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
                 prompt_length=prompt_length,
             )
             requests.append(row)
-    run = Tokens.concat(parts)
-    overall: dict[str, Any] = tokens_debug_metrics(run)
-    overall.update(tokens_offpolicy_metrics(run))
-    ranked = sorted(
-        (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
-    )
-    for rank, r in enumerate(ranked, start=1):
-        r["rank"] = rank
-    dlogp = run.abs_dlogp
-    quantiles = (0.5, 0.9, 0.99, 0.999, 1.0)
-    return {
-        "samples": len(requests),
-        "tokens": run.size,
-        "empty_responses": sum(1 for r in requests if not r["tokens"]),
-        "overall": overall,
-        "steps": steps,
-        "requests": ranked + [r for r in requests if not r["tokens"]],
-        "by_position": profiles.by_position(),
-        "by_probability": profiles.by_probability(),
-        "abs_dlogp_quantiles": dict(zip(map(str, quantiles), np.quantile(dlogp, quantiles).tolist()))
-        if dlogp.size
-        else {},
-        "abs_dlogp_histogram": dlogp_histogram(dlogp),
-    }
+    return steps, requests, profiles
 
 
 def check_thresholds(report: dict[str, Any], limits: dict[str, float | None]) -> list[dict[str, Any]]:

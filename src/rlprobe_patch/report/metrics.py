@@ -27,6 +27,7 @@ never over the padding, and no Python loop runs per token.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,15 +42,28 @@ _EPS = 1e-8  # verl's masked_mean adds it to the count
 _SAFETY_BOUND = 20.0  # verl's clamp of log-ratios in the chi-squared estimates
 
 
+# Per-token values (one per valid token) and per-row values (one per row) that a part of a run
+# takes from the run, sliced: each is computed once, over every step's tokens.
+_PER_TOKEN = frozenset({"p_train", "p_rollout", "abs_dp", "abs_dlogp", "log_ratio", "k3_terms", "rho_squared"})
+_PER_ROW = frozenset({"row_sum_training", "row_sum_rollout", "row_sum_log_ratio"})
+
+
 @dataclass
 class Tokens:
-    """The valid tokens of a batch (or of several), row after row, and what every figure derives from them."""
+    """The valid tokens of a batch (or of several), row after row, and what every figure derives from them.
+
+    `join` lays several batches one after the other (the run) and `parts` gives each batch back as
+    views of the run's arrays: a per-token or per-row value a part needs is computed once over the
+    run and sliced, so the per-step figures and the run's own cost one pass over the tokens, not two.
+    """
 
     training: FloatArray
     rollout: FloatArray
-    counts: IntArray  # valid tokens per row (0 for an empty response)
+    counts: IntArray  # valid tokens per row (0 for an empty row)
     token_ids: IntArray | None = None
+    part_rows: list[int] = field(default_factory=list)  # rows of each batch `join` took
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    _whole: tuple[Tokens, slice, slice] | None = field(default=None, repr=False)  # the run, its tokens, its rows
 
     @classmethod
     def of(
@@ -60,26 +74,58 @@ class Tokens:
             rollout=rollout[mask],
             counts=mask.sum(axis=1).astype(np.int64),
             token_ids=responses[mask] if responses is not None else None,
+            part_rows=[mask.shape[0]],
         )
 
     @classmethod
-    def concat(cls, parts: list[Tokens]) -> Tokens:
-        """The parts one after the other; per-token values every part has computed are joined, not redone."""
-        ids = [p.token_ids for p in parts if p.token_ids is not None]
-        joined = cls(
-            training=np.concatenate([p.training for p in parts]) if parts else np.zeros(0),
-            rollout=np.concatenate([p.rollout for p in parts]) if parts else np.zeros(0),
-            counts=np.concatenate([p.counts for p in parts]) if parts else np.zeros(0, dtype=np.int64),
-            token_ids=np.concatenate(ids) if parts and len(ids) == len(parts) else None,
+    def join(cls, batches: list[tuple[FloatArray, FloatArray, BoolArray, IntArray | None]]) -> Tokens:
+        """The valid tokens of `batches` (rollout, training, mask, responses or None), one batch after the
+        other, each array allocated once and filled batch by batch."""
+        counts = [mask.sum(axis=1).astype(np.int64) for _, _, mask, _ in batches]
+        total = int(sum(int(c.sum()) for c in counts))
+        dtype = np.result_type(*(a.dtype for r, t, _, _ in batches for a in (r, t))) if batches else np.float64
+        training, rollout = np.empty(total, dtype=dtype), np.empty(total, dtype=dtype)
+        with_ids = bool(batches) and all(x is not None for *_, x in batches)
+        ids = np.empty(total, dtype=np.result_type(*(x.dtype for *_, x in batches))) if with_ids else None  # type: ignore[union-attr]
+        start = 0
+        for (r, t, mask, x), count in zip(batches, counts):
+            stop = start + int(count.sum())
+            training[start:stop], rollout[start:stop] = t[mask], r[mask]
+            if ids is not None:
+                ids[start:stop] = x[mask]  # type: ignore[index]
+            start = stop
+        return cls(
+            training=training,
+            rollout=rollout,
+            counts=np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64),
+            token_ids=ids,
+            part_rows=[c.size for c in counts],
         )
-        for name in ("p_train", "p_rollout", "abs_dp", "abs_dlogp"):
-            if parts and all(name in p._cache for p in parts):
-                joined._cache[name] = np.concatenate([p._cache[name] for p in parts])
-        return joined
+
+    def parts(self) -> Iterator[Tokens]:
+        """Each batch `join` took, as views of this one's arrays (one at a time: what a part computes for
+        itself is freed with it)."""
+        first_token = first_row = 0
+        for rows in self.part_rows:
+            counts = self.counts[first_row : first_row + rows]
+            tokens = slice(first_token, first_token + int(counts.sum()))
+            yield Tokens(
+                training=self.training[tokens],
+                rollout=self.rollout[tokens],
+                counts=counts,
+                token_ids=self.token_ids[tokens] if self.token_ids is not None else None,
+                part_rows=[rows],
+                _whole=(self, tokens, slice(first_row, first_row + rows)),
+            )
+            first_token, first_row = tokens.stop, first_row + rows
 
     def _get(self, name: str) -> Any:
         if name not in self._cache:
-            self._cache[name] = getattr(self, "_make_" + name)()
+            if self._whole is not None and (name in _PER_TOKEN or name in _PER_ROW):
+                whole, tokens, rows = self._whole
+                self._cache[name] = whole._get(name)[tokens if name in _PER_TOKEN else rows]
+            else:
+                self._cache[name] = getattr(self, "_make_" + name)()
         return self._cache[name]
 
     @property
@@ -103,6 +149,11 @@ class Tokens:
         return self._get("abs_dlogp")  # type: ignore[no-any-return]
 
     @property
+    def log_ratio(self) -> FloatArray:
+        """log p_train - log p_rollout, per token."""
+        return self._get("log_ratio")  # type: ignore[no-any-return]
+
+    @property
     def row(self) -> IntArray:
         """Each token's row."""
         return self._get("row")  # type: ignore[no-any-return]
@@ -124,10 +175,45 @@ class Tokens:
         return np.exp(self.rollout)
 
     def _make_abs_dp(self) -> FloatArray:
-        return np.abs(self.p_train - self.p_rollout)
+        diff = self.p_train - self.p_rollout
+        return np.abs(diff, out=diff)
 
     def _make_abs_dlogp(self) -> FloatArray:
-        return np.abs(self.training - self.rollout)
+        return np.abs(self.log_ratio)
+
+    def _make_log_ratio(self) -> FloatArray:
+        return self.training - self.rollout
+
+    def _make_k3_terms(self) -> FloatArray:
+        # r = p_train / p_rollout = exp(log r), computed once for both of verl's estimates that use it
+        ratio = np.exp(self.log_ratio)
+        self._cache["rho_squared"] = self._rho_squared(ratio)
+        terms = ratio  # r - log r - 1, in r's own array
+        terms -= self.log_ratio
+        terms -= 1.0
+        return terms
+
+    def _make_rho_squared(self) -> FloatArray:
+        return self._rho_squared(np.exp(self.log_ratio))
+
+    def _rho_squared(self, ratio: FloatArray) -> FloatArray:
+        # r with log r clamped to +-20, squared: r itself where the clamp changes nothing (the same exp of
+        # the same number), recomputed only where it does
+        rho = ratio * ratio
+        clamped = np.flatnonzero(self.abs_dlogp > _SAFETY_BOUND)  # |log r|, which the profiles use too
+        if clamped.size:
+            bounded = np.exp(np.clip(self.log_ratio[clamped], -_SAFETY_BOUND, _SAFETY_BOUND))
+            rho[clamped] = bounded * bounded
+        return rho
+
+    def _make_row_sum_training(self) -> FloatArray:
+        return self.row_sums(self.training)  # type: ignore[no-any-return]
+
+    def _make_row_sum_rollout(self) -> FloatArray:
+        return self.row_sums(self.rollout)  # type: ignore[no-any-return]
+
+    def _make_row_sum_log_ratio(self) -> FloatArray:
+        return self.row_sums(self.log_ratio)  # type: ignore[no-any-return]
 
     def _make_row(self) -> IntArray:
         return np.repeat(np.arange(self.counts.size, dtype=np.int64), self.counts)
@@ -136,7 +222,9 @@ class Tokens:
         return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
 
     def _make_position(self) -> IntArray:
-        return np.arange(self.size, dtype=np.int64) - self.starts[self.row]
+        position = np.arange(self.size, dtype=np.int64)
+        position -= self.starts[self.row]
+        return position
 
     def row_sums(self, values: Any) -> Any:
         """Per row, the sum of `values` (one per token); 0 for an empty row."""
@@ -179,11 +267,15 @@ def _pearson(a: FloatArray, b: FloatArray) -> float:
     if a.size < 2:
         return float("nan")
     da, db = a - a.mean(), b - b.mean()
-    # products summed, not np.dot: a BLAS call wakes its thread pool, slower than the sum itself here
-    denominator = math.sqrt(float((da * da).sum()) * float((db * db).sum()))
+    # products summed, not np.dot: a BLAS call wakes its thread pool, slower than the sum itself here;
+    # each product into the one scratch array
+    products = np.multiply(da, da)
+    sum_aa = float(products.sum())
+    sum_bb = float(np.multiply(db, db, out=products).sum())
+    denominator = math.sqrt(sum_aa * sum_bb)
     if denominator == 0.0:
         return float("nan")
-    return max(-1.0, min(1.0, float((da * db).sum()) / denominator))
+    return max(-1.0, min(1.0, float(np.multiply(da, db, out=products).sum()) / denominator))
 
 
 def _eps_count(count: Any) -> Any:
@@ -202,17 +294,15 @@ def tokens_offpolicy_metrics(tokens: Tokens) -> dict[str, float]:
         return {}
     count = _eps_count(tokens.counts)
     total = _eps_count(tokens.size)
-    mean_train = tokens.row_sums(tokens.training) / count
-    mean_rollout = tokens.row_sums(tokens.rollout) / count
-    log_ratio = tokens.training - tokens.rollout
+    mean_train = tokens._get("row_sum_training") / count
+    mean_rollout = tokens._get("row_sum_rollout") / count
     log_ppl_diff = mean_rollout - mean_train
-    rho = np.exp(np.clip(log_ratio, -_SAFETY_BOUND, _SAFETY_BOUND))
-    seq_log_ratio = np.clip(tokens.row_sums(log_ratio), -_SAFETY_BOUND, _SAFETY_BOUND)
+    seq_log_ratio = np.clip(tokens._get("row_sum_log_ratio"), -_SAFETY_BOUND, _SAFETY_BOUND)
     return {
         "training_ppl": float(np.exp(-mean_train).mean()),
         "training_log_ppl": float((-mean_train).mean()),
-        "kl": float(-log_ratio.sum() / total),
-        "k3_kl": float((np.exp(log_ratio) - log_ratio - 1.0).sum() / total),
+        "kl": float(-tokens.log_ratio.sum() / total),
+        "k3_kl": float(tokens._get("k3_terms").sum() / total),
         "rollout_ppl": float(np.exp(-mean_rollout).mean()),
         "rollout_log_ppl": float((-mean_rollout).mean()),
         "log_ppl_diff": float(log_ppl_diff.mean()),
@@ -220,7 +310,7 @@ def tokens_offpolicy_metrics(tokens: Tokens) -> dict[str, float]:
         "log_ppl_diff_max": float(log_ppl_diff.max()),
         "log_ppl_diff_min": float(log_ppl_diff.min()),
         "ppl_ratio": float(np.exp(log_ppl_diff).mean()),
-        "chi2_token": float((rho * rho).sum() / total - 1.0),
+        "chi2_token": float(tokens._get("rho_squared").sum() / total - 1.0),
         "chi2_seq": float(np.exp(2.0 * seq_log_ratio).mean() - 1.0),
     }
 
@@ -311,7 +401,7 @@ class Profiles:
 
     def add_tokens(self, tokens: Tokens) -> None:
         positions, dlogp, dp = tokens.position, tokens.abs_dlogp, tokens.abs_dp
-        length = int(positions.max()) + 1 if positions.size else 0
+        length = int(tokens.counts.max()) if tokens.size else 0  # a row of n tokens has positions 0 .. n - 1
         if length > self.position_count.size:
             grow = length - self.position_count.size
             self.position_sum_dlogp = np.concatenate([self.position_sum_dlogp, np.zeros(grow)])
@@ -320,13 +410,19 @@ class Profiles:
         size = self.position_count.size
         self.position_sum_dlogp += np.bincount(positions, weights=dlogp, minlength=size)
         self.position_sum_dp += np.bincount(positions, weights=dp, minlength=size)
-        self.position_count += np.bincount(positions, minlength=size)
+        # the tokens at position k: the rows of more than k tokens
+        rows_of_at_least = np.bincount(tokens.counts, minlength=size + 1)[::-1].cumsum()[::-1]
+        self.position_count += rows_of_at_least[1 : size + 1]
         # the tenth each probability falls in (PROB_EDGES[b] <= p < PROB_EDGES[b + 1], p >= 1 in the last):
-        # p * 10 rounded down, then moved by one where that rounding and the edges disagree
+        # the number of inner edges at or below it (NaN: none)
         p = tokens.p_rollout
-        bins = np.clip((p * 10.0).astype(np.int64), 0, 9)
-        bins -= (p < self.PROB_EDGES[bins]) & (bins > 0)
-        bins += (p >= self.PROB_EDGES[bins + 1]) & (bins < 9)
+        below = np.zeros(p.size, dtype=np.int8)
+        for edge in self.PROB_EDGES[1:-1]:
+            below += p >= edge
+        bins = below.astype(np.intp)
+        # kept as the report has always placed it: a probability too large for `int64(p * 10)` (a log-prob above
+        # 41, overflowing to INT64_MIN on x86) in the second tenth
+        bins[p * 10.0 >= 2.0**63] = 1
         self.prob_sum_dlogp += np.bincount(bins, weights=dlogp, minlength=10)
         self.prob_sum_dp += np.bincount(bins, weights=dp, minlength=10)
         self.prob_count += np.bincount(bins, minlength=10)
@@ -373,6 +469,32 @@ class Profiles:
         return rows
 
 
+def quantiles(values: FloatArray, qs: tuple[float, ...]) -> list[float]:
+    """`np.quantile(values, qs).tolist()` (its default, linear method) bit for bit, from one `np.partition`.
+
+    `np.quantile` passes its indexes through `np.unique`, whose masked-array check imports numpy.ma: 20 ms,
+    as long as the selection itself. The interpolation is numpy's own (`_lerp`: from the upper neighbour
+    from half-way on); `tests/unit/test_report_metrics.py` holds the two equal.
+    """
+    n = values.size
+    virtual = (n - 1) * np.asarray(qs, dtype=np.float64)
+    lower = np.floor(virtual)
+    upper = lower + 1
+    last = virtual >= n - 1  # the largest value, for both neighbours
+    lower[last] = -1
+    upper[last] = -1
+    below, above = lower.astype(np.intp), upper.astype(np.intp)
+    ordered = np.partition(values, sorted({0, n - 1, *(below % n).tolist(), *(above % n).tolist()}))
+    a, b = ordered[below], ordered[above]
+    gamma = virtual - below
+    diff = b - a
+    result = a + diff * gamma
+    np.subtract(b, diff * (1 - gamma), out=result, where=gamma >= 0.5)
+    if np.isnan(ordered[-1]):  # a NaN sorts last and makes every quantile NaN
+        result[:] = ordered[-1]
+    return result.tolist()  # type: ignore[no-any-return]
+
+
 def dlogp_histogram(abs_dlogp: FloatArray, bins: int = 50) -> dict[str, Any]:
     """|dlogp| counted in `bins` logarithmic bins between its smallest and largest positive value.
 
@@ -385,5 +507,5 @@ def dlogp_histogram(abs_dlogp: FloatArray, bins: int = 50) -> dict[str, Any]:
     low, high = max(float(positive.min()), 1e-300), float(positive.max())
     if high <= low:
         high = low * 1.0001
-    counts, edges = np.histogram(np.log10(positive), bins=bins, range=(math.log10(low), math.log10(high)))
+    counts, edges = np.histogram(np.log10(positive, out=positive), bins=bins, range=(math.log10(low), math.log10(high)))
     return {"edges": (10.0**edges).tolist(), "counts": counts.tolist(), "identical": identical}
