@@ -140,6 +140,23 @@ def test_bad_capture_names_the_file_and_writes_nothing(tmp_path: Path, damage: s
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("side", "value"), [("rollout", -np.inf), ("training", np.nan), ("rollout", np.inf)])
+def test_non_finite_log_probs_are_named_not_a_crash(tmp_path: Path, side: str, value: float) -> None:
+    # a padding position may hold anything; a response token's NaN / inf is named, file, request and token
+    folder = tmp_path / "cap"
+    rollout, training, mask, responses = _write(folder, 1)
+    rollout[2, 5] = training[2, 5] = np.nan  # row 2 has no response token: padding, ignored
+    (rollout if side == "rollout" else training)[4, 3] = value
+    path = write_capture(folder, step=1, request_ids=[f"req-1-{i}" for i in range(5)], prompt_lengths=np.full(5, 6),
+                         responses=responses, response_mask=mask, rollout_log_probs=rollout,
+                         old_log_probs=training)  # fmt: skip
+    code, out = cli_json("report", folder, "-o", tmp_path / "out")
+    assert code == ExitCode.REFUSED, out
+    assert out["message"].startswith(f"{path}: 1 {side} log-prob(s) of response tokens are NaN or infinite")
+    assert f"request req-1-4, response token 3 (id {responses[4, 3]}) = {value}" in out["message"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_compare_csv_of_another_msprobe_version(tmp_path: Path) -> None:
     # the columns of msprobe releases before requires_grad was compared (no "NPU Requires_grad")
     old = tmp_path / "000_req-0" / "compare_result_1.csv"

@@ -15,7 +15,7 @@ import numpy as np
 
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write
-from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, read_capture
+from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import (
     Profiles,
@@ -87,6 +87,8 @@ def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], l
 
         slime_batches, notes = join_slime(read_slime_files(inputs.slime, python))
         batches += slime_batches
+    for batch in batches:
+        check_finite(batch)
     pairs = [read_compare_csv(p) for p in inputs.compares]
     return batches, pairs, notes
 

@@ -143,6 +143,25 @@ class TokenBatch:
         return len(self.request_ids)
 
 
+def check_finite(batch: TokenBatch) -> None:
+    """`RefusedError` naming the file, the request and the token where a log-prob of a response token
+    is NaN or infinite: no mismatch metric means anything over it (verl's would be NaN or inf too)."""
+    sides = [("rollout", batch.rollout), ("training", batch.training)]
+    sides += [("ref", batch.ref)] if batch.ref is not None else []
+    for side, values in sides:
+        bad = batch.mask & ~np.isfinite(values)
+        if not bad.any():
+            continue
+        row, position = (int(i) for i in np.argwhere(bad)[0])
+        raise RefusedError(
+            f"{batch.path}: {int(bad.sum())} {side} log-prob(s) of response tokens are NaN or infinite; first: "
+            f"request {batch.request_ids[row] or f'row {row}'}, response token {position} "
+            f"(id {int(batch.responses[row, position])}) = {values[row, position]}",
+            hint="a log-prob of -inf is a token its side gives probability 0 (sampling with top-k/top-p "
+            "logprobs of the processed logits?); NaN a broken forward. No metric is defined over them",
+        )
+
+
 def read_capture(path: Path) -> TokenBatch:
     """A capture file checked against the format; `RefusedError` naming the file otherwise."""
     try:
