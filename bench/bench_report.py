@@ -39,8 +39,8 @@ else:  # the command as `rlprobe-patch report` runs it (click's own main, no tes
     import contextlib, io
     from rlprobe_patch.cli import main
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(["report", sys.argv[2], "-o", sys.argv[3], "--json"], standalone_mode=False)
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):  # the command exits with its code
+        main(["report", sys.argv[2], "-o", sys.argv[3], "--json"])
     tokens = json.loads(out.getvalue())["tokens"]["tokens"]
 print(json.dumps({"seconds": time.perf_counter() - t, "tokens": tokens,
                   "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
