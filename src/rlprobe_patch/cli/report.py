@@ -54,7 +54,7 @@ def report_cmd(
         import numpy  # noqa: F401
     except ImportError as exc:
         raise RefusedError(f"report needs {exc.name}", hint="pip install 'rlprobe-patch[report]'") from None
-    from rlprobe_patch.report import encode, to_json, with_entry, write_outputs
+    from rlprobe_patch.report import encode, with_entry, write_outputs
     from rlprobe_patch.report.build import build, classify, read_inputs, replay
     from rlprobe_patch.report.render import plots, render_html, summary_lines
 
@@ -69,7 +69,7 @@ def report_cmd(
     report["notes"] = notes
     if report["tokens"]:
         report["replay"] = replay(batches, report, top, output, replay_script, data)
-    text, line = encode(to_json(report))
+    text, line = encode(report)
     written = write_outputs(text, render_html(report, plots(report), top), output)
     out.emit_encoded(with_entry(line, "written", written))  # the requests can be many: encoded once, on one line
     for line in summary_lines(report, top):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-from math import isfinite
 from pathlib import Path
 from typing import Any
 
@@ -27,31 +26,27 @@ from rlprobe_patch.fsio import atomic_write
 
 
 def _plain(value: Any) -> Any:
-    kind = type(value)  # exact types first, and leaves kept without a call: the report holds tens of thousands
-    if kind is dict:
-        return {
-            k: v if type(v) in _LEAVES or (type(v) is float and isfinite(v)) else _plain(v)
-            for k, v in value.items()
-            if not (type(k) is str and k[:1] == "_")
-        }
-    if kind is list:
-        return [v if type(v) in _LEAVES or (type(v) is float and isfinite(v)) else _plain(v) for v in value]
-    if kind in _LEAVES:
-        return value
+    """`value` as JSON holds it: NaN as null, an infinity as the string "inf" / "-inf"."""
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else str(value)
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if not str(k).startswith("_")}
-    if isinstance(value, list):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
 
 
-_LEAVES = (str, int, bool, type(None))  # not float: a float may be NaN or infinite
+def _json(value: Any) -> str:
+    """`json.dumps` of `value` as `_plain` makes it; the walk only where a float is not finite (the C
+    encoder refuses those), so a report without NaN is encoded at the C encoder's speed."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_plain(value), allow_nan=False)
 
 
 def to_json(report: dict[str, Any]) -> dict[str, Any]:
-    """The report as JSON holds it: NaN as null, private arrays dropped."""
+    """The report as JSON holds it (NaN as null, infinities as strings)."""
     plain: dict[str, Any] = _plain(report)
     return plain
 
@@ -63,8 +58,9 @@ def dumps(document: dict[str, Any]) -> str:
 
 
 def encode(document: dict[str, Any]) -> tuple[str, str]:
-    """report.json's text (`dumps`), and the document on one line as `json.dumps(document)` writes it (what
-    `--json` prints): each value is formatted once for both, the requests' numbers being most of the work."""
+    """report.json's text (`dumps`), and the document on one line as `json.dumps(to_json(document))`
+    writes it (what `--json` prints): each value is formatted once for both, the requests' numbers being
+    most of the work; NaN and infinities as `to_json` writes them."""
     text, line = _layout(document, 0)
     return text + "\n", line
 
@@ -80,7 +76,7 @@ def _layout(value: Any, depth: int) -> tuple[str, str]:
     either way)."""
     pad = " " * (depth + 1)
     if depth < 3 and isinstance(value, dict) and value:
-        items = [(json.dumps(k), *_layout(v, depth + 1)) for k, v in value.items()]
+        items = [(_json(k), *_layout(v, depth + 1)) for k, v in value.items()]
         return (
             "{\n" + ",\n".join(f"{pad}{k}: {laid}" for k, laid, _ in items) + "\n" + " " * depth + "}",
             "{" + ", ".join(f"{k}: {line}" for k, _, line in items) + "}",
@@ -89,12 +85,12 @@ def _layout(value: Any, depth: int) -> tuple[str, str]:
         if depth < 2:
             entries = [_layout(v, depth + 1) for v in value]
         else:
-            entries = [(text, text) for text in map(json.dumps, value)]
+            entries = [(text, text) for text in map(_json, value)]
         return (
             "[\n" + ",\n".join(pad + laid for laid, _ in entries) + "\n" + " " * depth + "]",
             "[" + ", ".join(line for _, line in entries) + "]",
         )
-    text = json.dumps(value)
+    text = _json(value)
     return text, text
 
 
