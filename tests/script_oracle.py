@@ -188,6 +188,40 @@ def run_in_checkout(checkout: Path, rel: str, root: Path, configs: list[Any] | N
     return Truth(rel, exit_code, _untmp(calls, tmp), _untmp_launches(launches, tmp), tail)
 
 
+# Each launcher, a bash function exported to the script, records the environment it starts with.
+ENV_RECORD = "__ENV__"
+_ENV_WRAPPER = """#!/bin/bash
+__record_env() {{ printf '%s\\0' {marker} {names} $'\\x1e' >> "$ORACLE_RECORD"; }}
+python3() {{ __record_env; command python3 "$@"; }}
+python() {{ __record_env; command python "$@"; }}
+ray() {{ __record_env; command ray "$@"; }}
+torchrun() {{ __record_env; command torchrun "$@"; }}
+export -f __record_env python3 python ray torchrun
+bash {script}
+"""
+
+
+def run_recording_env(
+    checkout: Path, rel: str, root: Path, names: list[str], configs: list[Any] | None = None
+) -> Truth:
+    """`run_in_checkout` of `rel`, with `python3`, `python`, `ray` and `torchrun` also recording the
+    values of `names` in the environment they start with (`launched_env` reads them back)."""
+    values = " ".join(f'"{n}=${{{n}-<unset>}}"' for n in names)
+    (checkout / "wrapped.sh").write_text(_ENV_WRAPPER.format(marker=ENV_RECORD, names=values, script=rel))
+    return run_in_checkout(checkout, "wrapped.sh", root, configs)
+
+
+def launched_env(calls: list[list[str]]) -> dict[str, str]:
+    """The environment recorded just before the verl launch (the last record before a `-m verl...` call)."""
+    env: dict[str, str] = {}
+    for argv in calls:
+        if argv and argv[0] == ENV_RECORD:
+            env = dict(item.split("=", 1) for item in argv[1:])
+        elif any(a.startswith("verl.") or "/verl/" in a for a in argv):
+            return env
+    return env
+
+
 def _untmp(calls: list[list[str]], tmp: str) -> list[list[str]]:
     """Recorded argv with the temporary folder named `/oracle-tmp` (stable across runs)."""
     return [[arg.replace(tmp, "/oracle-tmp") for arg in argv] for argv in calls]

@@ -25,8 +25,10 @@ from script_oracle import (
     EXAMPLES,
     compose_config,
     corpus_truth,
+    launched_env,
     printed_not_launched,
     run_in_checkout,
+    run_recording_env,
     verl_root,
 )
 
@@ -137,7 +139,8 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
         derived_count += 1
         for _ in range(2):  # both runs in the same minute (some examples name runs with `date +%H%M`)
             before = run_in_checkout(repo, original, root).main
-            derived = run_in_checkout(repo, output, root)
+            assumed = {**out["env"], **out["pinned_env"], **out["pinned_probes"]}
+            derived = run_recording_env(repo, output, root, list(assumed))
             main_launch = derived.main
             assert before is not None
             if main_launch is None or main_launch.args[: len(before.args)] == before.args:
@@ -150,6 +153,10 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
             continue
         if unlaunched := printed_not_launched(out["changes"], main_launch.args):  # issue 29: runs what was checked
             problems.append(f"{truth.script}: the derived launch is not what script printed: {unlaunched}")
+            continue
+        env = launched_env(derived.calls)
+        if unset := [f"${n}: assumed {v!r}, at launch {env.get(n)!r}" for n, v in assumed.items() if env.get(n) != v]:
+            problems.append(f"{truth.script}: {unset}")
             continue
         config = compose_config(main_launch.entry, main_launch.args, root, repo)
         rollout = main_launch.facts["rollout_backend"]

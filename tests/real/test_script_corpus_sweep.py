@@ -36,7 +36,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from omegaconf import OmegaConf
-from script_oracle import CORPORA, EXAMPLES, corpus_truth, printed_not_launched, run_in_checkout, verl_root
+from script_oracle import (
+    CORPORA,
+    EXAMPLES,
+    corpus_truth,
+    launched_env,
+    printed_not_launched,
+    run_recording_env,
+    verl_root,
+)
 
 from rlprobe_patch.cli import main
 from rlprobe_patch.errors import ExitCode
@@ -50,17 +58,6 @@ DUMP_KEYS = {
     "vllm": "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path",
     "sglang": "actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config",
 }
-# Each launcher, a bash function exported to the derived script, records the environment it starts with.
-ENV_RECORD = "__ENV__"
-WRAPPER = """#!/bin/bash
-__record_env() {{ printf '%s\\0' {marker} {names} $'\\x1e' >> "$ORACLE_RECORD"; }}
-python3() {{ __record_env; command python3 "$@"; }}
-python() {{ __record_env; command python "$@"; }}
-ray() {{ __record_env; command ray "$@"; }}
-torchrun() {{ __record_env; command torchrun "$@"; }}
-export -f __record_env python3 python ray torchrun
-bash {script}
-"""
 
 
 def run(*args: str) -> tuple[int, dict[str, Any]]:
@@ -116,17 +113,6 @@ def derive(original: str, output: str, root: Path, mode: str, extra: list[str]) 
     return code, out
 
 
-def launched_env(calls: list[list[str]]) -> dict[str, str]:
-    """The environment recorded just before the verl launch (the last record before a `-m verl...` call)."""
-    env: dict[str, str] = {}
-    for argv in calls:
-        if argv and argv[0] == ENV_RECORD:
-            env = dict(item.split("=", 1) for item in argv[1:])
-        elif any(a.startswith("verl.") or "/verl/" in a for a in argv):
-            return env
-    return env
-
-
 @pytest.mark.parametrize(("corpus", "mode", "shard"), CASES)
 def test_derived_scripts_run_what_was_checked(
     corpus: str, mode: str, shard: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, npu_python: str
@@ -168,11 +154,8 @@ def test_derived_scripts_run_what_was_checked(
                 wrong.append("the import probe's answer is not pinned")
             counts["pins"] += bool(out["pinned_env"] or out["pinned_probes"])
             assumed = {**out["env"], **out["pinned_env"], **out["pinned_probes"]}
-            wrapper = repo / "wrapped.sh"
-            names = " ".join(f'"{n}=${{{n}-<unset>}}"' for n in assumed)
-            wrapper.write_text(WRAPPER.format(marker=ENV_RECORD, names=names, script=output))
             configs: list[Any] = []
-            recorded = run_in_checkout(repo, "wrapped.sh", root, configs)
+            recorded = run_recording_env(repo, output, root, list(assumed), configs)
             launch = recorded.main
             if launch is None or launch.error:
                 problems.append(f"{name}: the derived script does not compose: {launch and launch.error}")

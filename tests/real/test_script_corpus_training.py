@@ -28,8 +28,10 @@ from script_oracle import (
     EXAMPLES,
     compose_config,
     corpus_truth,
+    launched_env,
     printed_not_launched,
     run_in_checkout,
+    run_recording_env,
     verl_root,
 )
 
@@ -110,9 +112,6 @@ def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return make
 
 
-PER_KIND = 1  # derived and run per kind of run (below), besides every run with a critic (the edge case)
-
-
 def kind(config: Any, roles: set[str]) -> tuple[Any, ...]:
     """What `script --mode training` decides the stages and `profiler.enable` values from: the roles, the
     engine, and the profiler settings the script already has."""
@@ -127,10 +126,10 @@ def kind(config: Any, roles: set[str]) -> tuple[Any, ...]:
 
 
 def test_every_example_of_080_gets_the_stages_it_has(checkout: Any) -> None:
-    """Every PPO/GRPO example is composed and sorted by kind of run (roles, engine, the profiler settings it
-    has); PER_KIND of each kind (the first by a hash of the name) and every run with a critic are derived,
-    run by bash and composed again (issue 29: all 71 took 211 s alone; the kinds are what the derivation
-    reads)."""
+    """Every PPO/GRPO example is composed, derived, run by bash (the launchers recording the environment)
+    and composed again: the stages and each role's `profiler.enable` are what the run has, the launch is
+    what `script` printed, the switches it exported are in force (issue 29; all 71 take about 4 minutes
+    of one core). The kinds of run (roles, engine, the profiler settings it has) are counted."""
     corpus = "v0.8.0"
     root = verl_root(CORPORA[corpus])
     repo = checkout(corpus)
@@ -147,9 +146,7 @@ def test_every_example_of_080_gets_the_stages_it_has(checkout: Any) -> None:
         seen["ref" if "ref" in roles else "no ref"] += 1
         seen["critic"] += "critic" in roles
         kinds.setdefault(kind(before, roles), []).append((truth, before, roles))
-    chosen = [
-        case for members in kinds.values() for i, case in enumerate(members) if i < PER_KIND or "critic" in case[2]
-    ]
+    chosen = [case for members in kinds.values() for case in members]
     for truth, before, roles in chosen:
         original = f"examples/{truth.script}"
         output = original.removesuffix(".sh") + ".training.sh"
@@ -160,12 +157,19 @@ def test_every_example_of_080_gets_the_stages_it_has(checkout: Any) -> None:
         if code != ExitCode.OK:
             problems.append(f"{truth.script}: exit {code}: {out.get('message')} {out.get('details')}")
             continue
-        derived = run_in_checkout(repo, output, root).main
+        recorded = run_recording_env(repo, output, root, list(out["env"]))
+        derived = recorded.main
         if derived is None or derived.error:
             problems.append(f"{truth.script}: the derived script does not compose: {derived and derived.error}")
             continue
         if unlaunched := printed_not_launched(out["changes"], derived.args):  # issue 29: runs what was checked
             problems.append(f"{truth.script}: the derived launch is not what script printed: {unlaunched}")
+            continue
+        env = launched_env(recorded.calls)
+        if unset := [
+            f"${n}: exported {v!r}, at launch {env.get(n)!r}" for n, v in out["env"].items() if env.get(n) != v
+        ]:
+            problems.append(f"{truth.script}: {unset}")
             continue
         after = compose_config(derived.entry, derived.args, root, repo)
         expected = [s for s in rules.stage_role if s in rules.dumping and rules.stage_role[s] in roles]
