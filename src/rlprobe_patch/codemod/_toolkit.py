@@ -81,6 +81,7 @@ class Hook:
     statement that owns the block (for example the `for` loop over micro-batches).
     `anchor` picks statements inside those blocks for BEFORE/AFTER.
     `template` maps names used in the payload to expressions taken from the anchor.
+    `parameters` names the method's parameters the payload reads: a method without one is refused.
     """
 
     cls: str | None  # None: a module-level function named `method`
@@ -93,6 +94,7 @@ class Hook:
     many: bool = False  # the anchor may (and must at least once) match several times
     template: Callable[[Statement], dict[str, cst.BaseExpression]] | None = None
     inner: str | None = None  # the hook goes into the function of this name defined (once) inside the method
+    parameters: tuple[str, ...] = ()  # parameters of the method the payload reads (refused where one is missing)
 
 
 @dataclass(frozen=True)
@@ -648,6 +650,11 @@ class PatchCodemod:
 
     def _hook(self, fn: cst.FunctionDef, op: Hook, params: dict[str, str], strip: bool) -> cst.FunctionDef:
         scope = f"{self.target}: {_scope_name(op)}"
+        if op.parameters and not strip:
+            declared = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+            if missing := [name for name in op.parameters if name not in declared]:
+                wanted = ", ".join(f"`{name}`" for name in op.parameters)
+                raise AnchorError(scope, f"the parameter {wanted}", "no " + ", ".join(f"`{n}`" for n in missing))
         base = [self.bake(s, params) for s in self.payload.statements(op.payload)]
         anchors = 0
 

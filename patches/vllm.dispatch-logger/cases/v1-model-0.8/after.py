@@ -17,7 +17,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         attn_metadata, logits_indices = self._prepare_inputs(scheduler_output)
         with set_forward_context(attn_metadata, self.vllm_config):
             output = self.model(input_ids=self.input_ids, positions=self.positions)
-            if getattr(self, "msprobe_debugger", None) is not None:  # rlprobe-patch
+            if getattr(self, "_msprobe_open", False):  # rlprobe-patch
                 from vllm.v1.worker.dispatch_logger import log_forward_pass
 
                 log_forward_pass(self, scheduler_output, self.input_batch.req_ids)

@@ -20,14 +20,15 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 if batch_desc.cg_mode == CUDAGraphMode.PIECEWISE:
                     model_output = self.cudagraph_manager.run_pw_graph(self.model, model_inputs)
                 else:
-                    if self.msprobe_debugger is not None:  # rlprobe-patch
+                    if self.msprobe_debugger is not None and not dummy_run:  # rlprobe-patch
                         self._msprobe_start(scheduler_output, input_batch.req_ids)
                     model_output = self.model(**model_inputs)
-                    if getattr(self, "msprobe_debugger", None) is not None:  # rlprobe-patch
+                    if getattr(self, "_msprobe_open", False):  # rlprobe-patch
                         from vllm.v1.worker.dispatch_logger import log_forward_pass
 
                         log_forward_pass(self, scheduler_output, input_batch.req_ids)
-            if self.msprobe_debugger is not None:  # rlprobe-patch
+            if self._msprobe_open:  # rlprobe-patch
+                self._msprobe_open = False
                 self.msprobe_debugger.stop()
                 self.msprobe_debugger.step()
 
@@ -38,6 +39,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
     def _init_msprobe_debugger(self):
         # This worker's msprobe debugger, or None (nothing imported) without a dump config.
         self.msprobe_debugger = None
+        self._msprobe_open = False  # a pass's msprobe step is open (started, not yet stopped)
         additional = getattr(self.vllm_config, "additional_config", None)
         path = additional.get("dump_config_path") if isinstance(additional, dict) else None
         if not path or type(self).__module__.startswith("vllm_ascend"):
@@ -59,11 +61,15 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self._msprobe_takes_tokens = "scheduled_tokens" in inspect.signature(start).parameters
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         dump_path = self.msprobe_debugger.config.dump_path
-        self._rlprobe_announce("vllm.model-runner r1", rank, config_path, dump_path)
+        self._rlprobe_announce("vllm.model-runner r2", rank, config_path, dump_path)
 
     def _msprobe_start(self, scheduler_output, req_ids):
         # Start the pass's msprobe step; msprobe gets {id as sent: tokens in this pass}, in the
-        # batch's order (its `request_id` field slices those rows out of a mixed batch).
+        # batch's order (its `request_id` field slices those rows out of a mixed batch). Not for
+        # vLLM's kernel warm-up (V2, before serving: every request named `_warmup_<i>_`).
+        if req_ids and all(str(req_id).startswith("_warmup_") for req_id in req_ids):
+            return
+        self._msprobe_open = True
         if not self._msprobe_takes_tokens:
             self.msprobe_debugger.start(model=self.model)
             return
