@@ -23,7 +23,6 @@ from omegaconf import OmegaConf
 from script_oracle import (
     CORPORA,
     EXAMPLES,
-    compose_config,
     corpus_truth,
     launched_env,
     printed_not_launched,
@@ -93,8 +92,14 @@ def run_values(config: Any) -> dict[str, Any]:
     }
 
 
+SHARDS = 3  # per corpus: the examples are split so that pytest-xdist spreads them over its workers
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
 @pytest.mark.parametrize("corpus", sorted(CORPORA))
-def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_example_gets_a_collection_script(
+    corpus: str, shard: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = verl_root(CORPORA[corpus])
     repo = tmp_path / "verl"
     shutil.copytree(EXAMPLES / corpus / "examples", repo / "examples", symlinks=True)
@@ -110,15 +115,18 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
         and t.main.facts["rollout_backend"] in ("vllm", "sglang")
     ]
     assert len(cases) > 40, f"{corpus}: only {len(cases)} fsdp/megatron x vllm/sglang examples"
+    cases = cases[shard::SHARDS]
     problems: list[str] = []
     derived_count = refused_first = 0
     for truth in cases:
         assert truth.main is not None
         original = f"examples/{truth.script}"
         output = original.removesuffix(".sh") + ".consistency.sh"
-        here = run_in_checkout(repo, original, root).main  # the original, run where the derived one will run
+        configs: list[Any] = []  # each launch's composed config, from the run itself (no second compose)
+        ran = run_in_checkout(repo, original, root, configs)  # the original, run where the derived one will run
+        here = ran.main
         assert here is not None and not here.error, f"{truth.script}: {here}"
-        original_config = compose_config(here.entry, here.args, root, repo)
+        original_config = configs[ran.launches.index(here)]
         code, out = derive(original, output, root, [])
         if code == ExitCode.REFUSED:
             refused_first += 1
@@ -137,10 +145,13 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
             problems.append(f"{truth.script}: script exit {code}: {out.get('message')} {out.get('details')}")
             continue
         derived_count += 1
-        for _ in range(2):  # both runs in the same minute (some examples name runs with `date +%H%M`)
-            before = run_in_checkout(repo, original, root).main
-            assumed = {**out["env"], **out["pinned_env"], **out["pinned_probes"]}
-            derived = run_recording_env(repo, output, root, list(assumed))
+        assumed = {**out["env"], **out["pinned_env"], **out["pinned_probes"]}
+        before: Any = here
+        for attempt in range(2):  # both runs in the same minute (some examples name runs with `date +%H%M`)
+            if attempt:
+                before = run_in_checkout(repo, original, root).main
+            configs = []
+            derived = run_recording_env(repo, output, root, list(assumed), configs)
             main_launch = derived.main
             assert before is not None
             if main_launch is None or main_launch.args[: len(before.args)] == before.args:
@@ -158,7 +169,7 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
         if unset := [f"${n}: assumed {v!r}, at launch {env.get(n)!r}" for n, v in assumed.items() if env.get(n) != v]:
             problems.append(f"{truth.script}: {unset}")
             continue
-        config = compose_config(main_launch.entry, main_launch.args, root, repo)
+        config = configs[derived.launches.index(main_launch)]
         rollout = main_launch.facts["rollout_backend"]
         values = run_values(config)
         world = values["n_gpus_per_node"] * values["nnodes"]
@@ -181,6 +192,6 @@ def test_every_example_gets_a_collection_script(corpus: str, tmp_path: Path, mon
         if code != ExitCode.OK:
             failed = [c for c in checked.get("checks", []) if not c["ok"]] or checked
             problems.append(f"{truth.script}: check-script on the derived script: {failed}")
-    print(f"{corpus}: {len(cases)} examples, {refused_first} refused first, {derived_count} derived")
+    print(f"{corpus} shard {shard}: {len(cases)} examples, {refused_first} refused first, {derived_count} derived")
     assert not problems, "\n".join(problems)
     assert derived_count == len(cases)

@@ -1,16 +1,14 @@
 """Acceptance (issue 29, items 1 and 3): derived scripts run what was checked, in every mode.
 
 The scripts swept: those of both shared corpora that launch a PPO trainer with a vLLM or SGLang
-rollout (and compose as they are). In inference mode every one of them; in consistency and
-training mode (from verl 0.8) every one that reads an import probe or `INFER_BACKEND`, and a fixed
-sample of the rest (by a hash of the name). Every script is derived in those two modes by
-tests/real/test_script_corpus_derive.py (consistency) and, per kind of run, by
-tests/real/test_script_corpus_training.py (training), which check the printed overrides against
-the launch as well; a derivation costs about two Hydra composes, so the sweep does not repeat them.
-
-A script that reads a choice is derived once per choice in each mode: with the `--python` that
-finds `torch_npu`, with `--env INFER_BACKEND=sglang`, and with neither. A refusal's printed command
-is run as printed. Each derived script is then run by bash with the recording launchers of
+rollout (and compose as they are). In inference mode every one of them, as it is and once per
+choice it reads: with the `--python` that finds `torch_npu`, with `--env INFER_BACKEND=sglang`. In
+consistency and training mode (from verl 0.8) every one that reads such a choice, once per choice.
+Every script as it is (neither choice) is derived in those two modes, with the same checks, by
+tests/real/test_script_corpus_derive.py (consistency, both corpora) and
+tests/real/test_script_corpus_training.py (training, every v0.8.0 example); a derivation costs
+about two Hydra composes, so the sweep does not repeat them. A refusal's printed command is run as
+printed. Each derived script is then run by bash with the recording launchers of
 tests/script_oracle.py, every launcher also recording the environment it starts with:
 
 - the launched overrides are the ones `script` printed as set or added (each key's last value on the
@@ -25,7 +23,6 @@ The scripts of a corpus and mode are split into shards, so that pytest-xdist spr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import shutil
@@ -52,7 +49,6 @@ from rlprobe_patch.errors import ExitCode
 pytestmark = pytest.mark.skipif(not EXAMPLES.is_dir(), reason="no ../shared/upstream")
 
 SHARDS = {"inference": 3, "consistency": 2, "training": 2}  # per corpus: spread over pytest-xdist's workers
-SAMPLE_OTHERS = 4  # consistency and training: scripts that read no choice, per corpus
 CONFIGS = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json", "--training-config", "/d/t.json")
 DUMP_KEYS = {
     "vllm": "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path",
@@ -69,26 +65,36 @@ def modes(release: str) -> list[str]:
     return ["consistency", "inference"] + (["training"] if release >= "0.8" else [])
 
 
+def choices(text: str, npu_python: str) -> list[list[str]]:
+    """The options that answer each choice a script reads (an import probe, `INFER_BACKEND`)."""
+    found = [["--python", npu_python]] if "python3 -c 'import torch_npu'" in text else []
+    return found + ([["--env", "INFER_BACKEND=sglang"]] if "INFER_BACKEND" in text else [])
+
+
 def reads_choice(corpus: str, script: str) -> bool:
-    text = (EXAMPLES / corpus / "examples" / script).read_text()
-    return "python3 -c" in text or "INFER_BACKEND" in text
+    return bool(choices((EXAMPLES / corpus / "examples" / script).read_text(), ""))
 
 
 def swept(corpus: str, mode: str) -> list[Any]:
     """The scripts swept in `mode` (the module's docstring says which)."""
     truths = [t for t in corpus_truth(corpus) if t.composes and t.main is not None and "ppo" in t.main.entry]
     truths = [t for t in truths if t.main.facts["rollout_backend"] in ("vllm", "sglang")]  # type: ignore[union-attr]
-    if mode == "inference":
-        return sorted(truths, key=lambda t: t.script)
-    others = [t for t in truths if not reads_choice(corpus, t.script)]
-    sample = sorted(others, key=lambda t: hashlib.sha256(t.script.encode()).hexdigest())[:SAMPLE_OTHERS]
-    return sorted([t for t in truths if reads_choice(corpus, t.script)] + sample, key=lambda t: t.script)
+    if mode != "inference":
+        truths = [t for t in truths if reads_choice(corpus, t.script)]
+    return sorted(truths, key=lambda t: t.script)
+
+
+def any_choice(corpus: str) -> bool:
+    """Does any script of the corpus read a choice (v0.6.1: none)?"""
+    folder = EXAMPLES / corpus / "examples"
+    return any(reads_choice(corpus, p.relative_to(folder).as_posix()) for p in folder.rglob("*.sh"))
 
 
 CASES = [
     pytest.param(corpus, mode, shard, id=f"{corpus}-{mode}-{shard}")
     for corpus, release in sorted(CORPORA.items())
     for mode in modes(release)
+    if EXAMPLES.is_dir() and (mode == "inference" or any_choice(corpus))
     for shard in range(SHARDS[mode])
 ]
 
@@ -130,12 +136,8 @@ def test_derived_scripts_run_what_was_checked(
     for truth in cases:
         original = f"examples/{truth.script}"
         text = (repo / original).read_text()
-        variants: list[list[str]] = [[]]  # the script as it is, then once per choice it reads
-        if "python3 -c 'import torch_npu'" in text:
-            variants.append(["--python", npu_python])
-        if "INFER_BACKEND" in text:
-            variants.append(["--env", "INFER_BACKEND=sglang"])
-        for extra in variants:
+        variants = choices(text, npu_python)  # once per choice it reads; in inference mode also as it is
+        for extra in [[]] + variants if mode == "inference" else variants:
             name = f"{truth.script} {mode} {' '.join(extra)}".strip()
             output = "examples/derived.sh"
             counts["derivations"] += 1

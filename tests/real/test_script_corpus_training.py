@@ -157,7 +157,8 @@ def test_every_example_of_080_gets_the_stages_it_has(checkout: Any) -> None:
         if code != ExitCode.OK:
             problems.append(f"{truth.script}: exit {code}: {out.get('message')} {out.get('details')}")
             continue
-        recorded = run_recording_env(repo, output, root, list(out["env"]))
+        configs: list[Any] = []  # each launch's composed config, from the run itself (no second compose)
+        recorded = run_recording_env(repo, output, root, list(out["env"]), configs)
         derived = recorded.main
         if derived is None or derived.error:
             problems.append(f"{truth.script}: the derived script does not compose: {derived and derived.error}")
@@ -171,7 +172,7 @@ def test_every_example_of_080_gets_the_stages_it_has(checkout: Any) -> None:
         ]:
             problems.append(f"{truth.script}: {unset}")
             continue
-        after = compose_config(derived.entry, derived.args, root, repo)
+        after = configs[recorded.launches.index(derived)]
         expected = [s for s in rules.stage_role if s in rules.dumping and rules.stage_role[s] in roles]
         wrong = []
         if select(after, "global_profiler.tool") != "precision_debugger":
@@ -215,9 +216,11 @@ def test_critic_stages_are_accepted_where_the_run_has_a_critic(checkout: Any) ->
     for stage in ("compute_values", "critic_update"):
         assert stage in rules.stage_role and stage not in rules.dumping  # what the notice says is true
         assert f"stage {stage}: verl 0.8.0 accepts it, but none of its worker methods runs under it" in notices
-    derived = run_in_checkout(repo, output, root).main
-    assert derived is not None
-    after = compose_config(derived.entry, derived.args, root, repo)
+    configs: list[Any] = []
+    ran = run_in_checkout(repo, output, root, configs)
+    derived = ran.main
+    assert derived is not None and not derived.error
+    after = configs[ran.launches.index(derived)]
     assert select(after, STAGES_KEY) == ["compute_values", "critic_update"]
     assert select(after, "critic.profiler.enable") is True
     assert select(after, "actor_rollout_ref.ref.profiler.enable") is False

