@@ -232,18 +232,10 @@ def make_models(work: Path, tiny_only: bool = False) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(0)
-    tiny = Qwen2Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    Qwen2ForCausalLM(tiny).save_pretrained(work / "tiny")
+    sys.path.insert(0, str(HERE.parents[1] / "tests" / "runtime"))
+    from vllm_driver import make_model  # the CPU runtime test's tiny Qwen2, the same seed
+
+    make_model(work / "tiny")
     if tiny_only:  # no benchmark
         return
     torch.manual_seed(0)
