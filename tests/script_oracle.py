@@ -211,6 +211,12 @@ def run_recording_env(
     return run_in_checkout(checkout, "wrapped.sh", root, configs)
 
 
+def main_config(truth: Truth, configs: list[Any]) -> Any:
+    """The composed config of `truth.main`, from the `configs` its run filled (`run_in_checkout`)."""
+    assert truth.main is not None
+    return configs[truth.launches.index(truth.main)]
+
+
 def launched_env(calls: list[list[str]]) -> dict[str, str]:
     """The environment recorded just before the verl launch (the last record before a `-m verl...` call)."""
     env: dict[str, str] = {}

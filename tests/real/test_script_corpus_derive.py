@@ -25,6 +25,7 @@ from script_oracle import (
     EXAMPLES,
     corpus_truth,
     launched_env,
+    main_config,
     printed_not_launched,
     run_in_checkout,
     run_recording_env,
@@ -126,7 +127,7 @@ def test_every_example_gets_a_collection_script(
         ran = run_in_checkout(repo, original, root, configs)  # the original, run where the derived one will run
         here = ran.main
         assert here is not None and not here.error, f"{truth.script}: {here}"
-        original_config = configs[ran.launches.index(here)]
+        original_config = main_config(ran, configs)
         code, out = derive(original, output, root, [])
         if code == ExitCode.REFUSED:
             refused_first += 1
@@ -169,7 +170,7 @@ def test_every_example_gets_a_collection_script(
         if unset := [f"${n}: assumed {v!r}, at launch {env.get(n)!r}" for n, v in assumed.items() if env.get(n) != v]:
             problems.append(f"{truth.script}: {unset}")
             continue
-        config = configs[derived.launches.index(main_launch)]
+        config = main_config(derived, configs)
         rollout = main_launch.facts["rollout_backend"]
         values = run_values(config)
         world = values["n_gpus_per_node"] * values["nnodes"]

@@ -38,6 +38,7 @@ from script_oracle import (
     EXAMPLES,
     corpus_truth,
     launched_env,
+    main_config,
     printed_not_launched,
     run_recording_env,
     verl_root,
@@ -165,7 +166,7 @@ def test_derived_scripts_run_what_was_checked(
             wrong += printed_not_launched(out["changes"], launch.args)
             env = launched_env(recorded.calls)
             wrong += [f"${n}: assumed {v!r}, at launch {env.get(n)!r}" for n, v in assumed.items() if env.get(n) != v]
-            config = configs[recorded.launches.index(launch)]
+            config = main_config(recorded, configs)
             engine = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
             if engine != out["rollout_backend"]:
                 wrong.append(f"rollout {engine} launched, {out['rollout_backend']} derived")

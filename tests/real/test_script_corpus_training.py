@@ -29,6 +29,7 @@ from script_oracle import (
     compose_config,
     corpus_truth,
     launched_env,
+    main_config,
     printed_not_launched,
     run_in_checkout,
     run_recording_env,
@@ -172,7 +173,7 @@ def test_every_example_of_080_gets_the_stages_it_has(checkout: Any) -> None:
         ]:
             problems.append(f"{truth.script}: {unset}")
             continue
-        after = configs[recorded.launches.index(derived)]
+        after = main_config(recorded, configs)
         expected = [s for s in rules.stage_role if s in rules.dumping and rules.stage_role[s] in roles]
         wrong = []
         if select(after, "global_profiler.tool") != "precision_debugger":
@@ -220,7 +221,7 @@ def test_critic_stages_are_accepted_where_the_run_has_a_critic(checkout: Any) ->
     ran = run_in_checkout(repo, output, root, configs)
     derived = ran.main
     assert derived is not None and not derived.error
-    after = configs[ran.launches.index(derived)]
+    after = main_config(ran, configs)
     assert select(after, STAGES_KEY) == ["compute_values", "critic_update"]
     assert select(after, "critic.profiler.enable") is True
     assert select(after, "actor_rollout_ref.ref.profiler.enable") is False
