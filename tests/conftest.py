@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 from runtime import venvs
 
 from rlprobe_patch import matrix
-from rlprobe_patch.catalogue.releases import patches_dir, releases
+from rlprobe_patch.catalogue.releases import PACKAGE_FILES, patches_dir, releases
 from rlprobe_patch.cli import main
 from rlprobe_patch.codemod import Payload
 from rlprobe_patch.fsio import sha256
@@ -148,6 +148,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         own = {m.name for m in item.iter_markers()}
         for name in sorted(FOLDER_MARKERS.get(folder_of(item) or "", frozenset()) - own):
             item.add_marker(name)
+        if "exhaustive" not in own and middle_release(item):
+            item.add_marker("exhaustive")
+
+
+def middle_releases() -> frozenset[str]:
+    """The tested releases of each package but its oldest and newest (patches/releases/*.toml)."""
+    from packaging.version import Version
+
+    middle: set[str] = set()
+    for package in PACKAGE_FILES:
+        tested = sorted(releases(package).tested, key=Version)
+        middle |= set(tested[1:-1])
+    return frozenset(middle)
+
+
+MIDDLE_RELEASES = middle_releases()
+
+
+def middle_release(item: pytest.Item) -> bool:
+    """Whether a real or runtime test is a cell of a release between its package's oldest and newest.
+
+    Those cells are the exhaustive leg's (`-m exhaustive`, `.ci/run`); the README's test command
+    keeps the oldest and the newest release of every parametrized cell, a representative slice.
+    """
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or folder_of(item) not in ("real", "runtime"):
+        return False
+    return any(isinstance(value, str) and value in MIDDLE_RELEASES for value in callspec.params.values())
 
 
 @pytest.fixture(autouse=True)

@@ -31,6 +31,9 @@ from conftest import VLLM_ASCEND_MEMBERS, cli_json, package_wheel, snapshot, unp
 
 from rlprobe_patch.errors import ExitCode
 
+# The exhaustive leg's (`-m exhaustive`, .ci/run): too long for the README's test command (issue 35).
+pytestmark = pytest.mark.exhaustive
+
 APPLY = ("apply", "--backend", "fsdp", "--mode", "consistency", "--worker-impl", "engine")
 APPLY_CHECKPOINTS = 34
 REVERT_CHECKPOINTS = 31

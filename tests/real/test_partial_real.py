@@ -18,6 +18,9 @@ from partial_compare import compare, probe
 from rlprobe_patch.catalogue.patches import load_catalogue
 from rlprobe_patch.codemod import Payload
 
+# The exhaustive leg's (`-m exhaustive`, .ci/run): too long for the README's test command (issue 35).
+pytestmark = pytest.mark.exhaustive
+
 
 def cases(data: bytes, rng: random.Random) -> list[tuple[str | None, str]]:
     """(class, method) pairs to hook in a module: the first, the last and one more method of up to

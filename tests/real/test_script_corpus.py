@@ -15,6 +15,9 @@ from script_oracle import CORPORA, EXAMPLES, TRUTH_KEYS, corpus_truth, verl_root
 
 from rlprobe_patch.cli import main
 
+# The exhaustive leg's (`-m exhaustive`, .ci/run): too long for the README's test command (issue 35).
+pytestmark = pytest.mark.exhaustive
+
 AGREEMENT = 0.99
 # "<corpus>/<script relative to examples/>" -> why our reader differs from bash + Hydra there.
 KNOWN_MISSES: dict[str, str] = {}

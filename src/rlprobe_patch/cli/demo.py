@@ -8,7 +8,7 @@ import click
 from packaging.version import Version
 
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.cli.output import Out, command
+from rlprobe_patch.cli.output import Out, command, require
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, UsageError
 
@@ -72,6 +72,7 @@ def demo_cmd(
                 raise UsageError("--vllm-python goes with the vLLM rollout (--rollout vllm)")
             result = run_consistency_demo(python=python, workdir=workdir, say=out.line, progress=out.progress)
         else:
+            require("numpy", "demo --consistency (its capture and report)")
             result = run_vllm_demo(
                 python=python, vllm_python=vllm_python, workdir=workdir, say=out.line, progress=out.progress
             )

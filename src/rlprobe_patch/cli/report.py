@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from rlprobe_patch.cli.options import python_option
-from rlprobe_patch.cli.output import Out, command
-from rlprobe_patch.errors import ExitCode, RefusedError
+from rlprobe_patch.cli.output import Out, command, require
+from rlprobe_patch.errors import ExitCode
 
 
 @click.command("report")
@@ -50,10 +50,7 @@ def report_cmd(
     **limits: Any,
 ) -> int:
     """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
-    try:
-        import numpy  # noqa: F401
-    except ImportError as exc:
-        raise RefusedError(f"report needs {exc.name}", hint="pip install 'rlprobe-patch[report]'") from None
+    require("numpy", "report")
     from rlprobe_patch.report import encode, with_entry, write_outputs
     from rlprobe_patch.report.build import build, classify, read_inputs, replay
     from rlprobe_patch.report.render import plots, render_html, summary_lines
