@@ -33,7 +33,8 @@ OPTIONAL = {"ray": "ray"}
 
 def third_party_imports() -> dict[str, set[str]]:
     """Top-level module -> the engine files importing it (the drivers run in the demo's venvs: skipped)."""
-    local = set(sys.stdlib_module_names) | {"rlprobe_patch", "__future__"}
+    # tomllib: the standard library's from 3.11; on 3.10 the `sys.version_info` gate imports tomli instead
+    local = set(sys.stdlib_module_names) | {"rlprobe_patch", "__future__", "tomllib"}
     found: dict[str, set[str]] = {}
     for path in SRC.rglob("*.py"):
         if "drivers" in path.relative_to(SRC).parts:
