@@ -6,6 +6,7 @@ Hydra composes each real release's own config; the fast part: tests/unit/test_hy
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,37 @@ def test_non_ppo_entry_points_are_reported() -> None:
     composed = compose_launch(verl_root("0.8.0"), "verl.trainer.sft_trainer", [], cwd=Path.cwd())
     assert not composed.ppo and "not a PPO trainer" in composed.notes[0]
     assert "train_backend" not in composed.facts
+
+
+def test_each_config_file_is_parsed_once_until_it_changes(tmp_path: Path) -> None:
+    """The compose memo (a file's YAML parsed once per process) gives what plain Hydra gives, and an
+    edited file is read again: compose, edit ppo_trainer.yaml, compose."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    root = tmp_path / "verl"
+    shutil.copytree(verl_root("0.8.0") / "verl", root / "verl")
+    config_dir = root / "verl" / "trainer" / "config"
+    overrides = ["trainer.total_epochs=3"]
+
+    def plain() -> object:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            config = compose(config_name="ppo_trainer", overrides=overrides)
+        GlobalHydra.instance().clear()
+        return OmegaConf.to_container(config)
+
+    def ours() -> object:
+        composed = compose_launch(root, "verl.trainer.main_ppo", hydra_args(*overrides), cwd=tmp_path)
+        assert not composed.errors
+        return OmegaConf.to_container(composed.config)
+
+    first = ours()
+    assert ours() == first == plain()
+    trainer = config_dir / "ppo_trainer.yaml"
+    text = trainer.read_text(encoding="utf-8")
+    assert "  project_name: verl_examples\n" in text
+    trainer.write_text(text.replace("  project_name: verl_examples\n", "  project_name: edited\n"), encoding="utf-8")
+    again = ours()
+    assert again["trainer"]["project_name"] == "edited" and again == plain()  # type: ignore[index]

@@ -298,11 +298,55 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str], cwd: Path
 
     GlobalHydra.instance().clear()
     try:
-        with _in_dir(cwd), contextlib.redirect_stdout(io.StringIO()):
+        with _in_dir(cwd), contextlib.redirect_stdout(io.StringIO()), _parsed_once():
             with initialize_config_dir(config_dir=str(config_dir), version_base=None):
                 return compose(config_name=config_name, overrides=overrides)
     finally:
         GlobalHydra.instance().clear()
+
+
+# A config file's YAML, parsed by OmegaConf's own loader, by (real path, inode, size, mtime): a launch's
+# compose reads a few dozen files, a script's derivation or a folder of scripts composes many times,
+# and PyYAML's scanner was most of the time. An edited file has a new key and is read again.
+_PARSED: dict[tuple[str, int, int, int], tuple[Any, str]] = {}
+
+
+@contextlib.contextmanager
+def _parsed_once() -> Iterator[None]:
+    """Hydra's file config source, each file's YAML parsed once per process (a fresh config from it every time)."""
+    import copy
+
+    import yaml
+    from hydra._internal.core_plugins.file_config_source import FileConfigSource
+    from hydra.plugins.config_source import ConfigResult, ConfigSource
+    from omegaconf import OmegaConf
+    from omegaconf._utils import get_yaml_loader
+
+    original = FileConfigSource.load_config
+
+    def load_config(self: FileConfigSource, config_path: str) -> ConfigResult:
+        full = os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path)))
+        try:
+            st = os.stat(full)
+        except OSError:
+            return original(self, config_path)
+        key = (full, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in _PARSED:
+            text = Path(full).read_text(encoding="utf-8")
+            _PARSED[key] = (yaml.load(text, Loader=get_yaml_loader()), text[:512])
+        data, head = _PARSED[key]
+        return ConfigResult(
+            config=OmegaConf.create(copy.deepcopy(data)) if data is not None else OmegaConf.create(),
+            path=f"{self.scheme()}://{self.path}",
+            provider=self.provider,
+            header=ConfigSource._get_header_dict(head),
+        )
+
+    FileConfigSource.load_config = load_config  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FileConfigSource.load_config = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
