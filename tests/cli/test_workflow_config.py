@@ -4,10 +4,11 @@ tests/runtime/test_workflow_config_runtime.py)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_json
+from conftest import cli, cli_json
 
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, build_config, rule_problems
@@ -83,3 +84,17 @@ def test_without_msprobe_the_check_is_refused(tmp_path: Path) -> None:
     assert not out.exists()
     code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "-o", out, "--no-check")
     assert code == ExitCode.OK and json.loads(out.read_text())["step"] == [0]
+
+
+def test_the_install_hint_names_the_training_python(tmp_path: Path) -> None:
+    """Issue 35, item 7: the hint said `doctor --install`, which installs msprobe into this tool's venv (no
+    torch there: msprobe cannot import). It names the training Python, with `doctor`'s own option."""
+    out = tmp_path / "c.json"
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "-o", out)
+    assert code == ExitCode.REFUSED, res
+    assert "rlprobe-patch doctor --install --python <the training python>" in res["hint"], res["hint"]
+    code, res = cli_json("config", "--mode", "inference", "--dump-path", "/x", "-o", out, "--python", sys.executable)
+    assert code == ExitCode.REFUSED, res
+    assert f"rlprobe-patch doctor --install --python {sys.executable}" in res["hint"], res["hint"]
+    doctor_help = cli("doctor", "--help").stdout
+    assert "--install" in doctor_help and "--python PATH" in doctor_help  # the spelling the hint uses

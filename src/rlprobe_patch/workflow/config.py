@@ -144,8 +144,13 @@ def check_with_msprobe(path: Path, python: str | None, *, training: bool) -> dic
     if result.get("msprobe") is None and not result["ok"]:
         raise RefusedError(
             f"msprobe is not installed in {interpreter(python)}: cannot check the config with msprobe",
-            hint="pass the training interpreter with --python, install it (rlprobe-patch doctor --install), "
-            "or skip the check with --no-check",
+            hint=(
+                f"install it into that environment (rlprobe-patch doctor --install --python {python})"
+                if python
+                else "pass the training interpreter with --python, install msprobe there (rlprobe-patch doctor "
+                "--install --python <the training python>: msprobe imports that environment's torch)"
+            )
+            + ", or skip the check with --no-check",
         )
     return result
 
