@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, package_wheel, unpack
+from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, msprobe_configs, package_wheel, unpack
 from script_oracle import SHARED
 
 from rlprobe_patch.errors import ExitCode
@@ -35,9 +35,8 @@ def environment(tmp_path: Path, *, ascend: bool = False) -> Path:
 
 def derive(tmp_path: Path, mode: str, *extra: object) -> tuple[Path, dict]:
     out = tmp_path / f"derived-{mode}.sh"
-    configs = ["--generate-config", tmp_path / "gen.json"]
-    if mode == "consistency":
-        configs += ["--actor-config", tmp_path / "actor.json"]
+    written = msprobe_configs(tmp_path / "configs", mode)  # that exist: check-script fails on a missing one
+    configs = list(written[2:4] if mode == "inference" else written[:4])
     code, answer = cli_json("script", EXAMPLE, "--mode", mode, *configs, "-o", out, "--force", *extra)
     assert code == ExitCode.OK, answer
     return out, answer

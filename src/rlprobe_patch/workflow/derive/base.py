@@ -277,14 +277,31 @@ def _switch_checks(script: Script, reader: Any) -> list[ScriptCheck]:
     return checks
 
 
+def launch_cwd(script: Script) -> Path:
+    """The directory the launch runs in, which its relative paths resolve against: where bash runs the
+    script from (--cwd, else the current directory), after the script's own `cd`s."""
+    return script.launch.run.cwd.absolute() if script.launch is not None else Path.cwd()
+
+
+def resolve_config(script: Script, path: str) -> tuple[Path, str]:
+    """(the file a config path names, how it was resolved): a relative path is read by the launched
+    process, from the directory it runs in, never from the script's folder."""
+    if Path(path).is_absolute():
+        return Path(path), "an absolute path"
+    cwd = launch_cwd(script)
+    return cwd / path, (
+        f"{path} is relative: resolved against {cwd}, the directory the launch runs in (where bash runs the "
+        "script from: --cwd, else the current directory; then the script's own cd)"
+    )
+
+
 def _actor_config_check(script: Script, reader: Any) -> list[ScriptCheck]:
     setting = script.env["MSPROBE_ACTOR_CONFIG"]
-    path = str(setting.value)
-    resolved = path if Path(path).is_absolute() else str(script.path.parent / path)
-    if not Path(resolved).exists():
-        return []  # _config_checks says it is not on this machine
+    resolved, _ = resolve_config(script, str(setting.value))
+    if not resolved.exists():
+        return []  # _config_checks fails it, naming the file
     try:
-        reader._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "", {"MSPROBE_ACTOR_CONFIG": resolved})
+        reader._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "", {"MSPROBE_ACTOR_CONFIG": str(resolved)})
     except ValueError as exc:
         return [ScriptCheck("MSPROBE_ACTOR_CONFIG", False, f"{setting.source}: {_plain(exc)}")]
     return []
@@ -303,9 +320,10 @@ def _config_checks(script: Script, req: Requirements, paths: dict[str, str]) -> 
     checks = []
     dump_paths: dict[str, str] = {}
     for side, path in paths.items():
-        resolved = Path(path) if Path(path).is_absolute() else script.path.parent / path
+        resolved, how = resolve_config(script, path)
         if not resolved.is_file():
-            checks.append(ScriptCheck(f"{side} config {path}", True, "not on this machine: not checked", warning=True))
+            fix = "write it with rlprobe-patch config" + ("" if Path(path).is_absolute() else ", or pass --cwd DIR")
+            checks.append(ScriptCheck(f"{side} config {path}", False, f"no such file: {resolved} ({how}); {fix}"))
             continue
         try:
             data = read_config(resolved)
