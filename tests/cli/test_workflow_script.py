@@ -42,6 +42,12 @@ CONSISTENCY_FSDP = {
     "actor_rollout_ref.rollout.enforce_eager": True,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 8,
     "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path": "/d/config_generate.json",
+    # vLLM: one request per prefill pass, the whole prompt (issue 35, item 2); chunked prefill off needs
+    # max_num_batched_tokens (8192) >= max_model_len: the script's prompt + response lengths
+    "actor_rollout_ref.rollout.max_num_seqs": 1,
+    "actor_rollout_ref.rollout.enable_prefix_caching": False,
+    "actor_rollout_ref.rollout.enable_chunked_prefill": False,
+    "actor_rollout_ref.rollout.max_model_len": 512 + 1024,
 }
 
 

@@ -7,13 +7,16 @@ their metadata says. The example is verl v0.8.0's `gpg_trainer/run_qwen3_8b_fsdp
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, msprobe_configs, package_wheel, unpack
-from script_oracle import SHARED
+from omegaconf import OmegaConf
+from script_oracle import SHARED, compose_config, run_in_checkout
 
 from rlprobe_patch.errors import ExitCode
 
@@ -94,3 +97,70 @@ def test_detect_and_doctor_say_whether_the_rollout_dumps(tmp_path: Path) -> None
     _, report = cli_json("doctor", "--python", python)
     assert report["rollout"]["vllm"]["dumps"] is True
     assert "rollout engine (rollout.name=vllm): community vLLM" in cli("doctor", "--python", python).stdout
+
+
+ROLLOUT = "actor_rollout_ref.rollout"
+# What check-dump needs of a vLLM rollout to pair each prefill with one actor micro-batch, as the demo's
+# vLLM consistency run sets it (src/rlprobe_patch/demo/drivers/vllm_rollout.py): one request at a time,
+# the whole prompt prefilled in one pass, not skipped in part from the prefix cache.
+VLLM_PAIRING = {f"{ROLLOUT}.max_num_seqs": 1, f"{ROLLOUT}.enable_prefix_caching": False,
+                f"{ROLLOUT}.enable_chunked_prefill": False}  # fmt: skip
+
+
+@pytest.mark.skipif(not EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
+# the options, not a release cell: the engine named (0.11.0, as the issue's run) or not, the derivation is the same
+@pytest.mark.parametrize("version", [(), ("--vllm-version", "0.11.0")])
+def test_vllm_consistency_prefills_one_request_at_a_time(
+    real_tree, tmp_path: Path, monkeypatch, version: tuple[str, ...]
+) -> None:
+    """Issue 35, item 2: `script --mode consistency` on verl 0.8.0's FSDP + vLLM example left verl's
+    `max_num_seqs=1024`, prefix caching and chunked prefill on (with `rollout.n` = DP requests of one
+    prompt: batched prefills, check-dump pairs none), `config` wrote the generate side `step: [0]` (the
+    patched runner opens one msprobe step per forward pass: only the first pass dumped), and check-script
+    passed both. Now the derived script turns them off, bash + Hydra launch that, vLLM's own check
+    (chunked prefill off needs max_num_batched_tokens >= max_model_len) holds, and check-script fails
+    the original and a `step: [0]` config, naming the fix."""
+    root = real_tree("0.8.0")
+    rel = "gpg_trainer/run_qwen3_8b_fsdp.sh"
+    repo = tmp_path / "verl"
+    (repo / "examples" / rel).parent.mkdir(parents=True)
+    shutil.copy(EXAMPLE, repo / "examples" / rel)
+    (repo / "verl").symlink_to(root / "verl")
+    monkeypatch.chdir(repo)
+    configs = []
+    for side in ("actor", "generate"):
+        args = ("config", "--mode", "consistency", "--side", side, "--dump-path", f"/d/{side}", "--no-check")
+        code, res = cli_json(*args, "--rollout-backend", "vllm", "-o", f"{side}.json")
+        assert code == ExitCode.OK, res
+        configs += [f"--{side}-config", str(repo / f"{side}.json")]
+    assert res["config"]["step"] == [] and "one msprobe step per forward pass" in res["pairing_needs"][-1]["why"]
+    assert {n["key"]: n["value"] for n in res["pairing_needs"][:-1]} == VLLM_PAIRING
+
+    check = ("--mode", "consistency", "--verl-root", str(root), "--n-gpus", "2", *version)
+    code, checked = cli_json("check-script", f"examples/{rel}", *configs, *check)
+    failed = {c["name"]: c["detail"] for c in checked["checks"] if not c["ok"]}
+    assert code == ExitCode.VERIFY_FAILED
+    for key, value in VLLM_PAIRING.items():
+        detail = failed[f"{key}={'True' if value is True else 'False' if value is False else value}"]
+        assert detail.startswith("is ") and "verl default" in detail, detail
+
+    code, out = cli_json("script", f"examples/{rel}", *configs, *check, "-o", "derived.sh")
+    assert code == ExitCode.OK, out
+    changes = {c["key"]: c for c in out["changes"]}
+    assert changes[f"{ROLLOUT}.max_num_seqs"]["old"] == 1024
+    launch = run_in_checkout(repo, "derived.sh", root).main
+    assert launch is not None and not launch.error, launch
+    config = compose_config(launch.entry, launch.args, root, repo)
+    for key, value in VLLM_PAIRING.items():
+        assert OmegaConf.select(config, key) == value, key
+    model_len = OmegaConf.select(config, f"{ROLLOUT}.max_model_len")
+    assert model_len == 1024 + 2048  # the example's prompt + response lengths
+    assert OmegaConf.select(config, f"{ROLLOUT}.max_num_batched_tokens") >= model_len
+    code, checked = cli_json("check-script", "derived.sh", *check)
+    assert code == ExitCode.OK, [c for c in checked["checks"] if not c["ok"]]
+
+    (repo / "generate.json").write_text(json.dumps({**res["config"], "step": [0]}))
+    code, checked = cli_json("check-script", "derived.sh", *check)
+    (failing,) = [c for c in checked["checks"] if not c["ok"]]
+    assert code == ExitCode.VERIFY_FAILED and "step is [0]" in failing["detail"], failing
+    assert "config --mode consistency --side generate --rollout-backend vllm" in failing["detail"], failing

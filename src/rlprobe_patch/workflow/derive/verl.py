@@ -41,7 +41,7 @@ from rlprobe_patch.workflow.derive.base import (
 )
 from rlprobe_patch.workflow.detect import UNDUMPED_ROLLOUTS, Detection, undumped_rollout
 from rlprobe_patch.workflow.engines import COMMUNITY, VllmEngine
-from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING
+from rlprobe_patch.workflow.pairing import SGLANG_PAIRING, VLLM_BATCHED_TOKENS, VLLM_MODEL_LEN, VLLM_PAIRING
 
 
 def same_override_value(current: Any, wanted: Any) -> bool:
@@ -116,6 +116,12 @@ def _int(script: Script, key: str, default: int | None) -> tuple[int | None, str
         return int(setting.value), f"{key}={setting.value} ({setting.source})"
     except (TypeError, ValueError):
         return None, f"{key}={setting.value!r} ({setting.source}) is not a number"
+
+
+def _default_of(script: Script, key: str) -> str:
+    """`: verl's default V (source)` where the release data knows what the run gets for an unset `key`."""
+    fact = next((script.facts[f] for f, keys in FACT_KEYS.items() if key in keys and f in script.facts), None)
+    return "" if fact is None or fact.value is None else f": {hydra_text(fact.value)} by default ({fact.source})"
 
 
 def _set_by_script(script: Script, key: str) -> bool:
@@ -310,6 +316,36 @@ def _sglang_pairing(req: Requirements) -> None:
     )
 
 
+def _vllm_pairing(req: Requirements, script: Script) -> None:
+    """What check-dump needs to pair vLLM prefills with actor micro-batches by request id (the demo's vLLM
+    run: one request at a time, no prefix cache, no chunked prefill), and what vLLM then needs to start:
+    with chunked prefill off it refuses max_num_batched_tokens < max_model_len."""
+    for setting in VLLM_PAIRING:
+        req.add(setting.key, setting.value, setting.why)
+    model_len, _ = _int(script, VLLM_MODEL_LEN, None)
+    current = script.settings.get(VLLM_MODEL_LEN)
+    if model_len is None and (current is None or current.value is None):
+        # unset, verl gives vLLM the model's max_position_embeddings, which no script says
+        prompt, _ = _int(script, "data.max_prompt_length", 512)
+        response, _ = _int(script, "data.max_response_length", 512)
+        if prompt is None or response is None:
+            req.notices.append(
+                f"{VLLM_MODEL_LEN} is unset and the prompt / response lengths are not known here: with chunked "
+                f"prefill off vLLM needs {VLLM_BATCHED_TOKENS} >= max_model_len; set both (--set)"
+            )
+            return
+        model_len = prompt + response
+        req.add(
+            VLLM_MODEL_LEN,
+            model_len,
+            "chunked prefill off: vLLM needs max_num_batched_tokens >= max_model_len, and an unset max_model_len "
+            "is the model's max_position_embeddings; prompt + response length, verl 0.6.0's own default",
+        )
+    batched, _ = _int(script, VLLM_BATCHED_TOKENS, 8192)
+    if model_len is not None and batched is not None and batched < model_len:
+        req.add(VLLM_BATCHED_TOKENS, model_len, "chunked prefill off: vLLM refuses fewer tokens than max_model_len")
+
+
 def _world(script: Script, n_gpus: int | None) -> tuple[int | None, str]:
     if n_gpus is not None:
         return n_gpus, f"--n-gpus {n_gpus}"
@@ -461,6 +497,8 @@ class Verl(Framework):
             return req
         if rollout == "sglang":
             _sglang_pairing(req)
+        elif rollout == "vllm":
+            _vllm_pairing(req, script)
 
         # consistency: batch sizes, flags, alignment, the engine hook switches
         if train not in ("fsdp", "megatron"):
@@ -604,7 +642,7 @@ class Verl(Framework):
             if current is None:
                 if r.only_if_present:
                     continue
-                checks.append(ScriptCheck(f"{r.key}={r.text}", False, f"not set ({r.why})"))
+                checks.append(ScriptCheck(f"{r.key}={r.text}", False, f"not set{_default_of(script, r.key)} ({r.why})"))
             elif same_override_value(current.value, r.value):
                 checks.append(ScriptCheck(f"{r.key}={r.text}", True, current.source))
             else:
