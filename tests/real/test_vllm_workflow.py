@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, msprobe_configs, package_wheel, unpack
 from omegaconf import OmegaConf
-from script_oracle import SHARED, compose_config, run_in_checkout
+from script_oracle import SHARED, compose_config, launched_env, run_in_checkout, run_recording_env
 
 from rlprobe_patch.errors import ExitCode
 
@@ -164,3 +164,66 @@ def test_vllm_consistency_prefills_one_request_at_a_time(
     (failing,) = [c for c in checked["checks"] if not c["ok"]]
     assert code == ExitCode.VERIFY_FAILED and "step is [0]" in failing["detail"], failing
     assert "config --mode consistency --side generate --rollout-backend vllm" in failing["detail"], failing
+
+
+@pytest.mark.skipif(not EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
+def test_consistency_collects_the_log_prob_capture_too(real_tree, tmp_path: Path, monkeypatch) -> None:
+    """Issue 35, item 3: the consistency script never turned the log-prob capture on, so the run gave
+    `report` nothing token-level. It cannot in the dump run itself: PROMPTS_ONLY cuts the batch to its
+    prompts before the old-log-prob pass (no response token left to compare; the hooks' own switch reader
+    warns). So `script --mode consistency` writes both runs: the dump script, and beside it the capture
+    run (the same launch and one-prompt overrides, no dump, MISMATCH_ON=1, calculate_log_probs=True).
+    bash + Hydra launch each as checked; check-script checks both, and fails the dump script without its
+    capture run and a capture run that cuts its batches."""
+    root = real_tree("0.8.0")
+    rel = "gpg_trainer/run_qwen3_8b_fsdp.sh"
+    repo = tmp_path / "verl"
+    (repo / "examples" / rel).parent.mkdir(parents=True)
+    shutil.copy(EXAMPLE, repo / "examples" / rel)
+    (repo / "verl").symlink_to(root / "verl")
+    monkeypatch.chdir(repo)
+    configs = msprobe_configs(repo / "configs")[:4]
+    check = ("--mode", "consistency", "--verl-root", str(root), "--n-gpus", "2", "--vllm-version", "0.11.0")
+    code, out = cli_json("script", f"examples/{rel}", *configs, *check, "-o", "derived.sh")
+    assert code == ExitCode.OK, out
+    capture = repo / "derived.capture.sh"
+    assert out["capture"]["output"] == str(capture.relative_to(repo)) and capture.is_file(), out.get("capture")
+    assert out["capture"]["next"] == ["rlprobe-patch", "check-script", "derived.capture.sh", *out["next"][3:]]
+
+    dump_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
+    runs = {}
+    for name in ("derived.sh", "derived.capture.sh"):
+        recorded = run_recording_env(repo, name, root, ["MISMATCH_ON", "PROMPTS_ONLY", "DUMP_ON"])
+        launch = recorded.main
+        assert launch is not None and not launch.error, launch
+        env = {k: v for k, v in launched_env(recorded.calls).items() if v != "<unset>"}
+        runs[name] = (env, compose_config(launch.entry, launch.args, root, repo))
+    dump_env, dump = runs["derived.sh"]
+    capture_env, captured = runs["derived.capture.sh"]
+    assert dump_env.get("PROMPTS_ONLY") == "1" and "MISMATCH_ON" not in dump_env
+    assert (capture_env.get("MISMATCH_ON"), capture_env.get("PROMPTS_ONLY"), capture_env.get("DUMP_ON")) == (
+        "1",
+        "0",
+        "0",
+    )
+    assert OmegaConf.select(captured, "actor_rollout_ref.rollout.calculate_log_probs") is True
+    assert OmegaConf.select(dump, dump_key) == configs[3] and OmegaConf.select(captured, dump_key) is None
+    for key in ("data.train_batch_size", "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.max_num_seqs"):
+        assert OmegaConf.select(captured, key) == OmegaConf.select(dump, key), key  # the same prompt, the same engine
+
+    for name in ("derived.sh", "derived.capture.sh"):
+        code, checked = cli_json(*out["capture"]["next"][1:2], name, *out["next"][3:])
+        assert code == ExitCode.OK, (name, [c for c in checked["checks"] if not c["ok"]])
+    code, checked = cli_json("check-script", "derived.sh", *check)
+    (run_check,) = [c for c in checked["checks"] if c["name"] == "log-prob capture run"]
+    assert run_check["ok"] and "derived.capture.sh" in run_check["detail"], run_check
+
+    capture.write_text(capture.read_text().replace("export PROMPTS_ONLY=0\n", "export PROMPTS_ONLY=1\n"))
+    code, checked = cli_json("check-script", "derived.capture.sh", *check)
+    failed = [c for c in checked["checks"] if not c["ok"]]
+    assert code == ExitCode.VERIFY_FAILED and any("PROMPTS_ONLY" in c["name"] for c in failed), failed
+    capture.unlink()
+    code, checked = cli_json("check-script", "derived.sh", *check)
+    (run_check,) = [c for c in checked["checks"] if c["name"] == "log-prob capture run"]
+    assert code == ExitCode.VERIFY_FAILED and not run_check["ok"], run_check
+    assert "no such file: derived.capture.sh" in run_check["detail"] and "rlprobe-patch script" in run_check["detail"]

@@ -113,12 +113,14 @@ def test_the_next_line_script_prints_works_as_printed(real_tree, tmp_path: Path,
     args = ["script", str(VL_EXAMPLE), "--mode", "consistency", *configs, "--verl-root", str(root)]
     result = cli(*args, "--env", "INFER_BACKEND=sglang", "--n-gpus", "2", "-o", str(derived))
     assert result.exit_code == ExitCode.OK, result.output
-    (line,) = [x for x in result.stdout.splitlines() if x.startswith("next: ")]
-    command = shlex.split(line.removeprefix("next: "))
-    assert command[:2] == ["rlprobe-patch", "check-script"] and command[2] == str(derived)
-    checked = cli(*command[1:])
-    assert checked.exit_code == ExitCode.OK, (line, checked.output)
-    assert checked.stdout.strip().splitlines()[-1] == "script OK"
+    lines = [x for x in result.stdout.splitlines() if x.startswith("next: ")]  # the dump run, its capture run
+    capture = derived.with_name(f"{derived.stem}.capture.sh")
+    for line, checked_script in zip(lines, (derived, capture), strict=True):
+        command = shlex.split(line.removeprefix("next: "))
+        assert command[:2] == ["rlprobe-patch", "check-script"] and command[2] == str(checked_script)
+        checked = cli(*command[1:])
+        assert checked.exit_code == ExitCode.OK, (line, checked.output)
+        assert checked.stdout.strip().splitlines()[-1] == "script OK"
 
 
 @pytest.mark.skipif(not VL_EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")

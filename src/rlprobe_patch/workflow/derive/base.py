@@ -60,6 +60,7 @@ class Requirements:
     probes: dict[str, Probe] = field(default_factory=dict)
     blocked: str = ""  # why no option makes this run collectable in this mode (e.g. a rollout without a dump)
     checks: list[ScriptCheck] = field(default_factory=list)  # what check-script adds about the environment
+    capture: bool = False  # the consistency collection's log-prob capture run (`Framework.capture_run`)
 
     def header(self, lines: str) -> str:
         """The derived script's opening comment, then the environment it was derived with, exported before
@@ -135,6 +136,11 @@ def default_output(original: Path, mode: str) -> Path:
     return original.parent / f"run_{mode}_dump_{dt.date.today().strftime('%Y%m%d')}.sh"
 
 
+def capture_output(dump_script: Path) -> Path:
+    """Where `script` writes the log-prob capture run of a consistency collection: beside its dump script."""
+    return dump_script.with_name(f"{dump_script.stem}.capture{dump_script.suffix}")
+
+
 def write_script(original: Path, output: Path, text: str, force: bool) -> None:
     original = original.resolve()
     if output.resolve() == original:
@@ -200,6 +206,11 @@ class Framework(abc.ABC):
     def switches(self) -> Any:
         """The switch reader this framework's hooks run (DUMP_ON, DUMP_PHASE, ...)."""
 
+    def capture_run(self, req: Requirements) -> Requirements | None:
+        """The consistency collection's second run, the log-prob capture for `report` (None: this framework
+        has no capture hook). The dump run cannot capture: PROMPTS_ONLY cuts its batches to their prompts."""
+        return None
+
 
 def common_checks(script: Script, req: Requirements, framework: Framework) -> list[ScriptCheck]:
     """What every framework's collection script is checked for: the exported switches (by the
@@ -213,7 +224,7 @@ def common_checks(script: Script, req: Requirements, framework: Framework) -> li
             checks.append(ScriptCheck(f"export {name}={value}", False, f"is {current.value!r} at {current.source}"))
         else:
             checks.append(ScriptCheck(f"export {name}={value}", True, current.source))
-    if req.mode == "consistency" and "MSPROBE_ACTOR_CONFIG" not in req.env:
+    if req.mode == "consistency" and not req.capture and "MSPROBE_ACTOR_CONFIG" not in req.env:
         current = script.env.get("MSPROBE_ACTOR_CONFIG")
         checks.append(
             ScriptCheck(
@@ -223,7 +234,8 @@ def common_checks(script: Script, req: Requirements, framework: Framework) -> li
             )
         )
     checks.extend(_switch_checks(script, framework.switches()))
-    checks.extend(_config_checks(script, req, framework.config_paths(script, req.mode)))
+    # the capture run loads no msprobe config (DUMP_ON off): Framework.check fails a rollout dump config in it
+    checks.extend(_config_checks(script, req, {} if req.capture else framework.config_paths(script, req.mode)))
     for notice in req.notices:
         checks.append(ScriptCheck("notice", True, notice, warning=True))
     return checks

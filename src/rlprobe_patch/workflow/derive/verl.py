@@ -82,9 +82,15 @@ def capture_checks(script: Script, reader: Any) -> list[ScriptCheck]:
     if not capture["on"]:
         return checks
     calculate = script.settings.get(f"{ROLLOUT}.calculate_log_probs")
+    where = "not set (verl's default False)"
+    fact = script.facts.get("calculate_log_probs")  # the release's default where the script leaves it
+    if calculate is None and fact is not None:
+        calculate = Setting(f"{ROLLOUT}.calculate_log_probs", fact.value, fact.source)
+        where = f"not set (verl's default {fact.value}: {fact.source})"
+    elif calculate is not None:
+        where = f"is {calculate.value} at {calculate.source}"
     name = f"log-prob capture: {ROLLOUT}.calculate_log_probs=True"
     if calculate is None or not is_true(calculate.value):
-        where = "not set (verl's default False)" if calculate is None else f"is {calculate.value} at {calculate.source}"
         checks.append(
             ScriptCheck(name, False, f"{where}: the batches hold no rollout_log_probs; the capture stops at step 1")
         )
@@ -101,6 +107,39 @@ def capture_checks(script: Script, reader: Any) -> list[ScriptCheck]:
             )
         )
     checks.append(ScriptCheck("log-prob capture", True, f"MISMATCH_DIR {capture['dir']}"))
+    return checks
+
+
+def _is_dump_arg(key: str) -> bool:
+    """A rollout dump config override (`_rollout_dump_arg`)."""
+    return "engine_kwargs" in key and key.rsplit(".", 1)[-1] in (
+        "dump_config_path",
+        "dump_config",
+        "msprobe_dump_config",
+    )
+
+
+def _capture_run_checks(script: Script, configs: dict[str, str]) -> list[ScriptCheck]:
+    """The capture run compares whole responses and dumps nothing."""
+    checks = []
+    cut = script.env.get("PROMPTS_ONLY")
+    if cut is not None and is_true(cut.value):
+        checks.append(
+            ScriptCheck(
+                "capture run: PROMPTS_ONLY unset",
+                False,
+                f"is {cut.value!r} at {cut.source}: the batches are cut to their prompts, no response token is left to "
+                "compare (that is the dump run's switch)",
+            )
+        )
+    if "generate" in configs:
+        checks.append(
+            ScriptCheck(
+                "capture run: no rollout dump config",
+                False,
+                f"{configs['generate']}: the rollout would dump every pass of the capture run too (the dump run's)",
+            )
+        )
     return checks
 
 
@@ -559,6 +598,33 @@ class Verl(Framework):
             req.env["MSPROBE_ACTOR_CONFIG"] = actor_config
         return req
 
+    def capture_run(self, req: Requirements) -> Requirements:
+        """The dump run's launch and overrides (the same prompt, the same engine settings), without the dump
+        (no rollout dump config, DUMP_ON / PROMPTS_ONLY unset: whole responses), with the log-prob capture
+        on (`verl.logprob-capture`: MISMATCH_ON=1, the rollout's log-probs kept)."""
+        capture = Requirements(req.mode, req.train_backend, req.rollout_backend, capture=True)
+        capture.settings = [r for r in req.settings if not _is_dump_arg(r.key)]
+        for r in req.settings:  # the script's own rollout dump config, if it names one: off
+            if _is_dump_arg(r.key):
+                capture.add(r.key, None, "the capture run dumps nothing (the dump run does)", only_if_present=True)
+        capture.add(f"{ROLLOUT}.calculate_log_probs", True, "the capture compares the rollout's log-probs")
+        capture.add(
+            "algorithm.rollout_correction.bypass_mode",
+            False,
+            "bypass mode makes old_log_probs the rollout's own: nothing to compare",
+            only_if_present=True,
+        )
+        capture.env = {name: value for name, value in req.env.items() if name == "TORCHDYNAMO_DISABLE"}
+        # off over the script's own exports: no dump, whole responses
+        capture.env.update({"DUMP_ON": "0", "PROMPTS_ONLY": "0", "MISMATCH_ON": "1"})
+        capture.pinned, capture.probes = dict(req.pinned), dict(req.probes)
+        capture.notices.append(
+            "the log-prob capture run: one file per training step in MISMATCH_DIR (default rlprobe-logprobs in "
+            "the trainer's working directory), for rlprobe-patch report with check-dump --compare's output; "
+            "it needs verl.logprob-capture and verl.request-id applied (both in apply --mode consistency)"
+        )
+        return capture
+
     def render(self, script: Script, req: Requirements, source_name: str, composed: bool) -> tuple[str, list[Change]]:
         """The collection script: the original, with our overrides passed after the user's own.
 
@@ -622,8 +688,9 @@ class Verl(Framework):
         for at, text in sorted(edits, reverse=True):
             data = data[:at] + text + data[at:]
         out = data.decode("utf-8")
+        which = " (its log-prob capture run: no dump)" if req.capture else ""
         header = (
-            f"# Generated by rlprobe-patch script --mode {req.mode} from {source_name} "
+            f"# Generated by rlprobe-patch script --mode {req.mode}{which} from {source_name} "
             f"on {dt.date.today().isoformat()}; the original is unchanged.\n"
             f"# training backend: {req.train_backend}, rollout backend: {req.rollout_backend}\n"
         )
@@ -652,6 +719,8 @@ class Verl(Framework):
                     )
                 )
         checks.extend(capture_checks(script, self.switches()))
+        if req.capture:
+            checks.extend(_capture_run_checks(script, self.config_paths(script, req.mode)))
         return checks
 
     def config_paths(self, script: Script, mode: str) -> dict[str, str]:
