@@ -109,3 +109,5 @@ def test_the_install_hint_names_the_training_python(tmp_path: Path) -> None:
     assert f"rlprobe-patch doctor --install --python {sys.executable}" in res["hint"], res["hint"]
     doctor_help = cli("doctor", "--help").stdout
     assert "--install" in doctor_help and "--python PATH" in doctor_help  # the spelling the hint uses
+    doctor = cli("doctor").stdout  # this interpreter: no msprobe, no torch
+    assert "fix: rlprobe-patch doctor --install --python <the training python>" in doctor, doctor
