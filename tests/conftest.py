@@ -288,6 +288,24 @@ WORKFLOW_SCRIPTS = FIXTURES / "workflow" / "scripts"
 CONFIGS = ("--actor-config", "/d/config_actor.json", "--generate-config", "/d/config_generate.json")
 
 
+def msprobe_configs(folder: Path, mode: str = "consistency", rollout_backend: str = "vllm") -> tuple[str, ...]:
+    """`--actor-config A --generate-config G --training-config T`, files that exist (check-script fails on
+    a missing one: issue 35, item 4), written with `config`'s rules: the generate side's for `mode`
+    (consistency's where `mode` is training) and `rollout_backend`."""
+    from rlprobe_patch.workflow.config import build_config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    modes = {"actor": "consistency", "generate": "consistency" if mode == "training" else mode, "training": "training"}
+    args: list[str] = []
+    for side, side_mode in modes.items():
+        dump = None if side == "training" else str(folder / "dump" / side)
+        path = folder / f"config_{side}.json"
+        path.write_text(json.dumps(build_config(side_mode, side, dump, rollout_backend=rollout_backend)))
+        path.chmod(0o640)  # msprobe refuses a config others may write
+        args += [f"--{side}-config", str(path)]
+    return tuple(args)
+
+
 @pytest.fixture
 def workflow_scripts(tmp_path: Path) -> Path:
     """A scratch copy of the workflow fixture scripts."""

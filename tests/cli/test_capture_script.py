@@ -37,7 +37,7 @@ def test_capture_without_rollout_log_probs_fails_before_the_run(workflow_scripts
     checks = _capture_checks(_with(workflow_scripts, "export MISMATCH_ON=1\nexport MISMATCH_DIR=/tmp/caps"))
     (failed,) = [c for c in checks.values() if not c["ok"]]
     assert failed["name"] == "log-prob capture: actor_rollout_ref.rollout.calculate_log_probs=True"
-    assert "not set (verl's default False)" in failed["detail"] and "stops at step 1" in failed["detail"]
+    assert "not set (verl's default False" in failed["detail"] and "stops at step 1" in failed["detail"]
     assert any(c["detail"] == "MISMATCH_DIR /tmp/caps" for c in checks.values())
 
 

@@ -13,11 +13,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import WORKFLOW_SCRIPTS, cli
+from conftest import WORKFLOW_SCRIPTS, cli, msprobe_configs
 
 from rlprobe_patch.errors import ExitCode
-
-CONFIGS = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json", "--training-config", "/d/t.json")
 
 
 def printed_commands(output: str) -> list[list[str]]:
@@ -37,7 +35,8 @@ def test_every_printed_command_works_as_printed(
     name: str, mode: str, workflow_scripts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(workflow_scripts)
-    first = cli("script", name, "--mode", mode, *CONFIGS, "-o", f"out-{mode}.sh")
+    configs = msprobe_configs(workflow_scripts / "configs", mode, "sglang" if "sglang" in name else "vllm")
+    first = cli("script", name, "--mode", mode, *configs, "-o", f"out-{mode}.sh")
     pending = printed_commands(first.output)
     assert pending or first.exit_code != ExitCode.OK, first.output  # a derived script always says what is next
     if "--set" in first.output and first.exit_code == ExitCode.REFUSED:

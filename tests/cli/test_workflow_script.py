@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, cli, cli_json
+from conftest import CONFIGS, cli, cli_json, msprobe_configs
 from script_oracle import SHARED
 
 from rlprobe_patch.errors import ExitCode
@@ -42,6 +42,12 @@ CONSISTENCY_FSDP = {
     "actor_rollout_ref.rollout.enforce_eager": True,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 8,
     "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path": "/d/config_generate.json",
+    # vLLM: one request per prefill pass, the whole prompt (issue 35, item 2); chunked prefill off needs
+    # max_num_batched_tokens (8192) >= max_model_len: the script's prompt + response lengths
+    "actor_rollout_ref.rollout.max_num_seqs": 1,
+    "actor_rollout_ref.rollout.enable_prefix_caching": False,
+    "actor_rollout_ref.rollout.enable_chunked_prefill": False,
+    "actor_rollout_ref.rollout.max_model_len": 512 + 1024,
 }
 
 
@@ -55,7 +61,8 @@ def test_consistency_script_has_exactly_the_overrides(workflow_scripts: Path) ->
     original = workflow_scripts / "grpo_fsdp_vllm.sh"
     before = sha256(original.read_bytes())
     out_path = workflow_scripts / "run_consistency.sh"
-    code, out = cli_json("script", str(original), "--mode", "consistency", *CONFIGS, "-o", str(out_path))
+    configs = msprobe_configs(workflow_scripts / "configs")[:4]
+    code, out = cli_json("script", str(original), "--mode", "consistency", *configs, "-o", str(out_path))
     assert code == ExitCode.OK, out
     assert sha256(original.read_bytes()) == before  # never edited
     assert subprocess.run(["bash", "-n", str(out_path)]).returncode == 0
@@ -65,7 +72,8 @@ def test_consistency_script_has_exactly_the_overrides(workflow_scripts: Path) ->
     assert changed == set(CONSISTENCY_FSDP) - {
         "actor_rollout_ref.model.use_remove_padding"
     }  # that one was already True
-    for key, value in CONSISTENCY_FSDP.items():
+    dump_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
+    for key, value in {**CONSISTENCY_FSDP, dump_key: configs[3]}.items():
         assert new.value(key, "missing") == value, key
     assert set(old.settings) - set(new.settings) == set()  # nothing dropped
     assert {k: v.value for k, v in new.env.items() if k not in old.env} == {
@@ -73,7 +81,7 @@ def test_consistency_script_has_exactly_the_overrides(workflow_scripts: Path) ->
         "DUMP_ON": "1",
         "PROMPTS_ONLY": "1",
         "DUMP_PHASE": "log_prob",
-        "MSPROBE_ACTOR_CONFIG": "/d/config_actor.json",
+        "MSPROBE_ACTOR_CONFIG": configs[1],
     }
     # the user's override stays where it was; ours comes after it on the same launch, so Hydra takes ours
     first, ours = new.overrides_of("data.train_batch_size")
@@ -197,11 +205,16 @@ def test_training_mode_script_and_refusal_on_old_verl(workflow_scripts: Path, tm
     assert new.value("actor_rollout_ref.actor.profiler.enable") is True
     assert new.value("actor_rollout_ref.ref.profiler.enable", "unset") == "unset"
     code, out = cli_json("check-script", str(out_path), "--mode", "training")
+    assert code == ExitCode.VERIFY_FAILED and "no such file: /t.json" in json.dumps(out["checks"]), out
+    configs = msprobe_configs(tmp_path / "configs")
+    text = out_path.read_text().replace("/t.json", configs[5])
+    out_path.write_text(text)
+    code, out = cli_json("check-script", str(out_path), "--mode", "training")
     assert code == ExitCode.OK, out
     # a training config with dump_path fails check-script
     config = tmp_path / "t.json"
     config.write_text(json.dumps({"task": "statistics", "dump_path": "/x", "level": "mix"}))
-    text = out_path.read_text().replace("/t.json", str(config))
+    text = out_path.read_text().replace(configs[5], str(config))
     out_path.write_text(text)
     code, out = cli_json("check-script", str(out_path), "--mode", "training")
     assert code == ExitCode.VERIFY_FAILED
@@ -220,9 +233,10 @@ def test_sglang_consistency_sets_what_pairing_needs(workflow_scripts: Path, vers
     """One request per prefill pass, no radix cache, no chunked prefill, eager: what check-dump
     needs to pair SGLang prefills with actor micro-batches by rid; each with its reason."""
     out_path = workflow_scripts / "out.sh"
+    configs = msprobe_configs(workflow_scripts / "configs", rollout_backend="sglang")[:4]
     args = ("--rollout-backend", "sglang", "--sglang-version", version, "-o", str(out_path))
     code, out = cli_json(
-        "script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "consistency", *CONFIGS, *args
+        "script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "consistency", *configs, *args
     )
     assert code == ExitCode.OK, out
     new = read_script(out_path)
@@ -235,9 +249,9 @@ def test_sglang_consistency_sets_what_pairing_needs(workflow_scripts: Path, vers
     assert any("dispatch_log.jsonl" in n and "--mode consistency" in n for n in out["notices"])
     if version == "0.5.8":  # sglang.model-runner reads its config from the environment
         assert "msprobe_dump_config" not in text
-        assert new.env["MSPROBE_SGLANG_CONFIG"].value == CONFIGS[CONFIGS.index("--generate-config") + 1]
+        assert new.env["MSPROBE_SGLANG_CONFIG"].value == configs[3]
     else:
-        assert new.value("engine_kwargs.sglang.msprobe_dump_config") == CONFIGS[CONFIGS.index("--generate-config") + 1]
+        assert new.value("engine_kwargs.sglang.msprobe_dump_config") == configs[3]
     check = ("--mode", "consistency", "--rollout-backend", "sglang", "--sglang-version", version)
     code, out = cli_json("check-script", str(out_path), *check)
     assert code == ExitCode.OK, out
@@ -264,3 +278,44 @@ def test_prompts_only_turns_off_the_kl_penalty_in_the_reward(tmp_path: Path) -> 
     assert code != ExitCode.OK and any(key in json.dumps(c) for c in failed), failed
     code, checked = cli_json("check-script", str(out_path), "--mode", "consistency")
     assert not [c for c in checked["checks"] if not c["ok"] and key in json.dumps(c)]
+
+
+GPG_FSDP = SHARED / "upstream/verl-examples/v0.8.0/examples/gpg_trainer/run_qwen3_8b_fsdp.sh"
+
+
+@pytest.mark.skipif(not GPG_FSDP.is_file(), reason="../shared/upstream is not beside the repository")
+def test_relative_configs_resolve_where_bash_runs_and_a_missing_one_fails(tmp_path: Path, monkeypatch) -> None:
+    """Issue 35, item 4: check-script resolved relative config paths against the script's folder (bash and
+    the processes it starts read them from the directory they run in), and with the configs missing it
+    warned and said "script OK", exit 0. verl 0.8.0's own FSDP + vLLM example, derived with relative
+    configs into another folder: it passes run from the directory holding them, or with --cwd naming it;
+    from anywhere else it fails, naming each missing path and the directory it was resolved against."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (work / "configs").mkdir(parents=True)
+    (work / "scripts").mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(work)
+    for side in ("actor", "generate"):
+        args = ("config", "--mode", "consistency", "--side", side, "--dump-path", f"/d/{side}")
+        code, res = cli_json(*args, "--rollout-backend", "vllm", "-o", f"configs/{side}.json", "--no-check")
+        assert code == ExitCode.OK, res
+    derived = work / "scripts" / "derived.sh"
+    configs = ("--actor-config", "configs/actor.json", "--generate-config", "configs/generate.json")
+    code, out = cli_json("script", GPG_FSDP, "--mode", "consistency", *configs, "--n-gpus", "2", "-o", derived)
+    assert code == ExitCode.OK, out
+    check = ("check-script", derived, "--mode", "consistency", "--n-gpus", "2")
+    code, out = cli_json(*check)
+    assert code == ExitCode.OK, [c for c in out["checks"] if not c["ok"]]
+    assert any(c["name"] == "generate config configs/generate.json" and c["ok"] for c in out["checks"]), out
+    monkeypatch.chdir(elsewhere)
+    for where, extra in ((work / "scripts", ("--cwd", work / "scripts")), (elsewhere, ())):  # the script's folder too
+        result = cli(*check, *extra)
+        assert result.exit_code == ExitCode.VERIFY_FAILED, result.output
+        assert result.stdout.strip().splitlines()[-1] == "script check FAILED"
+        for side in ("actor", "generate"):
+            line = next(x for x in result.stdout.splitlines() if f"{side} config configs/{side}.json" in x)
+            assert line.strip().startswith("FAIL"), line
+            assert f"no such file: {where / 'configs' / f'{side}.json'}" in line, line
+            assert f"resolved against {where}" in line and "--cwd DIR" in line, line
+    code, out = cli_json(*check, "--cwd", work)
+    assert code == ExitCode.OK, [c for c in out["checks"] if not c["ok"]]

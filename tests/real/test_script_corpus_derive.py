@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import msprobe_configs
 from omegaconf import OmegaConf
 from script_oracle import (
     CORPORA,
@@ -38,7 +40,8 @@ from rlprobe_patch.errors import ExitCode
 # The exhaustive leg's (`-m exhaustive`, .ci/run): too long for the README's test command (issue 35).
 pytestmark = [pytest.mark.exhaustive, pytest.mark.skipif(not EXAMPLES.is_dir(), reason="no ../shared/upstream")]
 
-ACTOR_CONFIG, GENERATE_CONFIG = "/dump/config_actor.json", "/dump/config_generate.json"
+# Configs that exist: check-script fails on a missing one (issue 35, item 4).
+_, ACTOR_CONFIG, _, GENERATE_CONFIG, *_ = msprobe_configs(Path(tempfile.mkdtemp(prefix="rlprobe-corpus-configs-")))
 DUMP_KEYS = {
     "vllm": "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path",
     "sglang": "actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config",

@@ -16,12 +16,14 @@ import hashlib
 import json
 import re
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import msprobe_configs
 from omegaconf import OmegaConf
 from script_oracle import (
     CORPORA,
@@ -44,6 +46,8 @@ pytestmark = [pytest.mark.exhaustive, pytest.mark.skipif(not EXAMPLES.is_dir(), 
 
 SECTIONS = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref", "critic": "critic"}
 STAGES_KEY = "global_profiler.global_tool_config.precision_debugger.stages"
+# A config that exists: check-script fails on a missing one (issue 35, item 4).
+TRAINING_CONFIG = msprobe_configs(Path(tempfile.mkdtemp(prefix="rlprobe-corpus-configs-")), "training")[5]
 
 
 def run(*args: str) -> tuple[int, dict[str, Any]]:
@@ -154,7 +158,7 @@ def test_every_example_of_080_gets_the_stages_it_has(checkout: Any) -> None:
         output = original.removesuffix(".sh") + ".training.sh"
         code, out = run(
             "script", original, "--mode", "training", "--verl-root", str(root),
-            "--training-config", "/dump/t.json", "-o", output, "--force",
+            "--training-config", TRAINING_CONFIG, "-o", output, "--force",
         )  # fmt: skip
         if code != ExitCode.OK:
             problems.append(f"{truth.script}: exit {code}: {out.get('message')} {out.get('details')}")
@@ -211,7 +215,7 @@ def test_critic_stages_are_accepted_where_the_run_has_a_critic(checkout: Any) ->
     assert truth.main is not None
     assert rules.roles(compose_config(truth.main.entry, truth.main.args, root, repo)) == {"actor", "critic"}
     base = ("script", original, "--mode", "training", "--verl-root", str(root), "-o", output, "--force")
-    base += ("--training-config", "/dump/t.json")
+    base += ("--training-config", TRAINING_CONFIG)
     code, out = run(*base, "--stages", "compute_values,critic_update")
     assert code == ExitCode.OK, out
     notices = " ".join(out["notices"])
@@ -245,7 +249,7 @@ def test_the_0_6_1_examples_are_refused_for_training(checkout: Any) -> None:
     for truth in cases:
         code, out = run(
             "script", f"examples/{truth.script}", "--mode", "training", "--verl-root", str(root),
-            "-o", str(repo / "out.sh"), "--force", "--training-config", "/dump/t.json",
+            "-o", str(repo / "out.sh"), "--force", "--training-config", TRAINING_CONFIG,
         )  # fmt: skip
         assert code == ExitCode.REFUSED, (truth.script, out)
         assert any("has no precision_debugger profiler" in d for d in out["details"]), (truth.script, out)

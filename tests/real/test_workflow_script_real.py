@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, cli, cli_json
+from conftest import CONFIGS, cli, cli_json, msprobe_configs
 from omegaconf import OmegaConf
 from script_oracle import SHARED, compose_config, run_in_checkout
 
@@ -63,13 +63,14 @@ def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree
         pytest.skip("../shared/upstream is not beside the repository")
     root = real_tree("0.9.1")
     out_path = tmp_path / "collect.sh"
-    args = ("script", str(example), "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", str(out_path))
+    configs = msprobe_configs(tmp_path / "configs")[:4]
+    args = ("script", str(example), "--mode", "consistency", *configs, "--verl-root", str(root), "-o", str(out_path))
     code, out = cli_json(*args, "--n-gpus", "2")
     assert code == ExitCode.OK, out
     derived = read_script(out_path, verl_root=root, release="0.9.1")
     assert derived.composed is not None and not derived.composed.errors
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
-    assert derived.value(key) == "/d/config_generate.json"
+    assert derived.value(key) == configs[3]
     assert derived.fact("n_gpus_per_node") * derived.fact("nnodes") == 2
     assert derived.fact("rollout_tp") == 2
     code, checked = cli_json("check-script", str(out_path), "--mode", "consistency", "--verl-root", str(root))
@@ -108,15 +109,18 @@ def test_the_next_line_script_prints_works_as_printed(real_tree, tmp_path: Path,
     root = real_tree("0.8.0")
     monkeypatch.chdir(tmp_path)
     derived = tmp_path / "derived.sh"
-    args = ["script", str(VL_EXAMPLE), "--mode", "consistency", *CONFIGS, "--verl-root", str(root)]
+    configs = msprobe_configs(tmp_path / "configs", rollout_backend="sglang")[:4]
+    args = ["script", str(VL_EXAMPLE), "--mode", "consistency", *configs, "--verl-root", str(root)]
     result = cli(*args, "--env", "INFER_BACKEND=sglang", "--n-gpus", "2", "-o", str(derived))
     assert result.exit_code == ExitCode.OK, result.output
-    (line,) = [x for x in result.stdout.splitlines() if x.startswith("next: ")]
-    command = shlex.split(line.removeprefix("next: "))
-    assert command[:2] == ["rlprobe-patch", "check-script"] and command[2] == str(derived)
-    checked = cli(*command[1:])
-    assert checked.exit_code == ExitCode.OK, (line, checked.output)
-    assert checked.stdout.strip().splitlines()[-1] == "script OK"
+    lines = [x for x in result.stdout.splitlines() if x.startswith("next: ")]  # the dump run, its capture run
+    capture = derived.with_name(f"{derived.stem}.capture.sh")
+    for line, checked_script in zip(lines, (derived, capture), strict=True):
+        command = shlex.split(line.removeprefix("next: "))
+        assert command[:2] == ["rlprobe-patch", "check-script"] and command[2] == str(checked_script)
+        checked = cli(*command[1:])
+        assert checked.exit_code == ExitCode.OK, (line, checked.output)
+        assert checked.stdout.strip().splitlines()[-1] == "script OK"
 
 
 @pytest.mark.skipif(not VL_EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
@@ -208,7 +212,8 @@ def test_consistency_aligns_cp_and_lists_set_values_as_set(real_tree, tmp_path: 
     assert before is not None and not before.error
     cp_key = "actor_rollout_ref.actor.megatron.context_parallel_size"
     assert OmegaConf.select(compose_config(before.entry, before.args, root, repo), cp_key) == 2
-    args = ["script", original, "--mode", "consistency", *CONFIGS, "--verl-root", str(root), "-o", derived]
+    configs = msprobe_configs(tmp_path / "configs", rollout_backend=before.facts["rollout_backend"])[:4]
+    args = ["script", original, "--mode", "consistency", *configs, "--verl-root", str(root), "-o", derived]
     code, out = cli_json(*args)
     assert code == ExitCode.REFUSED, out
     command = shlex.split(out["hint"].split(", run: ", 1)[1])  # the hint's command, run as printed

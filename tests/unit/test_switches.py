@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import cli_json
+from conftest import cli_json, msprobe_configs
 from script_oracle import EXAMPLES
 
 from rlprobe_patch.errors import ExitCode
@@ -91,7 +91,7 @@ def derived(tmp_path: Path) -> Path:
     original = tmp_path / EXAMPLE.name
     shutil.copy(EXAMPLE, original)
     out = tmp_path / "collect.sh"
-    configs = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json")
+    configs = msprobe_configs(tmp_path / "configs")[:4]
     code, doc = cli_json("script", original, "--mode", "consistency", *configs, "--n-gpus", "8", "-o", out)
     assert code == ExitCode.OK, doc
     return out

@@ -11,9 +11,17 @@ from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, UsageError
-from rlprobe_patch.workflow.config import LEVELS, SIDES, TASKS, build_config, sglang_consistency_generate, write_config
+from rlprobe_patch.workflow.config import (
+    LEVELS,
+    SIDES,
+    TASKS,
+    build_config,
+    consistency_generate,
+    steps_why,
+    write_config,
+)
 from rlprobe_patch.workflow.detect import COLLECTION_MODES
-from rlprobe_patch.workflow.sglang_pairing import SGLANG_GENERATE_STEPS_WHY, SGLANG_PAIRING
+from rlprobe_patch.workflow.pairing import PAIRING
 
 
 def _int_list(text: str | None) -> list[int] | None:
@@ -31,13 +39,13 @@ def _int_list(text: str | None) -> list[int] | None:
 @click.option("--dump-path", metavar="DIR", help="Required for inference/consistency; forbidden for training.")
 @click.option("--level", type=click.Choice(LEVELS), default="mix", show_default=True)
 @click.option("--task", type=click.Choice(TASKS), default="statistics", show_default=True)
-@click.option("--step", "steps", metavar="N[,N]", help="msprobe steps (default: [0] generate, [] otherwise).")
+@click.option("--step", "steps", metavar="N[,N]", help="msprobe steps (default: [0] inference generate, [] otherwise).")
 @click.option("--rank", "ranks", metavar="N[,N]", help="msprobe ranks (default: all).")
 @click.option(
     "--rollout-backend",
     type=click.Choice(["vllm", "sglang"]),
-    help="The rollout engine; sglang: the consistency generate side dumps every forward pass (step []) "
-    "and the answer lists the server settings rid pairing needs.",
+    help="The rollout engine: the answer lists the engine settings rid pairing needs on the consistency "
+    "generate side (which dumps every forward pass, step []).",
 )
 @click.option(
     "--request-id",
@@ -80,9 +88,9 @@ def config_cmd(
     )
     checked = write_config(data, output, python, check=not no_check)
     needs: list[dict[str, Any]] = []
-    if sglang_consistency_generate(mode, side, rollout_backend):
-        needs = [{"key": s.key, "value": s.value, "why": s.why} for s in SGLANG_PAIRING]
-        needs.append({"key": "step", "value": data["step"], "why": SGLANG_GENERATE_STEPS_WHY})
+    if consistency_generate(mode, side) and rollout_backend in PAIRING:
+        needs = [{"key": s.key, "value": s.value, "why": s.why} for s in PAIRING[rollout_backend]]
+        needs.append({"key": "step", "value": data["step"], "why": steps_why(rollout_backend)})
     out.emit(
         {
             "ok": True,
@@ -98,9 +106,8 @@ def config_cmd(
     out.line(f"wrote {output} ({mode}, {side} side, level {level})", fg="green")
     if needs:
         out.line(f"step {data['step']}: {needs[-1]['why']}")
-        out.line(
-            "the SGLang server also needs, for check-dump to pair its prefills by rid (script --mode consistency):"
-        )
+        engine = {"sglang": "SGLang server", "vllm": "vLLM engine"}[str(rollout_backend)]
+        out.line(f"the {engine} also needs, for check-dump to pair its prefills by rid (script --mode consistency):")
         for need in needs[:-1]:
             out.line(f"    {need['key']}={need['value']}: {need['why']}")
     if checked:

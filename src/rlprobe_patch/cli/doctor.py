@@ -37,7 +37,8 @@ def doctor_cmd(out: Out, python: str | None, install: bool, requirement: str, pi
         for advice in report.advice:
             out.line(f"note: {advice}", fg="yellow")
         if not install and not report.advice:
-            out.line("fix: rlprobe-patch doctor --install" + (f" --python {python}" if python else ""))
+            # msprobe imports the torch of the environment it is installed in: the training one
+            out.line(f"fix: rlprobe-patch doctor --install --python {python or '<the training python>'}")
     for name, p in report.packages.items():
         if name == "msprobe":
             continue

@@ -15,7 +15,10 @@ from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
 from rlprobe_patch.workflow.config import SIDES
 from rlprobe_patch.workflow.derive import (
     ScriptCheck,
+    capture_output,
+    capture_run,
     check_script,
+    checked_requirements,
     default_output,
     derive,
     framework_of,
@@ -182,8 +185,25 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
     output = output or default_output(original, req.mode)
     # check-script reads the derived script as this command read the original: same tree, environment, arguments
     next_command = ["rlprobe-patch", "check-script", str(output), "--mode", req.mode, *carried]
+    capture = capture_run(detection.script, req)
+    captured: dict[str, Any] | None = None
+    if capture is not None:  # the consistency collection's second run: the log-prob capture for `report`
+        capture_text, capture_changes = render_script(detection.script, capture, original.name, verl_root is not None)
+        capture_path = capture_output(output)
+        captured = {
+            "output": None if dry_run else str(capture_path),
+            "changes": [c.to_json() for c in capture_changes],
+            "env": capture.env,
+            "notices": capture.notices,
+            "text": capture_text if dry_run else None,
+            "next": None if dry_run else [*next_command[:2], str(capture_path), *next_command[3:]],
+        }
     if not dry_run:
+        if captured is not None and capture_path.exists() and not force:  # refused before either is written
+            write_script(original, capture_path, capture_text, force)
         write_script(original, output, text, force)
+        if captured is not None:
+            write_script(original, capture_path, capture_text, force)
     out.emit(
         {
             "ok": True,
@@ -200,6 +220,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             "notices": req.notices,
             "text": text if dry_run else None,
             "next": None if dry_run else next_command,
+            "capture": captured,
         }
     )
     for c in changes:
@@ -223,9 +244,20 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         out.line(f"notice: {notice}", fg="yellow")
     if dry_run:
         out.line(text)
+        if captured is not None:
+            out.line(captured["text"])
     else:
         out.line(f"wrote {output} ({req.mode}); {original} is unchanged", fg="green", bold=True)
+        if captured is not None:
+            out.line(
+                f"wrote {captured['output']} (its log-prob capture run, for report: the same launch without the dump, "
+                "MISMATCH_ON=1; the dump run cuts its batches to their prompts and cannot capture)",
+                fg="green",
+                bold=True,
+            )
         out.line(f"next: {shlex.join(next_command)}")
+        if captured is not None:
+            out.line(f"next: {shlex.join(captured['next'])}")
     return int(ExitCode.OK)
 
 
@@ -239,6 +271,7 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
 
     detection, req, _ = _derive(script, opts)
     _refuse_blocked(script, req)
+    req = checked_requirements(detection.script, req)
     checks = check_script(detection.script, req)
     _missing_dump_arg(detection.script, req, checks)
     ok = all(c.ok for c in checks)
@@ -275,7 +308,7 @@ def _refuse_blocked(script: Path, req: Any) -> None:
 
 def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:
 
-    if req.mode in ("inference", "consistency") and "generate" not in req.configs:
+    if req.mode in ("inference", "consistency") and not req.capture and "generate" not in req.configs:
         if not (req.rollout_backend == "sglang" and any("ModelRunner" in n for n in req.notices)):
             where = framework_of(script).dump_config_arg
             checks.append(ScriptCheck("rollout dump config", False, f"no {where} argument in the script"))

@@ -121,6 +121,15 @@ FACT_KEYS: dict[str, tuple[str, ...]] = {
     "use_kl_in_reward": ("algorithm.use_kl_in_reward",),
     "critic_enable": ("critic.enable",),
     "profiler_steps": ("global_profiler.steps",),
+    # what a vLLM consistency rollout changes (workflow/pairing.py) and the log-prob capture needs
+    "rollout_max_num_seqs": (f"{ROLLOUT}.max_num_seqs",),
+    "rollout_prefix_caching": (f"{ROLLOUT}.enable_prefix_caching",),
+    "rollout_chunked_prefill": (f"{ROLLOUT}.enable_chunked_prefill",),
+    "rollout_max_num_batched_tokens": (f"{ROLLOUT}.max_num_batched_tokens",),
+    "rollout_max_model_len": (f"{ROLLOUT}.max_model_len",),
+    "max_prompt_length": ("data.max_prompt_length",),
+    "max_response_length": ("data.max_response_length",),
+    "calculate_log_probs": (f"{ROLLOUT}.calculate_log_probs",),
 }
 # Engine facts where no engine section holds the key: FSDP / VeOmni have no TP or PP.
 ENGINE_FACT_DEFAULT = {"actor_tp": 1, "actor_pp": 1, "actor_ep": 1, "ref_tp": 1, "ref_pp": 1}

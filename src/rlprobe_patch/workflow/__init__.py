@@ -3,7 +3,7 @@
     detect.py          the collection mode and backends of a training script, with their sources
     derive/            `script` / `check-script`: one adapter per training framework (verl, slime)
     config.py          msprobe config.json per mode and side, checked by msprobe itself
-    sglang_pairing.py  what an SGLang rollout needs for its prefills to pair by request id
+    pairing.py         what an SGLang or vLLM rollout needs for its prefills to pair by request id
     check_dump.py      the dump layout and the generate/actor pairs; msprobe's compare per pair
     slime_dumps.py     slime's own debug dumps, tied to the actor steps
     doctor.py          can the training interpreter run msprobe

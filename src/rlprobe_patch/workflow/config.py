@@ -6,12 +6,12 @@ Rules (SKILL.md "共用 config.json 规范" and the three-mode table):
 |-------------|-----------|-----------|-------|
 | training    | training  | forbidden (verl's precision_debugger profiler sets it per stage) | [] |
 | inference   | generate  | required  | [0]   |
-| consistency | generate  | required  | [0]   |
+| consistency | generate  | required  | []    |
 | consistency | actor     | required (the patched hook logs next to it) | [] |
 
-With an SGLang rollout (`--rollout-backend sglang`) the consistency generate side dumps every
-step (`[]`): SGLang's msprobe step is one forward pass, and check-dump pairs each single-request
-prefill pass with its actor step.
+The consistency generate side dumps every step (`[]`): the rollout's msprobe step is one forward
+pass (SGLang's debugger, `vllm.model-runner`, vLLM-Ascend's runner), and check-dump pairs each
+single-request prefill pass with its actor step (issue 35, item 2: `[0]` dumped one pass).
 
 `"level": "mix"` unless asked otherwise. The file is then loaded by msprobe itself, in the
 training interpreter: `parse_json_config` (msprobe's CommonConfig and task config checks) and
@@ -29,7 +29,7 @@ from typing import Any
 
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.workflow.envprobe import interpreter, last_json, run_python
-from rlprobe_patch.workflow.sglang_pairing import SGLANG_GENERATE_STEPS, SGLANG_GENERATE_STEPS_WHY
+from rlprobe_patch.workflow.pairing import GENERATE_STEPS, GENERATE_STEPS_WHY
 
 SIDES = {"training": ("training",), "inference": ("generate",), "consistency": ("actor", "generate")}
 LEVELS = ("mix", "L0", "L1", "L2", "debug")
@@ -82,9 +82,9 @@ def build_config(
     if dump_path:
         config["dump_path"] = str(dump_path)
     default_step = [0] if side == "generate" else []
-    if sglang_consistency_generate(mode, side, rollout_backend) or request_id:
+    if consistency_generate(mode, side) or request_id:
         # every pass: the request's prefill is not the engine's first step
-        default_step = [] if request_id else list(SGLANG_GENERATE_STEPS)
+        default_step = list(GENERATE_STEPS)
     config.update(
         {
             "rank": list(ranks or []),
@@ -144,8 +144,13 @@ def check_with_msprobe(path: Path, python: str | None, *, training: bool) -> dic
     if result.get("msprobe") is None and not result["ok"]:
         raise RefusedError(
             f"msprobe is not installed in {interpreter(python)}: cannot check the config with msprobe",
-            hint="pass the training interpreter with --python, install it (rlprobe-patch doctor --install), "
-            "or skip the check with --no-check",
+            hint=(
+                f"install it into that environment (rlprobe-patch doctor --install --python {python})"
+                if python
+                else "pass the training interpreter with --python, install msprobe there (rlprobe-patch doctor "
+                "--install --python <the training python>: msprobe imports that environment's torch)"
+            )
+            + ", or skip the check with --no-check",
         )
     return result
 
@@ -203,8 +208,13 @@ def read_config(path: Path) -> dict[str, Any]:
 SGLANG_STEP_WARNING = "step selects SGLang forward passes"
 
 
-def sglang_consistency_generate(mode: str, side: str, rollout_backend: str | None) -> bool:
-    return mode == "consistency" and side == "generate" and rollout_backend == "sglang"
+def consistency_generate(mode: str, side: str) -> bool:
+    return mode == "consistency" and side == "generate"
+
+
+def steps_why(rollout_backend: str | None) -> str:
+    """Why the consistency generate side dumps every step, for `rollout_backend`."""
+    return GENERATE_STEPS_WHY.get(rollout_backend or "", GENERATE_STEPS_WHY["vllm"].replace("vLLM", "the rollout"))
 
 
 def rule_problems(data: dict[str, Any], mode: str, side: str, rollout_backend: str | None = None) -> list[str]:
@@ -214,12 +224,17 @@ def rule_problems(data: dict[str, Any], mode: str, side: str, rollout_backend: s
         problems.append("dump_path is set; it is forbidden for the training profiler (verl sets it per stage)")
     if mode != "training" and not data.get("dump_path"):
         problems.append(f"dump_path is missing; it is required for the {side} side")
-    if sglang_consistency_generate(mode, side, rollout_backend):
-        if data.get("step", []) != SGLANG_GENERATE_STEPS:
-            problems.append(
-                f"{SGLANG_STEP_WARNING}: step is {data.get('step')!r}, so only those passes are dumped "
-                f"and paired ({SGLANG_GENERATE_STEPS_WHY})"
-            )
+    if consistency_generate(mode, side):
+        if data.get("step", []) != GENERATE_STEPS:
+            problem = f"step is {data.get('step')!r}, so only those passes are dumped and paired"
+            if rollout_backend == "sglang":
+                problems.append(f"{SGLANG_STEP_WARNING}: {problem} ({steps_why(rollout_backend)})")
+            else:
+                backend = f" --rollout-backend {rollout_backend}" if rollout_backend else ""
+                problems.append(
+                    f"{problem} ({steps_why(rollout_backend)}); fix: step [] (rlprobe-patch config --mode "
+                    f"consistency --side generate{backend} writes it)"
+                )
     elif side == "generate" and data.get("step") not in ([0],):
         problems.append(f"step is {data.get('step')!r}; the generate side uses [0]")
     if data.get("level", "L1") != "mix":

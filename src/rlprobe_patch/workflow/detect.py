@@ -21,7 +21,7 @@ from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.workflow.engines import vllm_engine
 from rlprobe_patch.workflow.envprobe import packages
-from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING, same_value
+from rlprobe_patch.workflow.pairing import SGLANG_PAIRING, same_value
 
 COLLECTION_MODES = ("training", "inference", "consistency")  # what `detect` tells apart
 STAGES = ("actor_compute_log_prob", "ref_compute_log_prob", "actor_update")
@@ -64,7 +64,7 @@ class Detection:
     rollout_backend: str
     signals: list[Signal] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
-    # An SGLang rollout: each setting rid pairing needs, with the script's value (see sglang_pairing.py).
+    # An SGLang rollout: each setting rid pairing needs, with the script's value (see pairing.py).
     pairing: list[dict[str, Any]] = field(default_factory=list)
 
     def signals_for(self, decision: str) -> list[Signal]:

@@ -17,13 +17,14 @@ from typing import Any
 
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.errors import PatchError, RefusedError
-from rlprobe_patch.launch.model import Script
+from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.workflow.derive.base import (
     Change,
     Framework,
     Requirements,
     RunOptions,
     ScriptCheck,
+    capture_output,
     common_checks,
     default_output,
     shared_switches,
@@ -42,7 +43,10 @@ __all__ = [
     "Requirements",
     "RunOptions",
     "ScriptCheck",
+    "capture_output",
+    "capture_run",
     "check_script",
+    "checked_requirements",
     "default_output",
     "derive",
     "framework_of",
@@ -70,9 +74,41 @@ def render_script(script: Script, req: Requirements, source_name: str, composed:
     return framework_of(script).render(script, req, source_name, composed)
 
 
+def capture_run(script: Script, req: Requirements) -> Requirements | None:
+    """The log-prob capture run of a consistency collection (`Framework.capture_run`), None in other modes."""
+    return framework_of(script).capture_run(req) if req.mode == "consistency" and not req.capture else None
+
+
+def is_capture_script(script: Script) -> bool:
+    """A script that runs the log-prob capture (MISMATCH_ON on) and no dump (DUMP_ON off or unset)."""
+    on = script.env.get("MISMATCH_ON")
+    dump = script.env.get("DUMP_ON")
+    return on is not None and is_true(on.value) and (dump is None or not is_true(dump.value))
+
+
+def checked_requirements(script: Script, req: Requirements) -> Requirements:
+    """What check-script holds `script` to: the capture run's requirements where it is a consistency
+    collection's capture run, else `req`."""
+    capture = capture_run(script, req)
+    return capture if capture is not None and is_capture_script(script) else req
+
+
 def check_script(script: Script, req: Requirements) -> list[ScriptCheck]:
     framework = framework_of(script)
-    return framework.check(script, req) + req.checks + common_checks(script, req, framework)
+    checks = framework.check(script, req) + req.checks + common_checks(script, req, framework)
+    if capture_run(script, req) is not None:  # a dump run: its capture run beside it
+        companion = capture_output(script.path)
+        detail = (
+            str(companion)
+            if companion.is_file()
+            else (
+                f"no such file: {companion}: the dump run cuts its batches to their prompts (PROMPTS_ONLY), so "
+                "the log-prob capture for `report` is a second run; rlprobe-patch script ORIGINAL --mode consistency "
+                "writes it beside the dump script"
+            )
+        )
+        checks.append(ScriptCheck("log-prob capture run", companion.is_file(), detail))
+    return checks
 
 
 def script_config_paths(script: Script, mode: str) -> dict[str, str]:

@@ -60,6 +60,7 @@ class Requirements:
     probes: dict[str, Probe] = field(default_factory=dict)
     blocked: str = ""  # why no option makes this run collectable in this mode (e.g. a rollout without a dump)
     checks: list[ScriptCheck] = field(default_factory=list)  # what check-script adds about the environment
+    capture: bool = False  # the consistency collection's log-prob capture run (`Framework.capture_run`)
 
     def header(self, lines: str) -> str:
         """The derived script's opening comment, then the environment it was derived with, exported before
@@ -135,6 +136,11 @@ def default_output(original: Path, mode: str) -> Path:
     return original.parent / f"run_{mode}_dump_{dt.date.today().strftime('%Y%m%d')}.sh"
 
 
+def capture_output(dump_script: Path) -> Path:
+    """Where `script` writes the log-prob capture run of a consistency collection: beside its dump script."""
+    return dump_script.with_name(f"{dump_script.stem}.capture{dump_script.suffix}")
+
+
 def write_script(original: Path, output: Path, text: str, force: bool) -> None:
     original = original.resolve()
     if output.resolve() == original:
@@ -200,6 +206,11 @@ class Framework(abc.ABC):
     def switches(self) -> Any:
         """The switch reader this framework's hooks run (DUMP_ON, DUMP_PHASE, ...)."""
 
+    def capture_run(self, req: Requirements) -> Requirements | None:
+        """The consistency collection's second run, the log-prob capture for `report` (None: this framework
+        has no capture hook). The dump run cannot capture: PROMPTS_ONLY cuts its batches to their prompts."""
+        return None
+
 
 def common_checks(script: Script, req: Requirements, framework: Framework) -> list[ScriptCheck]:
     """What every framework's collection script is checked for: the exported switches (by the
@@ -213,7 +224,7 @@ def common_checks(script: Script, req: Requirements, framework: Framework) -> li
             checks.append(ScriptCheck(f"export {name}={value}", False, f"is {current.value!r} at {current.source}"))
         else:
             checks.append(ScriptCheck(f"export {name}={value}", True, current.source))
-    if req.mode == "consistency" and "MSPROBE_ACTOR_CONFIG" not in req.env:
+    if req.mode == "consistency" and not req.capture and "MSPROBE_ACTOR_CONFIG" not in req.env:
         current = script.env.get("MSPROBE_ACTOR_CONFIG")
         checks.append(
             ScriptCheck(
@@ -223,7 +234,8 @@ def common_checks(script: Script, req: Requirements, framework: Framework) -> li
             )
         )
     checks.extend(_switch_checks(script, framework.switches()))
-    checks.extend(_config_checks(script, req, framework.config_paths(script, req.mode)))
+    # the capture run loads no msprobe config (DUMP_ON off): Framework.check fails a rollout dump config in it
+    checks.extend(_config_checks(script, req, {} if req.capture else framework.config_paths(script, req.mode)))
     for notice in req.notices:
         checks.append(ScriptCheck("notice", True, notice, warning=True))
     return checks
@@ -277,14 +289,31 @@ def _switch_checks(script: Script, reader: Any) -> list[ScriptCheck]:
     return checks
 
 
+def launch_cwd(script: Script) -> Path:
+    """The directory the launch runs in, which its relative paths resolve against: where bash runs the
+    script from (--cwd, else the current directory), after the script's own `cd`s."""
+    return script.launch.run.cwd.absolute() if script.launch is not None else Path.cwd()
+
+
+def resolve_config(script: Script, path: str) -> tuple[Path, str]:
+    """(the file a config path names, how it was resolved): a relative path is read by the launched
+    process, from the directory it runs in, never from the script's folder."""
+    if Path(path).is_absolute():
+        return Path(path), "an absolute path"
+    cwd = launch_cwd(script)
+    return cwd / path, (
+        f"{path} is relative: resolved against {cwd}, the directory the launch runs in (where bash runs the "
+        "script from: --cwd, else the current directory; then the script's own cd)"
+    )
+
+
 def _actor_config_check(script: Script, reader: Any) -> list[ScriptCheck]:
     setting = script.env["MSPROBE_ACTOR_CONFIG"]
-    path = str(setting.value)
-    resolved = path if Path(path).is_absolute() else str(script.path.parent / path)
-    if not Path(resolved).exists():
-        return []  # _config_checks says it is not on this machine
+    resolved, _ = resolve_config(script, str(setting.value))
+    if not resolved.exists():
+        return []  # _config_checks fails it, naming the file
     try:
-        reader._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "", {"MSPROBE_ACTOR_CONFIG": resolved})
+        reader._rlprobe_config_path("MSPROBE_ACTOR_CONFIG", "", {"MSPROBE_ACTOR_CONFIG": str(resolved)})
     except ValueError as exc:
         return [ScriptCheck("MSPROBE_ACTOR_CONFIG", False, f"{setting.source}: {_plain(exc)}")]
     return []
@@ -303,9 +332,10 @@ def _config_checks(script: Script, req: Requirements, paths: dict[str, str]) -> 
     checks = []
     dump_paths: dict[str, str] = {}
     for side, path in paths.items():
-        resolved = Path(path) if Path(path).is_absolute() else script.path.parent / path
+        resolved, how = resolve_config(script, path)
         if not resolved.is_file():
-            checks.append(ScriptCheck(f"{side} config {path}", True, "not on this machine: not checked", warning=True))
+            fix = "write it with rlprobe-patch config" + ("" if Path(path).is_absolute() else ", or pass --cwd DIR")
+            checks.append(ScriptCheck(f"{side} config {path}", False, f"no such file: {resolved} ({how}); {fix}"))
             continue
         try:
             data = read_config(resolved)

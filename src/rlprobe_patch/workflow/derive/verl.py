@@ -41,7 +41,7 @@ from rlprobe_patch.workflow.derive.base import (
 )
 from rlprobe_patch.workflow.detect import UNDUMPED_ROLLOUTS, Detection, undumped_rollout
 from rlprobe_patch.workflow.engines import COMMUNITY, VllmEngine
-from rlprobe_patch.workflow.sglang_pairing import SGLANG_PAIRING
+from rlprobe_patch.workflow.pairing import SGLANG_PAIRING, VLLM_BATCHED_TOKENS, VLLM_MODEL_LEN, VLLM_PAIRING
 
 
 def same_override_value(current: Any, wanted: Any) -> bool:
@@ -82,9 +82,15 @@ def capture_checks(script: Script, reader: Any) -> list[ScriptCheck]:
     if not capture["on"]:
         return checks
     calculate = script.settings.get(f"{ROLLOUT}.calculate_log_probs")
+    where = "not set (verl's default False)"
+    fact = script.facts.get("calculate_log_probs")  # the release's default where the script leaves it
+    if calculate is None and fact is not None:
+        calculate = Setting(f"{ROLLOUT}.calculate_log_probs", fact.value, fact.source)
+        where = f"not set (verl's default {fact.value}: {fact.source})"
+    elif calculate is not None:
+        where = f"is {calculate.value} at {calculate.source}"
     name = f"log-prob capture: {ROLLOUT}.calculate_log_probs=True"
     if calculate is None or not is_true(calculate.value):
-        where = "not set (verl's default False)" if calculate is None else f"is {calculate.value} at {calculate.source}"
         checks.append(
             ScriptCheck(name, False, f"{where}: the batches hold no rollout_log_probs; the capture stops at step 1")
         )
@@ -104,6 +110,39 @@ def capture_checks(script: Script, reader: Any) -> list[ScriptCheck]:
     return checks
 
 
+def _is_dump_arg(key: str) -> bool:
+    """A rollout dump config override (`_rollout_dump_arg`)."""
+    return "engine_kwargs" in key and key.rsplit(".", 1)[-1] in (
+        "dump_config_path",
+        "dump_config",
+        "msprobe_dump_config",
+    )
+
+
+def _capture_run_checks(script: Script, configs: dict[str, str]) -> list[ScriptCheck]:
+    """The capture run compares whole responses and dumps nothing."""
+    checks = []
+    cut = script.env.get("PROMPTS_ONLY")
+    if cut is not None and is_true(cut.value):
+        checks.append(
+            ScriptCheck(
+                "capture run: PROMPTS_ONLY unset",
+                False,
+                f"is {cut.value!r} at {cut.source}: the batches are cut to their prompts, no response token is left to "
+                "compare (that is the dump run's switch)",
+            )
+        )
+    if "generate" in configs:
+        checks.append(
+            ScriptCheck(
+                "capture run: no rollout dump config",
+                False,
+                f"{configs['generate']}: the rollout would dump every pass of the capture run too (the dump run's)",
+            )
+        )
+    return checks
+
+
 def _int(script: Script, key: str, default: int | None) -> tuple[int | None, str]:
     """The value the run gets for `key`: the script's (or the tree's config), else the release default."""
     setting = script.settings.get(key)
@@ -116,6 +155,12 @@ def _int(script: Script, key: str, default: int | None) -> tuple[int | None, str
         return int(setting.value), f"{key}={setting.value} ({setting.source})"
     except (TypeError, ValueError):
         return None, f"{key}={setting.value!r} ({setting.source}) is not a number"
+
+
+def _default_of(script: Script, key: str) -> str:
+    """`: verl's default V (source)` where the release data knows what the run gets for an unset `key`."""
+    fact = next((script.facts[f] for f, keys in FACT_KEYS.items() if key in keys and f in script.facts), None)
+    return "" if fact is None or fact.value is None else f": {hydra_text(fact.value)} by default ({fact.source})"
 
 
 def _set_by_script(script: Script, key: str) -> bool:
@@ -310,6 +355,36 @@ def _sglang_pairing(req: Requirements) -> None:
     )
 
 
+def _vllm_pairing(req: Requirements, script: Script) -> None:
+    """What check-dump needs to pair vLLM prefills with actor micro-batches by request id (the demo's vLLM
+    run: one request at a time, no prefix cache, no chunked prefill), and what vLLM then needs to start:
+    with chunked prefill off it refuses max_num_batched_tokens < max_model_len."""
+    for setting in VLLM_PAIRING:
+        req.add(setting.key, setting.value, setting.why)
+    model_len, _ = _int(script, VLLM_MODEL_LEN, None)
+    current = script.settings.get(VLLM_MODEL_LEN)
+    if model_len is None and (current is None or current.value is None):
+        # unset, verl gives vLLM the model's max_position_embeddings, which no script says
+        prompt, _ = _int(script, "data.max_prompt_length", 512)
+        response, _ = _int(script, "data.max_response_length", 512)
+        if prompt is None or response is None:
+            req.notices.append(
+                f"{VLLM_MODEL_LEN} is unset and the prompt / response lengths are not known here: with chunked "
+                f"prefill off vLLM needs {VLLM_BATCHED_TOKENS} >= max_model_len; set both (--set)"
+            )
+            return
+        model_len = prompt + response
+        req.add(
+            VLLM_MODEL_LEN,
+            model_len,
+            "chunked prefill off: vLLM needs max_num_batched_tokens >= max_model_len, and an unset max_model_len "
+            "is the model's max_position_embeddings; prompt + response length, verl 0.6.0's own default",
+        )
+    batched, _ = _int(script, VLLM_BATCHED_TOKENS, 8192)
+    if model_len is not None and batched is not None and batched < model_len:
+        req.add(VLLM_BATCHED_TOKENS, model_len, "chunked prefill off: vLLM refuses fewer tokens than max_model_len")
+
+
 def _world(script: Script, n_gpus: int | None) -> tuple[int | None, str]:
     if n_gpus is not None:
         return n_gpus, f"--n-gpus {n_gpus}"
@@ -461,6 +536,8 @@ class Verl(Framework):
             return req
         if rollout == "sglang":
             _sglang_pairing(req)
+        elif rollout == "vllm":
+            _vllm_pairing(req, script)
 
         # consistency: batch sizes, flags, alignment, the engine hook switches
         if train not in ("fsdp", "megatron"):
@@ -520,6 +597,33 @@ class Verl(Framework):
         if actor_config:
             req.env["MSPROBE_ACTOR_CONFIG"] = actor_config
         return req
+
+    def capture_run(self, req: Requirements) -> Requirements:
+        """The dump run's launch and overrides (the same prompt, the same engine settings), without the dump
+        (no rollout dump config, DUMP_ON / PROMPTS_ONLY unset: whole responses), with the log-prob capture
+        on (`verl.logprob-capture`: MISMATCH_ON=1, the rollout's log-probs kept)."""
+        capture = Requirements(req.mode, req.train_backend, req.rollout_backend, capture=True)
+        capture.settings = [r for r in req.settings if not _is_dump_arg(r.key)]
+        for r in req.settings:  # the script's own rollout dump config, if it names one: off
+            if _is_dump_arg(r.key):
+                capture.add(r.key, None, "the capture run dumps nothing (the dump run does)", only_if_present=True)
+        capture.add(f"{ROLLOUT}.calculate_log_probs", True, "the capture compares the rollout's log-probs")
+        capture.add(
+            "algorithm.rollout_correction.bypass_mode",
+            False,
+            "bypass mode makes old_log_probs the rollout's own: nothing to compare",
+            only_if_present=True,
+        )
+        capture.env = {name: value for name, value in req.env.items() if name == "TORCHDYNAMO_DISABLE"}
+        # off over the script's own exports: no dump, whole responses
+        capture.env.update({"DUMP_ON": "0", "PROMPTS_ONLY": "0", "MISMATCH_ON": "1"})
+        capture.pinned, capture.probes = dict(req.pinned), dict(req.probes)
+        capture.notices.append(
+            "the log-prob capture run: one file per training step in MISMATCH_DIR (default rlprobe-logprobs in "
+            "the trainer's working directory), for rlprobe-patch report with check-dump --compare's output; "
+            "it needs verl.logprob-capture and verl.request-id applied (both in apply --mode consistency)"
+        )
+        return capture
 
     def render(self, script: Script, req: Requirements, source_name: str, composed: bool) -> tuple[str, list[Change]]:
         """The collection script: the original, with our overrides passed after the user's own.
@@ -584,8 +688,9 @@ class Verl(Framework):
         for at, text in sorted(edits, reverse=True):
             data = data[:at] + text + data[at:]
         out = data.decode("utf-8")
+        which = " (its log-prob capture run: no dump)" if req.capture else ""
         header = (
-            f"# Generated by rlprobe-patch script --mode {req.mode} from {source_name} "
+            f"# Generated by rlprobe-patch script --mode {req.mode}{which} from {source_name} "
             f"on {dt.date.today().isoformat()}; the original is unchanged.\n"
             f"# training backend: {req.train_backend}, rollout backend: {req.rollout_backend}\n"
         )
@@ -604,7 +709,7 @@ class Verl(Framework):
             if current is None:
                 if r.only_if_present:
                     continue
-                checks.append(ScriptCheck(f"{r.key}={r.text}", False, f"not set ({r.why})"))
+                checks.append(ScriptCheck(f"{r.key}={r.text}", False, f"not set{_default_of(script, r.key)} ({r.why})"))
             elif same_override_value(current.value, r.value):
                 checks.append(ScriptCheck(f"{r.key}={r.text}", True, current.source))
             else:
@@ -614,6 +719,8 @@ class Verl(Framework):
                     )
                 )
         checks.extend(capture_checks(script, self.switches()))
+        if req.capture:
+            checks.extend(_capture_run_checks(script, self.config_paths(script, req.mode)))
         return checks
 
     def config_paths(self, script: Script, mode: str) -> dict[str, str]:
