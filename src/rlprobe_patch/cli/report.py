@@ -78,7 +78,22 @@ def report_cmd(
         out.line(f"replay: {len(replay_info['requests'])} worst request(s), prompts in {replay_info['prompts']}")
         out.line(f"  {replay_info['command']}")
         out.line(f"  then in the derived script: {' '.join(replay_info['overrides'])}")
+    if replay_info.get("why_not"):
+        if replay_info["prompts"]:
+            what = f"{len(replay_info['without_prompt'])} request(s) left out of replay_prompts.jsonl"
+        else:
+            what = "replay_prompts.jsonl not written"
+        out.line(f"replay: {what}: {replay_info['why_not']}", fg="yellow")
+    judged = report["verdict"]
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}.get(judged["state"])
+    out.line(f"verdict: {judged['state'].upper()} (by {judged['source']})", fg=colour, bold=True)
+    for reason in judged["reasons"]:
+        out.line(f"  {reason}")
+    if not judged["decides_exit"]:
+        out.line("  (the threshold options given decide the exit code)")
     crossed = [c for c in report["thresholds"] if c["crossed"]]
+    if judged["decides_exit"] and judged["state"] == "fail":
+        crossed.append(judged)
     for c in report["thresholds"]:
         state = "no value" if c["crossed"] is None else ("CROSSED" if c["crossed"] else "within")
         out.line(

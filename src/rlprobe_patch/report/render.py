@@ -238,7 +238,7 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.85em; }
 th, td { border: 1px solid #bbb; padding: 2px 6px; text-align: right; }
 th { background: #eee; } td:first-child { text-align: left; }
-.crossed { color: #b00; font-weight: bold; } .ok { color: #070; }
+.crossed { color: #b00; font-weight: bold; } .ok { color: #070; } .warn { color: #a60; }
 figure { display: inline-block; margin: 0.5em; }
 """
 
@@ -377,6 +377,9 @@ def render_html(report: dict[str, Any], images: dict[str, str], top: int) -> str
             f"<h2>Replay</h2><p>prompts: {html.escape(replay['prompts'])}</p><pre>{html.escape(replay['command'])}"
             f"\n  then in the derived script: {html.escape(' '.join(replay['overrides']))}</pre>"
         )
+    if replay and replay.get("why_not"):
+        what = "requests left out of replay_prompts.jsonl" if replay["prompts"] else "replay_prompts.jsonl not written"
+        parts.append(f"<p id='replay-why-not' class='warn'>{what}: {html.escape(replay['why_not'])}</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
