@@ -51,9 +51,10 @@ def report_cmd(
 ) -> int:
     """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
     require("numpy", "report")
+    require("matplotlib", "report")
     from rlprobe_patch.report import encode, with_entry, write_outputs
     from rlprobe_patch.report.build import build, classify, read_inputs, replay
-    from rlprobe_patch.report.render import plots, render_html, summary_lines
+    from rlprobe_patch.report.render import next_steps, plots, render_html, summary_lines
 
     inputs = classify(list(paths))
     batches, pairs, notes = read_inputs(inputs, python)
@@ -99,5 +100,9 @@ def report_cmd(
         out.line(
             f"{c['option']} {c['limit']}: {c['metric']} = {c['value']} ({state})", fg="red" if c["crossed"] else "green"
         )
+    for why, what in next_steps(report):
+        out.line(f"next: {why}")
+        for command_line in what.splitlines():
+            out.line(f"  {command_line.strip()}")
     out.line(f"report: {written['html']}", bold=True)
     return int(ExitCode.VERIFY_FAILED if crossed else ExitCode.OK)

@@ -452,8 +452,9 @@ class Profiles:
         self.prob_sum_dlogp += np.bincount(bins, weights=dlogp, minlength=10)
         self.prob_sum_dp += np.bincount(bins, weights=dp, minlength=10)
         self.prob_count += np.bincount(bins, minlength=10)
-        # the decade: floor(-log10 p) from the log-prob itself, p >= 1 in the first, p = 0 in the last
-        decade = np.floor(tokens.rollout * (-1.0 / math.log(10.0)))
+        # the decade: ceil(-log10 p) - 1 from the log-prob itself (p = 0.1 in the first), p >= 1 in the first,
+        # p = 0 in the last
+        decade = np.ceil(tokens.rollout * (-1.0 / math.log(10.0))) - 1.0
         decades = np.clip(decade, 0, self.DECADES).astype(np.intp)
         size = self.DECADES + 1
         self.decade_sum_dlogp += np.bincount(decades, weights=dlogp, minlength=size)
