@@ -109,7 +109,7 @@ def _layers(layers: dict[str, Any]) -> str:
             ax.axvline(first, color="red", linestyle="--", linewidth=0.8, alpha=0.6)
     ax.set_xlabel("module, in forward order (the tables below name them)")
     ax.set_ylabel("|max diff|" if statistics else "cosine")
-    legend = fig.legend(loc="outside right upper", fontsize=7, title="pair (run/request)", title_fontsize=7)
+    legend = fig.legend(loc="outside right upper", fontsize=7, title="run / pair (request id)", title_fontsize=7)
     legend.set_gid("layers-legend")
     return _svg(fig, "layers")
 
