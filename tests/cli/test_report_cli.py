@@ -243,6 +243,10 @@ def test_without_a_threshold_verls_guidance_decides(tmp_path: Path, dp: float, s
     (step,) = out["verdict"]["steps"]
     assert (step["state"], step["informative"], out["verdict"]["state"]) == (state, True, state)
     assert (out["verdict"]["warn"], out["verdict"]["fail"]) == (0.005, 0.01)
+    if state == "ok":  # the steps within are counted in one line, not listed (a run has thousands)
+        assert out["verdict"]["reasons"] == [
+            "1 step(s) within verl's 0.005 (largest rollout_probs_diff_mean 0.003, step 1)"
+        ]
     # an explicit threshold overrides: it decides the exit code, the verdict is still shown
     result = cli("report", tmp_path / "cap", "-o", tmp_path / "out", "--max-prob-diff-mean", "0.5")
     assert result.exit_code == 0 and "the threshold options given decide the exit code" in result.output

@@ -50,9 +50,17 @@ def _histogram(tokens: dict[str, Any]) -> str:
     fig, (ax,) = _figure("histogram")
     ax.set_title(f"|dlogp| of {tokens['tokens']} tokens ({histogram['identical']} identical on both sides, not drawn)")
     if histogram["counts"]:
+        from matplotlib.ticker import LogFormatter, LogLocator, NullLocator
+
         ax.stairs(histogram["counts"], histogram["edges"], fill=True, color=_COLOURS[0])
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            # plain labels (1e-06) on at most 8 decades, no minor ticks: the default's mathtext (a parser run per
+            # tick) and the minor ticks' layout were most of the page's time
+            axis.set_major_locator(LogLocator(numticks=8))
+            axis.set_major_formatter(LogFormatter())
+            axis.set_minor_locator(NullLocator())
     ax.set_xlabel("|log p_train - log p_rollout| per token")
     ax.set_ylabel("tokens")
     return _svg(fig, "histogram")

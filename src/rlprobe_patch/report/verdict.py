@@ -27,6 +27,7 @@ TME_GATE = 1.05
 TME_SOURCE = "NeMo-RL's decode-vs-prefill check (tools/model_diagnostics/2.long_generation_decode_vs_prefill.py)"
 
 _ORDER = {"ok": 0, "no value": 0, "warn": 1, "fail": 2}
+_TOLD = 12  # steps said one by one in the reasons; the others are counted
 
 
 def _g(value: float) -> str:
@@ -72,7 +73,18 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     guidance = releases("verl").guidance
     assert guidance is not None, "patches/releases/verl.toml lacks [mismatch_guidance]"
     steps = [grade_step(s, guidance) for s in (report["tokens"]["steps"] if report.get("tokens") else [])]
-    reasons = [s["why"] for s in steps]
+    plain = [s for s in steps if s["state"] == "ok" and s["informative"]]
+    told = [s for s in steps if s not in plain]  # said one by one: warnings, mismatches, uninformative steps
+    reasons = [s["why"] for s in told[:_TOLD]]
+    if len(told) > _TOLD:
+        reasons.append(f"... and {len(told) - _TOLD} more step(s) like these (report.json: verdict.steps)")
+    if plain:
+        largest = max(plain, key=lambda s: s["value"])
+        reasons.insert(
+            0,
+            f"{len(plain)} step(s) within verl's {guidance.warn} (largest {guidance.metric.split('/')[-1]} "
+            f"{_g(largest['value'])}, step {largest['step']})",
+        )
     states = [s["state"] for s in steps]
     layers = report.get("layers")
     if layers:
