@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import zipfile
@@ -83,14 +82,13 @@ def test_report_ranks_the_bad_request_and_gates(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["tokens"]["requests"][0]["request_id"] == "req-2-4"
     html = (tmp_path / "out" / "report.html").read_text()
-    assert "req-2-4" in html and html.count("data:image/svg+xml;base64,") == 3
-    # the histogram is drawn from the counts report.json holds: one bar per non-empty bin
+    assert "req-2-4" in html and html.count("<svg ") == 3  # inline: histogram, by position, by probability
+    # the histogram's title counts what report.json holds; its text is text (searchable, checked by the browser)
     marker = 'id="plot-histogram"'
-    encoded = html[html.index(marker) :].split("base64,", 1)[1].split('"', 1)[0]
-    svg = ElementTree.fromstring(base64.b64decode(encoded))
-    bars = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.get("fill") == "#3b6ea8"]
+    svg = ElementTree.fromstring(html[html.index(marker) :].split(">", 1)[1].split("<figcaption>", 1)[0])
+    texts = " ".join(t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text"))
     histogram = saved["tokens"]["abs_dlogp_histogram"]
-    assert len(bars) == sum(1 for c in histogram["counts"] if c) > 0
+    assert f"|dlogp| of {tokens['tokens']} tokens ({histogram['identical']} identical" in texts
     assert sum(histogram["counts"]) + histogram["identical"] == tokens["tokens"]
     replay = [json.loads(line) for line in (tmp_path / "out" / "replay_prompts.jsonl").read_text().splitlines()]
     assert [r["extra_info"]["request_id"] for r in replay] == [r["request_id"] for r in tokens["requests"][:2]]
@@ -109,7 +107,7 @@ def test_replay_takes_the_runs_own_rows_by_dataset_index(tmp_path: Path) -> None
         "".join(json.dumps({"prompt": f"own {i}", "extra_info": {"index": 300 + i}}) + "\n" for i in range(5))
     )
     code, _out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "out", "--top", "1", "--data", data)
-    assert code == ExitCode.OK
+    assert code == ExitCode.VERIFY_FAILED  # the bad row: diff_mean above verl's 0.01, the default verdict
     rows = (tmp_path / "out" / "replay_prompts.jsonl").read_text().splitlines()
     assert json.loads(rows[0]) == {"prompt": "own 0", "extra_info": {"index": 300}}
 
@@ -188,3 +186,84 @@ def test_zip_that_is_not_npz(tmp_path: Path) -> None:
         z.writestr("readme.txt", "hello")
     code, out = cli_json("report", path, "-o", tmp_path / "out")
     assert code == ExitCode.REFUSED and str(path) in out["message"]
+
+
+# The real demo's capture and compare CSVs (tests/data/README.md): vLLM's log-probs against verl's on a random
+# tiny Qwen2, step 1 with the same weights, step 2 with one weight's sign flipped on the rollout side.
+DEMO = Path(__file__).resolve().parents[1] / "data" / "demo-consistency-vllm"
+
+
+def test_replay_on_the_demos_capture_says_why_no_prompt_is_written(tmp_path: Path) -> None:
+    """Issue 35, item 5: the demo's capture carries no prompt text and no dataset index; the report says so
+    and what to pass, instead of writing nothing in silence."""
+    args = ["report", DEMO / "capture", "-o", tmp_path / "out", "--top", "2", "--replay-script", "run.sh"]
+    result = cli(*args)
+    assert not (tmp_path / "out" / "replay_prompts.jsonl").exists()
+    said = " ".join(result.output.split())
+    assert "replay_prompts.jsonl not written" in said
+    assert "no prompt text (raw_prompts) and no dataset index" in said and "--data" in said
+    replay = json.loads((tmp_path / "out" / "report.json").read_text())["replay"]
+    assert replay["prompts"] is None and len(replay["without_prompt"]) == 2
+    assert "no prompt text" in replay["why_not"]
+    # --data cannot help a capture without dataset indexes: said, not ignored
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
+    result = cli(*args, "--data", data)
+    assert "no dataset index" in " ".join(result.output.split()) and str(data) in result.output
+
+
+def test_replay_says_which_requests_have_no_row(tmp_path: Path) -> None:
+    """Rows written for the requests that have a prompt; the others named, with why."""
+    _write(tmp_path / "cap", 3, bad_row=0)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "own 0", "extra_info": {"index": 300}}) + "\n")
+    with np.load(next((tmp_path / "cap").glob("*.npz"))) as archive:
+        arrays = {k: archive[k] for k in archive.files if k != "raw_prompts"}
+    np.savez(next((tmp_path / "cap").glob("*.npz")), **arrays)  # the dataset index alone
+    code, out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "out", "--top", "2", "--data", data)
+    assert code == ExitCode.VERIFY_FAILED  # the bad row, by verl's guidance
+    rows = (tmp_path / "out" / "replay_prompts.jsonl").read_text().splitlines()
+    assert [json.loads(r) for r in rows] == [{"prompt": "own 0", "extra_info": {"index": 300}}]
+    (missing,) = out["replay"]["without_prompt"]
+    assert "not in --data" in out["replay"]["why_not"] and missing in out["replay"]["why_not"]
+
+
+@pytest.mark.parametrize(("dp", "state", "code"), [(0.003, "ok", 0), (0.007, "warn", 0), (0.02, "fail", 4)])
+def test_without_a_threshold_verls_guidance_decides(tmp_path: Path, dp: float, state: str, code: int) -> None:
+    """Issue 35, item 6: no threshold option, verl's own levels (0.005 warn, 0.01 fail, from verl's FAQ), per step."""
+    mask = np.ones((4, 8), dtype=bool)
+    training = np.log(np.full(mask.shape, 0.5))
+    write_capture(tmp_path / "cap", step=1, request_ids=list("abcd"), prompt_lengths=[3] * 4,
+                  responses=np.zeros(mask.shape), response_mask=mask, old_log_probs=training,
+                  rollout_log_probs=np.log(0.5 + np.full(mask.shape, dp)))  # fmt: skip
+    result = cli("report", tmp_path / "cap", "-o", tmp_path / "out")
+    assert result.exit_code == code, result.output
+    assert f"verdict: {state.upper()} (by verl's FAQ (docs/faq/faq.rst" in result.output
+    out = json.loads((tmp_path / "out" / "report.json").read_text())
+    (step,) = out["verdict"]["steps"]
+    assert (step["state"], step["informative"], out["verdict"]["state"]) == (state, True, state)
+    assert (out["verdict"]["warn"], out["verdict"]["fail"]) == (0.005, 0.01)
+    if state == "ok":  # the steps within are counted in one line, not listed (a run has thousands)
+        assert out["verdict"]["reasons"] == [
+            "1 step(s) within verl's 0.005 (largest rollout_probs_diff_mean 0.003, step 1)"
+        ]
+    # an explicit threshold overrides: it decides the exit code, the verdict is still shown
+    result = cli("report", tmp_path / "cap", "-o", tmp_path / "out", "--max-prob-diff-mean", "0.5")
+    assert result.exit_code == 0 and "the threshold options given decide the exit code" in result.output
+
+
+def test_the_demos_tiny_probabilities_are_graded_on_log_probs(tmp_path: Path) -> None:
+    """Issue 35, item 6, on the real demo: a random model's tokens have p ~ 0.004, so the flipped weight's
+    rollout_probs_diff_mean stays far below 0.01; the verdict says the number is uninformative there and fails
+    the step on its log-probs, and on the layer compare."""
+    code, out = cli_json("report", DEMO / "capture", "-o", tmp_path / "out")
+    assert code == ExitCode.VERIFY_FAILED
+    same, flipped = out["verdict"]["steps"]
+    assert (same["step"], same["state"], flipped["step"], flipped["state"]) == (1, "ok", 2, "fail")
+    assert flipped["value"] < 0.005 and flipped["probs_diff_mean_ceiling"] < 0.01 and not flipped["informative"]
+    assert flipped["token_multiplicative_error"] > 1.05 > same["token_multiplicative_error"]
+    assert "uninformative here" in flipped["why"] and "NeMo-RL" in flipped["why"]
+    result = cli("report", DEMO / "capture", DEMO / "compare", "-o", tmp_path / "both")
+    said = " ".join(result.output.split())
+    assert "verdict: FAIL" in said and "uninformative here" in said
+    assert "4 of 8 pair(s) leave msprobe's thresholds" in said and "layers.1.mlp.down_proj" in said

@@ -121,6 +121,14 @@ def test_profiles_by_position_and_probability() -> None:
                   (row["p_to"] == 1.0 and math.exp(r) >= 1.0)]  # fmt: skip
         assert row["tokens"] == len(inside)
     assert sum(r["share_of_abs_dlogp"] for r in by_probability if r["tokens"]) == pytest.approx(1.0)
+    # by decade (issue 35, item 8: a random model's tokens all fall in the first tenth), the last below 1e-8
+    by_decade = profiles.by_probability_decade()
+    assert sum(r["tokens"] for r in by_decade) == len(tokens)
+    for row in by_decade:
+        inside = [abs(t - r) for *_, r, t in tokens if row["p_from"] <= math.exp(r) < row["p_to"] or
+                  (row["p_to"] == 1.0 and math.exp(r) >= 1.0)]  # fmt: skip
+        assert row["tokens"] == len(inside), row
+        assert row["mean_abs_dlogp"] == (pytest.approx(statistics.fmean(inside)) if inside else None)
 
 
 def test_worst_token_with_holes_and_a_row_that_agrees() -> None:

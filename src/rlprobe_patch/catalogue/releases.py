@@ -51,6 +51,7 @@ KNOWN_KEYS = {
     "wheel_python",
     "compared",
     "precision_debugger_stage",
+    "mismatch_guidance",
 }
 
 
@@ -122,6 +123,16 @@ class ProfilerStage:
 
 
 @dataclass(frozen=True)
+class MismatchGuidance:
+    """A framework's own levels for its train-vs-rollout metric: above `warn` a warning, above `fail` a mismatch."""
+
+    metric: str
+    warn: float
+    fail: float
+    source: str  # where the numbers come from, printed with every verdict made from them
+
+
+@dataclass(frozen=True)
 class DefaultsRange:
     """The release defaults of verl's ppo_trainer.yaml for `start` <= release < `below`."""
 
@@ -166,6 +177,8 @@ class PackageReleases:
     compared: tuple[str, ...] = ()
     # verl's precision_debugger stages (`[[precision_debugger_stage]]`), in the file's order.
     profiler_stages: tuple[ProfilerStage, ...] = ()
+    # The package's guidance on its mismatch metric (`[mismatch_guidance]`), which `report` grades with.
+    guidance: MismatchGuidance | None = None
 
     def stages_of(self, version: Version) -> tuple[ProfilerStage, ...]:
         """The precision_debugger stages `version` accepts."""
@@ -253,6 +266,7 @@ def _load(package: str) -> PackageReleases:
             )
             for st in data.get("precision_debugger_stage", [])
         ),
+        guidance=MismatchGuidance(**data["mismatch_guidance"]) if "mismatch_guidance" in data else None,
     )
 
 

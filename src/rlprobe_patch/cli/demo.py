@@ -73,6 +73,7 @@ def demo_cmd(
             result = run_consistency_demo(python=python, workdir=workdir, say=out.line, progress=out.progress)
         else:
             require("numpy", "demo --consistency (its capture and report)")
+            require("matplotlib", "demo --consistency (its report's plots)")
             result = run_vllm_demo(
                 python=python, vllm_python=vllm_python, workdir=workdir, say=out.line, progress=out.progress
             )

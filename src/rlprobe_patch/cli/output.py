@@ -88,7 +88,7 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
 
 
 # Modules a command needs that a broken install can lack (`pip install --no-deps`): the requirement to name.
-REQUIREMENTS = {"numpy": "numpy>=1.24"}
+REQUIREMENTS = {"numpy": "numpy>=1.24", "matplotlib": "matplotlib>=3.7"}
 
 
 def require(module: str, what: str) -> None:

@@ -51,9 +51,10 @@ def report_cmd(
 ) -> int:
     """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
     require("numpy", "report")
+    require("matplotlib", "report")
     from rlprobe_patch.report import encode, with_entry, write_outputs
     from rlprobe_patch.report.build import build, classify, read_inputs, replay
-    from rlprobe_patch.report.render import plots, render_html, summary_lines
+    from rlprobe_patch.report.render import next_steps, plots, render_html, summary_lines
 
     inputs = classify(list(paths))
     batches, pairs, notes = read_inputs(inputs, python)
@@ -78,11 +79,30 @@ def report_cmd(
         out.line(f"replay: {len(replay_info['requests'])} worst request(s), prompts in {replay_info['prompts']}")
         out.line(f"  {replay_info['command']}")
         out.line(f"  then in the derived script: {' '.join(replay_info['overrides'])}")
+    if replay_info.get("why_not"):
+        if replay_info["prompts"]:
+            what = f"{len(replay_info['without_prompt'])} request(s) left out of replay_prompts.jsonl"
+        else:
+            what = "replay_prompts.jsonl not written"
+        out.line(f"replay: {what}: {replay_info['why_not']}", fg="yellow")
+    judged = report["verdict"]
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}.get(judged["state"])
+    out.line(f"verdict: {judged['state'].upper()} (by {judged['source']})", fg=colour, bold=True)
+    for reason in judged["reasons"]:
+        out.line(f"  {reason}")
+    if not judged["decides_exit"]:
+        out.line("  (the threshold options given decide the exit code)")
     crossed = [c for c in report["thresholds"] if c["crossed"]]
+    if judged["decides_exit"] and judged["state"] == "fail":
+        crossed.append(judged)
     for c in report["thresholds"]:
         state = "no value" if c["crossed"] is None else ("CROSSED" if c["crossed"] else "within")
         out.line(
             f"{c['option']} {c['limit']}: {c['metric']} = {c['value']} ({state})", fg="red" if c["crossed"] else "green"
         )
+    for why, what in next_steps(report):
+        out.line(f"next: {why}")
+        for command_line in what.splitlines():
+            out.line(f"  {command_line.strip()}")
     out.line(f"report: {written['html']}", bold=True)
     return int(ExitCode.VERIFY_FAILED if crossed else ExitCode.OK)

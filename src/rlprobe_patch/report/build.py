@@ -25,7 +25,9 @@ from rlprobe_patch.report.metrics import (
     tokens_debug_metrics,
     tokens_offpolicy_metrics,
     tokens_per_request,
+    tokens_scale_metrics,
 )
+from rlprobe_patch.report.verdict import verdict
 
 REPORT_FORMAT = "rlprobe-report"
 REPORT_VERSION = 1
@@ -101,6 +103,7 @@ def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
     # are made, and reuse the same memory
     overall: dict[str, Any] = tokens_debug_metrics(run)
     overall.update(tokens_offpolicy_metrics(run))
+    scale = tokens_scale_metrics(run)
     steps, requests, profiles = _per_step(batches, run)
     tokens, dlogp = run.size, run.abs_dlogp
     del run  # its other per-token arrays are released before the quantiles' and the histogram's copies
@@ -115,10 +118,12 @@ def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
         "tokens": tokens,
         "empty_responses": sum(1 for r in requests if not r["tokens"]),
         "overall": overall,
+        "scale": scale,
         "steps": steps,
         "requests": ranked + [r for r in requests if not r["tokens"]],
         "by_position": profiles.by_position(),
         "by_probability": profiles.by_probability(),
+        "by_probability_decade": profiles.by_probability_decade(),
         "abs_dlogp_quantiles": dict(zip(map(str, levels), quantiles(dlogp, levels))) if dlogp.size else {},
         "abs_dlogp_histogram": dlogp_histogram(dlogp),
     }
@@ -140,6 +145,7 @@ def _per_step(batches: list[TokenBatch], run: Tokens) -> tuple[list[dict[str, An
                 "samples": b.samples,
                 "tokens": tokens.size,
                 "metrics": metrics,
+                "scale": tokens_scale_metrics(tokens),
             }
         )
         profiles.add_tokens(tokens)
@@ -198,6 +204,9 @@ def build(batches: list[TokenBatch], pairs: list[PairCompare], limits: dict[str,
         "layers": layer_summary(pairs) if pairs else None,
     }
     report["thresholds"] = check_thresholds(report, limits)
+    report["verdict"] = verdict(report)
+    # the threshold options given decide the exit code; without any, the verdict does
+    report["verdict"]["decides_exit"] = not report["thresholds"]
     return report
 
 
@@ -212,38 +221,28 @@ def replay(
     """The `top` worst requests' prompts, in verl's dataset layout, and the command that collects them.
 
     A request's row is the run's own data row at the index verl carries (`data`, JSON lines with
-    `extra_info.index`, else the line number), else one made from the raw prompt.
+    `extra_info.index`, else the line number), else one made from the raw prompt. The requests left
+    without a row are named, with why (`why_not`): never nothing written in silence.
     """
     worst = [r for r in report["tokens"]["requests"] if r["tokens"]][:top] if report.get("tokens") else []
     by_key = {(b.step, b.kind, i): (b, i) for b in batches for i in range(b.samples)}
     own = _data_rows(data) if data else {}
     rows = []
-    without = []
+    without: dict[str, list[str]] = {}  # why -> the requests it leaves without a row
     for r in worst:
         batch, i = by_key[(r["step"], r["kind"], r["row"])]
-        if r["dataset_index"] is not None and r["dataset_index"] in own:
-            rows.append(own[r["dataset_index"]])
-            continue
-        raw = batch.raw_prompts[i] if batch.raw_prompts else ""
-        if raw:
-            try:
-                prompt: Any = json.loads(raw)
-            except ValueError:
-                prompt = raw
-            if isinstance(prompt, str):
-                prompt = [{"role": "user", "content": prompt}]
+        row, why = _replay_row(r, batch.raw_prompts[i] if batch.raw_prompts else "", own, data)
+        if row is None:
+            without.setdefault(why, []).append(r["request_id"])
         else:
-            prompt = None
-        if prompt is None:
-            without.append(r["request_id"])
-            continue
-        rows.append(
-            {
-                "prompt": prompt,
-                "extra_info": {"index": r["dataset_index"], "request_id": r["request_id"], "step": r["step"]},
-            }
-        )
-    result: dict[str, Any] = {"requests": [r["request_id"] for r in worst], "without_prompt": without}
+            rows.append(row)
+    result: dict[str, Any] = {
+        "requests": [r["request_id"] for r in worst],
+        "without_prompt": [rid for ids in without.values() for rid in ids],
+        "prompts": None,
+    }
+    if without:
+        result["why_not"] = "; ".join(f"{why} ({len(ids)}: {', '.join(ids)})" for why, ids in without.items())
     if not rows:
         return result
     directory.mkdir(parents=True, exist_ok=True)
@@ -261,6 +260,35 @@ def replay(
         "trainer.total_training_steps=1",
     ]
     return result
+
+
+def _replay_row(
+    request: dict[str, Any], raw: str, own: dict[int, dict[str, Any]], data: Path | None
+) -> tuple[dict[str, Any] | None, str]:
+    """One request's replay row (the run's own, else made from the raw prompt), or None and why not."""
+    index = request["dataset_index"]
+    if index is not None and index >= 0 and index in own:
+        return own[index], ""
+    if raw:
+        try:
+            prompt: Any = json.loads(raw)
+        except ValueError:
+            prompt = raw
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        extra = {"index": index, "request_id": request["request_id"], "step": request["step"]}
+        return {"prompt": prompt, "extra_info": extra}, ""
+    if index is None or index < 0:
+        why = "the capture carries no prompt text (raw_prompts) and no dataset index for these requests"
+        if data:
+            return None, why + f", so --data {data} cannot be matched to them"
+        return None, (
+            why + ": verl.logprob-capture stores both where verl's batch has them (raw_prompt, index from "
+            "extra_info.index); with the index, --data TRAIN.jsonl (the run's dataset as JSON lines) gives the rows"
+        )
+    if data:
+        return None, f"no raw prompt, and the dataset index is not in --data {data}"
+    return None, "no raw prompt in the capture: pass --data TRAIN.jsonl (the run's dataset as JSON lines) for its index"
 
 
 def _data_rows(path: Path) -> dict[int, dict[str, Any]]:

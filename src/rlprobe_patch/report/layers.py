@@ -22,6 +22,7 @@ cosine, the largest error).
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.workflow.check_dump import PAIR_FILE
 
 _BASIC = [
     "NPU Name",
@@ -81,6 +83,30 @@ class PairCompare:
     path: str
     mode: str  # "tensor" | "statistics"
     modules: list[dict[str, Any]] = field(default_factory=list)
+    run: str = ""  # the compare output folder the pair is in (`--compare-output`: one per rollout compared)
+    info: dict[str, Any] = field(default_factory=dict)  # check-dump's pair.json: the request, both dumps
+
+    @property
+    def label(self) -> str:
+        """The pair named uniquely over several compare folders: `<run>/<pair folder>`."""
+        return f"{self.run}/{self.name}" if self.run else self.name
+
+    @property
+    def request_id(self) -> str:
+        return str(self.info.get("request_id") or self.name.split("_", 1)[-1])
+
+    def heading(self) -> str:
+        """Which run, request, steps and micro-batch the pair compares, as far as check-dump recorded it."""
+        parts = [f"run {self.run}" if self.run else "", f"request {self.request_id}"]
+        actor, generate = self.info.get("actor") or {}, self.info.get("generate") or {}
+        if actor:
+            keys = [k for k in ("micro_batch", "phase", "pp_rank") if k in self.info]
+            labels = [f"{k.replace('_', '-')} {self.info[k]}" for k in keys]
+            stage = f" ({', '.join(labels)})" if labels else ""
+            parts.append(f"training dump step {actor.get('step')} rank {actor.get('rank')}{stage}")
+        if generate:
+            parts.append(f"rollout dump step {generate.get('step')} rank {generate.get('rank')}")
+        return " · ".join(p for p in parts if p)
 
     @property
     def first_divergence(self) -> dict[str, Any] | None:
@@ -90,6 +116,10 @@ class PairCompare:
         first = self.first_divergence
         return {
             "pair": self.name,
+            "run": self.run,
+            "label": self.label,
+            "request_id": self.request_id,
+            "heading": self.heading(),
             "path": self.path,
             "mode": self.mode,
             "modules": self.modules,
@@ -172,8 +202,19 @@ def read_compare_csv(path: Path) -> PairCompare:
         if _rank(result) > _rank(entry["result"]):
             entry["result"] = result
         entry["diverges"] = entry["accuracy_fails"] or entry["result"] in ("warning", "error")
-    folder = path.parent.name
-    return PairCompare(name=folder, path=str(path), mode=mode, modules=list(modules.values()))
+    info_path = path.parent / PAIR_FILE
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+    except (OSError, UnicodeDecodeError, ValueError):
+        info = {}  # the headings lose the steps, nothing else depends on it
+    return PairCompare(
+        name=path.parent.name,
+        path=str(path),
+        mode=mode,
+        modules=list(modules.values()),
+        run=path.parent.parent.name,
+        info=info if isinstance(info, dict) else {},
+    )
 
 
 def _rank(result: str) -> int:
@@ -191,6 +232,6 @@ def layer_summary(pairs: list[PairCompare]) -> dict[str, Any]:
         common = next((m["module"] for m in disagreeing[0].modules if m["module"] in shared), None)
     return {
         "pairs": [p.to_json() for p in pairs],
-        "disagreeing_pairs": [p.name for p in disagreeing],
+        "disagreeing_pairs": [p.label for p in disagreeing],
         "first_common_divergence": common,
     }

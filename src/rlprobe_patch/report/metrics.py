@@ -315,6 +315,26 @@ def tokens_offpolicy_metrics(tokens: Tokens) -> dict[str, float]:
     }
 
 
+def tokens_scale_metrics(tokens: Tokens) -> dict[str, float]:
+    """What a probability-space figure can see on these tokens, and the log-space figures that see past it.
+
+    |p_train - p_rollout| is at most max(p_train, p_rollout), so `probs_diff_mean_ceiling` (the mean of that
+    maximum) is the largest `rollout_probs_diff_mean` these tokens could give, however far the two sides
+    disagree: on tokens of probability 0.004 (a random model) it stays far below verl's 0.01. The log-probs
+    see the difference at any probability: mean |dlogp|, and `token_multiplicative_error`, mean exp(|dlogp|)
+    (NeMo-RL's figure for the same two views of a token). {} without a token.
+    """
+    if not tokens.size:
+        return {}
+    return {
+        "probs_diff_mean_ceiling": float(np.maximum(tokens.p_train, tokens.p_rollout).mean()),
+        "median_rollout_p": float(np.median(tokens.p_rollout)),
+        "mean_abs_dlogp": float(tokens.abs_dlogp.mean()),
+        "max_abs_dlogp": float(tokens.abs_dlogp.max()),
+        "token_multiplicative_error": float(np.exp(tokens.abs_dlogp).mean()),
+    }
+
+
 def per_request(
     rollout: FloatArray, training: FloatArray, mask: BoolArray, responses: IntArray
 ) -> list[dict[str, Any]]:
@@ -387,6 +407,7 @@ class Profiles:
     """|dlogp| and |dp| summed per position in the response and per probability bin, over batches."""
 
     PROB_EDGES = np.linspace(0.0, 1.0, 11)
+    DECADES = 8  # decades 10^-(d+1) <= p < 10^-d for d < 8, then everything below 1e-8
 
     def __init__(self) -> None:
         self.position_sum_dlogp = np.zeros(0)
@@ -395,6 +416,11 @@ class Profiles:
         self.prob_sum_dlogp = np.zeros(10)
         self.prob_sum_dp = np.zeros(10)
         self.prob_count = np.zeros(10, dtype=np.int64)
+        # per decade of the rollout probability (0.1-1, 0.01-0.1, ..., below 1e-8): where a random or
+        # untrained model's tokens (p ~ 1/vocabulary) sit, all in the tenths' first bin
+        self.decade_sum_dlogp = np.zeros(self.DECADES + 1)
+        self.decade_sum_dp = np.zeros(self.DECADES + 1)
+        self.decade_count = np.zeros(self.DECADES + 1, dtype=np.int64)
 
     def add(self, rollout: FloatArray, training: FloatArray, mask: BoolArray) -> None:
         self.add_tokens(Tokens.of(rollout, training, mask))
@@ -426,6 +452,14 @@ class Profiles:
         self.prob_sum_dlogp += np.bincount(bins, weights=dlogp, minlength=10)
         self.prob_sum_dp += np.bincount(bins, weights=dp, minlength=10)
         self.prob_count += np.bincount(bins, minlength=10)
+        # the decade: ceil(-log10 p) - 1 from the log-prob itself (p = 0.1 in the first), p >= 1 in the first,
+        # p = 0 in the last
+        decade = np.ceil(tokens.rollout * (-1.0 / math.log(10.0))) - 1.0
+        decades = np.clip(decade, 0, self.DECADES).astype(np.intp)
+        size = self.DECADES + 1
+        self.decade_sum_dlogp += np.bincount(decades, weights=dlogp, minlength=size)
+        self.decade_sum_dp += np.bincount(decades, weights=dp, minlength=size)
+        self.decade_count += np.bincount(decades, minlength=size)
 
     def by_position(self, buckets: int = 50) -> list[dict[str, Any]]:
         """Mean |dlogp|, |dp| per range of positions (at most `buckets` ranges)."""
@@ -464,6 +498,22 @@ class Profiles:
                     "mean_abs_dlogp": float(self.prob_sum_dlogp[b] / count) if count else None,
                     "mean_abs_dp": float(self.prob_sum_dp[b] / count) if count else None,
                     "share_of_abs_dlogp": float(self.prob_sum_dlogp[b] / total) if total > 0 else None,
+                }
+            )
+        return rows
+
+    def by_probability_decade(self) -> list[dict[str, Any]]:
+        """Per decade of the rollout's token probability (the last: below 1e-8): tokens, mean |dlogp| and |dp|."""
+        rows = []
+        for d in range(self.DECADES + 1):
+            count = int(self.decade_count[d])
+            rows.append(
+                {
+                    "p_from": 0.0 if d == self.DECADES else 10.0 ** -(d + 1),
+                    "p_to": 10.0**-d,
+                    "tokens": count,
+                    "mean_abs_dlogp": float(self.decade_sum_dlogp[d] / count) if count else None,
+                    "mean_abs_dp": float(self.decade_sum_dp[d] / count) if count else None,
                 }
             )
         return rows

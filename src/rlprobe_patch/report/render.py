@@ -1,216 +1,155 @@
-"""report.html: one self-contained page (plots as base64 SVG drawn here, no script, no link out) and the text summary.
+"""report.html: one self-contained page (plots as inline SVG, no script, no link out) and the text summary.
 
-The plots are drawn from the report's aggregates (histogram counts, means per position range and per
-probability bin, one point per module), so their cost does not grow with the tokens; no plotting
-library is imported.
+The plots are matplotlib's (imported when `plots` runs, no pyplot state), drawn from the report's
+aggregates (histogram counts, means per position range and per decade of probability, one point per
+module), so their cost does not grow with the tokens. Each plot's SVG is inlined with its text kept as
+text and its legend and axes tagged (`<plot>-legend`, `<plot>-axes<i>`), so that a browser can check
+what is shown (tests/runtime/test_report_runtime.py).
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import math
+import re
+from pathlib import Path
 from typing import Any
 
-_W, _H = 640, 320  # every plot's size in pixels
-_LEFT, _RIGHT, _TOP, _BOTTOM = 70, 20, 28, 56
 _COLOURS = ["#3b6ea8", "#a85a3b", "#4a8f3c", "#8a4aa8", "#c2a02b", "#2ba3a3", "#b0306a", "#555555"]
 
 
-def _nice_ticks(low: float, high: float, log: bool) -> list[float]:
-    if log:
-        first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
-        step = max(1, math.ceil((last - first) / 8))
-        return [10.0**e for e in range(first, last + 1, step) if low <= 10.0**e <= high]
-    if high <= low:
-        return [low]
-    raw = (high - low) / 5
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
-    first = math.ceil(low / step) * step
-    return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
+def _svg(fig: Any, name: str) -> str:
+    """The figure as an inline <svg> (no XML prologue), its ids unique on the page (`svg.hashsalt` = name)."""
+    import io
+
+    import matplotlib
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": name}):
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    # matplotlib numbers its groups per figure (`axes_1`, `line2d_3`): prefixed, so that no id repeats on the page
+    return re.sub(r'id="([A-Za-z0-9.]+_\d+)"', rf'id="{name}-\1"', text[text.index("<svg") :])
 
 
-def _label(value: float) -> str:
-    return f"{value:.3g}" if value == 0 or 1e-3 <= abs(value) < 1e4 else f"{value:.0e}"
+def _figure(name: str, panels: int = 1, width: float = 7.5, height: float = 3.2) -> tuple[Any, list[Any]]:
+    """A figure of `panels` axes stacked on one x axis, each axes' background tagged `<name>-axes<i>`."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height * (1 if panels == 1 else 0.62 * panels)), layout="constrained")
+    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0].tolist()
+    for i, ax in enumerate(axes):
+        ax.patch.set_gid(f"{name}-axes{i}")
+        ax.grid(True, color="#e4e4e4", linewidth=0.6)
+        ax.set_axisbelow(True)
+    return fig, axes
 
 
-class _Plot:
-    """One SVG chart: axes (linear or logarithmic), ticks, labels; bars, lines and marks added in data units."""
+def _histogram(tokens: dict[str, Any]) -> str:
+    histogram = tokens["abs_dlogp_histogram"]
+    fig, (ax,) = _figure("histogram")
+    ax.set_title(f"|dlogp| of {tokens['tokens']} tokens ({histogram['identical']} identical on both sides, not drawn)")
+    if histogram["counts"]:
+        from matplotlib.ticker import LogFormatter, LogLocator, NullLocator
 
-    def __init__(
-        self,
-        x: tuple[float, float],
-        y: tuple[float, float],
-        *,
-        title: str,
-        x_label: str,
-        y_label: str,
-        x_log: bool = False,
-        y_log: bool = False,
-        x_ticks: list[tuple[float, str]] | None = None,
-    ) -> None:
-        self.x, self.y, self.x_log, self.y_log = x, y, x_log, y_log
-        self.parts: list[str] = []
-        self.legend: list[tuple[str, str]] = []
-        self._axes(title, x_label, y_label, x_ticks)
+        ax.stairs(histogram["counts"], histogram["edges"], fill=True, color=_COLOURS[0])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            # plain labels (1e-06) on at most 8 decades, no minor ticks: the default's mathtext (a parser run per
+            # tick) and the minor ticks' layout were most of the page's time
+            axis.set_major_locator(LogLocator(numticks=8))
+            axis.set_major_formatter(LogFormatter())
+            axis.set_minor_locator(NullLocator())
+    ax.set_xlabel("|log p_train - log p_rollout| per token")
+    ax.set_ylabel("tokens")
+    return _svg(fig, "histogram")
 
-    def _to(self, value: float, span: tuple[float, float], log: bool, a: float, b: float) -> float:
-        lo, hi = span
-        if log:
-            value, lo, hi = (math.log10(max(v, 1e-300)) for v in (value, lo, hi))
-        fraction = 0.5 if hi == lo else (value - lo) / (hi - lo)
-        return a + (b - a) * min(1.0, max(0.0, fraction))
 
-    def px(self, x: float) -> float:
-        return self._to(x, self.x, self.x_log, _LEFT, _W - _RIGHT)
+def _by_position(tokens: dict[str, Any]) -> str:
+    rows = tokens["by_position"]
+    centres = [(r["first"] + r["last"]) / 2 for r in rows]
+    fig, (top, bottom) = _figure("by_position", panels=2)
+    top.set_title("difference by position in the response (mean over the tokens at that position)")
+    top.plot(centres, [r["mean_abs_dlogp"] for r in rows], marker="o", markersize=3, color=_COLOURS[0])
+    top.set_ylabel("mean |dlogp|")
+    bottom.plot(centres, [r["mean_abs_dp"] for r in rows], marker="o", markersize=3, color=_COLOURS[1])
+    bottom.set_ylabel("mean |dp|")
+    bottom.set_xlabel("position in the response")
+    return _svg(fig, "by_position")
 
-    def py(self, y: float) -> float:
-        return self._to(y, self.y, self.y_log, _H - _BOTTOM, _TOP)
 
-    def _axes(self, title: str, x_label: str, y_label: str, x_ticks: list[tuple[float, str]] | None) -> None:
-        left, right, top, bottom = _LEFT, _W - _RIGHT, _TOP, _H - _BOTTOM
-        add = self.parts.append
-        add(f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#888"/>')
-        ticks = x_ticks or [(v, _label(v)) for v in _nice_ticks(*self.x, self.x_log)]
-        for value, text in ticks:
-            x = self.px(value)
-            add(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#888"/>')
-            add(f'<text x="{x:.1f}" y="{bottom + 16}" font-size="10" text-anchor="middle">{html.escape(text)}</text>')
-        for value in _nice_ticks(*self.y, self.y_log):
-            y = self.py(value)
-            add(f'<line x1="{left - 4}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#ddd"/>')
-            add(f'<text x="{left - 6}" y="{y + 3:.1f}" font-size="10" text-anchor="end">{_label(value)}</text>')
-        middle = (left + right) / 2
-        add(f'<text x="{middle}" y="{_H - 18}" font-size="12" text-anchor="middle">{html.escape(x_label)}</text>')
-        add(
-            f'<text x="14" y="{(top + bottom) / 2}" font-size="12" text-anchor="middle" '
-            f'transform="rotate(-90 14 {(top + bottom) / 2})">{html.escape(y_label)}</text>'
+def _by_probability(tokens: dict[str, Any]) -> str:
+    rows = [r for r in tokens["by_probability_decade"] if r["tokens"]]
+    labels = [f"<{r['p_to']:.0e}" if r["p_from"] == 0 else f"{r['p_from']:.0e}-{r['p_to']:.0e}" for r in rows]
+    fig, (top, bottom) = _figure("by_probability", panels=2)
+    top.set_title("difference by the rollout probability of the token (decades)")
+    top.bar(labels, [r["tokens"] for r in rows], color=_COLOURS[2])
+    top.set_ylabel("tokens")
+    bottom.bar(labels, [r["mean_abs_dlogp"] for r in rows], color=_COLOURS[0])
+    bottom.set_ylabel("mean |dlogp|")
+    bottom.set_xlabel("rollout probability of the token")
+    return _svg(fig, "by_probability")
+
+
+def _layers(layers: dict[str, Any]) -> str:
+    pairs = layers["pairs"][:12]
+    statistics = pairs[0]["mode"] == "statistics"
+    fig, (ax,) = _figure("layers", width=10.5, height=3.6)
+    ax.set_title("layer divergence, module by module")
+    for k, pair in enumerate(pairs):
+        ys = [m["max_diff"] if statistics else m["cosine"] for m in pair["modules"]]
+        colour = _COLOURS[k % len(_COLOURS)]
+        # the pairs that agree overlap each other: thinner lines drawn first, the disagreeing ones on top
+        diverges = pair["first_divergence"] is not None
+        ax.plot(
+            range(len(ys)),
+            [float("nan") if y is None else y for y in ys],
+            marker="o",
+            markersize=2.5,
+            linewidth=1.6 if diverges else 0.9,
+            color=colour,
+            label=pair["label"],
+            zorder=3 if diverges else 2,
         )
-        add(f'<text x="{(left + right) / 2}" y="18" font-size="13" text-anchor="middle">{html.escape(title)}</text>')
-
-    def bar(self, x0: float, x1: float, height: float, colour: str) -> None:
-        if height <= 0:
-            return
-        base = self.py(self.y[0])
-        left, right, top = self.px(x0), self.px(x1), self.py(height)
-        self.parts.append(
-            f'<rect x="{left:.1f}" y="{top:.1f}" width="{max(right - left - 1, 1):.1f}" '
-            f'height="{base - top:.1f}" fill="{colour}"/>'
-        )
-
-    def line(self, xs: list[float], ys: list[float | None], colour: str, label: str, marker: bool = True) -> None:
-        points = [(self.px(x), self.py(y)) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
-        if points:
-            text = " ".join(f"{a:.1f},{b:.1f}" for a, b in points)
-            self.parts.append(f'<polyline points="{text}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
-            if marker and len(points) <= 120:
-                self.parts += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{colour}"/>' for a, b in points]
-        self.legend.append((label, colour))
-
-    def vline(self, x: float, colour: str) -> None:
-        a = self.px(x)
-        self.parts.append(
-            f'<line x1="{a:.1f}" y1="{_TOP}" x2="{a:.1f}" y2="{_H - _BOTTOM}" stroke="{colour}" '
-            'stroke-dasharray="4 3" opacity="0.6"/>'
-        )
-
-    def svg(self) -> str:
-        for i, (label, colour) in enumerate(self.legend):
-            y = _TOP + 14 + 13 * i
-            self.parts.append(
-                f'<rect x="{_W - _RIGHT - 150}" y="{y - 8}" width="10" height="10" fill="{colour}"/>'
-                f'<text x="{_W - _RIGHT - 136}" y="{y + 1}" font-size="10">{html.escape(label[:28])}</text>'
-            )
-        body = "".join(self.parts)
-        return (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-            f'font-family="sans-serif"><rect width="{_W}" height="{_H}" fill="white"/>{body}</svg>'
-        )
-
-
-def _encode(svg: str) -> str:
-    return base64.b64encode(svg.encode()).decode("ascii")
+        first = next((i for i, m in enumerate(pair["modules"]) if m["diverges"]), None)
+        if first is not None:
+            ax.axvline(first, color="red", linestyle="--", linewidth=0.8, alpha=0.6)
+    ax.set_xlabel("module, in forward order (the tables below name them)")
+    ax.set_ylabel("|max diff|" if statistics else "cosine")
+    legend = fig.legend(loc="outside right upper", fontsize=7, title="run / pair (request id)", title_fontsize=7)
+    legend.set_gid("layers-legend")
+    return _svg(fig, "layers")
 
 
 def plots(report: dict[str, Any]) -> dict[str, str]:
-    """name -> base64 SVG, drawn from the report's aggregates (histogram counts, binned means), never per token."""
+    """name -> inline SVG (matplotlib), drawn from the report's aggregates (histogram counts, binned means)."""
+    import matplotlib
+
     out: dict[str, str] = {}
-    tokens = report.get("tokens")
-    if tokens and tokens["tokens"]:
-        histogram = tokens["abs_dlogp_histogram"]
-        edges, counts = histogram["edges"], histogram["counts"]
-        title = f"{tokens['tokens']} tokens, {histogram['identical']} identical"
-        if counts:
-            plot = _Plot(
-                (edges[0], edges[-1]),
-                (0.8, max(counts) * 1.5),
-                title=title,
-                x_label="|log p_train - log p_rollout| per token",
-                y_label="tokens",
-                x_log=True,
-                y_log=True,
-            )
-            for i, count in enumerate(counts):
-                plot.bar(edges[i], edges[i + 1], count, _COLOURS[0])
-        else:
-            plot = _Plot((0.0, 1.0), (0.0, 1.0), title=title, x_label="|dlogp| per token (all 0)", y_label="tokens")
-        out["histogram"] = _encode(plot.svg())
-        rows = tokens["by_position"]
-        centres = [(r["first"] + r["last"]) / 2 for r in rows]
-        top = max([r["mean_abs_dlogp"] for r in rows] + [r["mean_abs_dp"] for r in rows] + [1e-12])
-        plot = _Plot(
-            (min(centres), max(centres) if len(centres) > 1 else min(centres) + 1),
-            (0.0, top * 1.1),
-            title="difference by position in the response",
-            x_label="position in the response",
-            y_label="mean difference",
-        )
-        plot.line(centres, [r["mean_abs_dlogp"] for r in rows], _COLOURS[0], "mean |dlogp|")
-        plot.line(centres, [r["mean_abs_dp"] for r in rows], _COLOURS[1], "mean |dp|")
-        out["by_position"] = _encode(plot.svg())
-        rows = tokens["by_probability"]
-        values = [r["mean_abs_dlogp"] or 0.0 for r in rows]
-        plot = _Plot(
-            (0.0, float(len(rows))),
-            (0.0, max(values + [1e-12]) * 1.1),
-            title="difference by the rollout probability of the token",
-            x_label="rollout probability of the token",
-            y_label="mean |dlogp|",
-            x_ticks=[(i + 0.5, f"{r['p_from']:.1f}-{r['p_to']:.1f}") for i, r in enumerate(rows)],
-        )
-        for i, value in enumerate(values):
-            plot.bar(i + 0.1, i + 0.9, value, _COLOURS[1])
-        out["by_probability"] = _encode(plot.svg())
-    layers = report.get("layers")
-    if layers and layers["pairs"]:
-        pairs = layers["pairs"][:12]
-        mode = pairs[0]["mode"]
-        series = []
-        for pair in pairs:
-            ys = [m["cosine"] if pair["mode"] == "tensor" else m["max_diff"] for m in pair["modules"]]
-            series.append([float(y) if y is not None and math.isfinite(y) else None for y in ys])
-        finite = [y for ys in series for y in ys if y is not None]
-        low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
-        pad = (high - low) * 0.05 or 0.05
-        plot = _Plot(
-            (0.0, float(max(1, max(len(p["modules"]) for p in pairs) - 1))),
-            (low - pad, high + pad),
-            title="layer divergence (dashed: first module out of msprobe's thresholds)",
-            x_label="module, in forward order",
-            y_label="cosine" if mode == "tensor" else "|max diff|",
-        )
-        for k, (pair, ys) in enumerate(zip(pairs, series)):
-            colour = _COLOURS[k % len(_COLOURS)]
-            plot.line([float(i) for i in range(len(ys))], list(ys), colour, pair["pair"])
-            first = next((i for i, m in enumerate(pair["modules"]) if m["diverges"]), None)
-            if first is not None:
-                plot.vline(float(first), "red")
-        out["layers"] = _encode(plot.svg())
+    # text stays text in the SVG (readable, searchable, checked by the browser test)
+    with matplotlib.rc_context(
+        {"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
+    ):
+        tokens = report.get("tokens")
+        if tokens and tokens["tokens"]:
+            out["histogram"] = _histogram(tokens)
+            out["by_position"] = _by_position(tokens)
+            if sum(1 for r in tokens["by_probability_decade"] if r["tokens"]) > 1:
+                out["by_probability"] = _by_probability(tokens)
+        layers = report.get("layers")
+        if layers and layers["pairs"]:
+            out["layers"] = _layers(layers)
     return out
 
 
+class _Raw(str):
+    """A table cell's HTML, written as it is."""
+
+
 def _fmt(value: Any) -> str:
+    if isinstance(value, _Raw):
+        return str(value)
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -220,33 +159,257 @@ def _fmt(value: Any) -> str:
 
 def _table(headers: list[str], rows: list[list[Any]], css: str = "") -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in row) + "</tr>" for row in rows)
+    cell = "<td class='id'>{}</td>".format
+    body = "".join(
+        "<tr>" + "".join(cell(_fmt(c)) if isinstance(c, _Raw) else f"<td>{_fmt(c)}</td>" for c in row) + "</tr>"
+        for row in rows
+    )
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _img(images: dict[str, str], name: str, alt: str) -> str:
+def _figure_html(images: dict[str, str], name: str, caption: str) -> str:
     if name not in images:
         return ""
-    return (
-        f'<figure id="plot-{name}"><img alt="{html.escape(alt)}" width="{_W}" height="{_H}" '
-        f'src="data:image/svg+xml;base64,{images[name]}"></figure>'
-    )
+    return f'<figure id="plot-{name}">{images[name]}<figcaption>{html.escape(caption)}</figcaption></figure>'
 
 
 _STYLE = """
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
+body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 1400px; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.85em; }
 th, td { border: 1px solid #bbb; padding: 2px 6px; text-align: right; }
 th { background: #eee; } td:first-child { text-align: left; }
-.crossed { color: #b00; font-weight: bold; } .ok { color: #070; }
-figure { display: inline-block; margin: 0.5em; }
+td.id { font-family: monospace; white-space: nowrap; text-align: left; }
+.crossed, .fail { color: #b00; font-weight: bold; } .ok { color: #070; } .warn { color: #a60; }
+figure { margin: 0.5em 0 1.5em; } figure svg { max-width: 100%; height: auto; }
+figcaption { font-size: 0.85em; color: #555; }
+pre { background: #f4f4f4; padding: 0.5em; white-space: pre-wrap; }
+#verdict { border-left: 6px solid #888; padding: 0.3em 1em; } #verdict.state-fail { border-color: #b00; }
+#verdict.state-warn { border-color: #a60; } #verdict.state-ok { border-color: #070; }
 """
+
+_STEP_KEYS = [
+    "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_mean",
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "training/rollout_actor_probs_pearson_corr",
+]
+
+
+def _id(value: str) -> str:
+    """A request id in full (never cut), in a cell of its own."""
+    return f'<span title="{html.escape(value)}">{html.escape(value)}</span>'
+
+
+def _verdict_html(report: dict[str, Any]) -> list[str]:
+    judged = report.get("verdict")
+    if not judged:
+        return []
+    state = judged["state"]
+    css = state if state in ("ok", "warn", "fail") else ""
+    parts = [
+        f'<section id="verdict" class="state-{css}"><h2 class="{css}">Verdict: {html.escape(state.upper())}</h2>',
+        f"<p>by {html.escape(judged['metric'])} against verl's guidance: warning above {judged['warn']}, "
+        f"mismatch above {judged['fail']} ({html.escape(judged['source'])}); where the tokens are too unlikely for "
+        f"that number to say anything, by the log-probs (mean exp(|dlogp|) against "
+        f"{judged['log_prob_gate']['token_multiplicative_error']}, {html.escape(judged['log_prob_gate']['source'])})"
+        + ("" if judged.get("decides_exit", True) else "; the threshold options given decide the exit code")
+        + "</p><ul>",
+    ]
+    parts += [f"<li>{html.escape(reason)}</li>" for reason in judged["reasons"]]
+    parts.append("</ul></section>")
+    return parts
+
+
+def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdict: dict[str, Any]) -> list[str]:
+    graded = {(s["step"], s["kind"]): s for s in (verdict or {}).get("steps", [])}
+    parts = [
+        f"<h2>Tokens</h2><p id='token-count'>{tokens['samples']} request(s), {tokens['tokens']} response "
+        f"token(s), {tokens['empty_responses']} empty response(s), {len(tokens['steps'])} step(s)</p>",
+        "<h3>Per step (verl logs these numbers per step)</h3>",
+    ]
+    rows = []
+    for s in tokens["steps"]:
+        g = graded.get((s["step"], s["kind"]), {})
+        scale = s.get("scale") or {}
+        rows.append(
+            [
+                s["step"],
+                s["kind"],
+                s["samples"],
+                s["tokens"],
+                g.get("state"),
+                *(s["metrics"].get(k) for k in _STEP_KEYS),
+                scale.get("probs_diff_mean_ceiling"),
+                scale.get("mean_abs_dlogp"),
+                scale.get("token_multiplicative_error"),
+            ]
+        )
+    headers = ["step", "source", "samples", "tokens", "verdict", *(k.split("/")[-1] for k in _STEP_KEYS)]
+    headers += ["most diff_mean could be", "mean |dlogp|", "mean exp(|dlogp|)"]
+    parts.append(_table(headers, rows, "steps"))
+    parts.append(
+        "<p class='note'>verl's names: training/rollout_probs_diff_{max,mean}, rollout_corr/{kl,k3_kl}, "
+        "training/rollout_actor_probs_pearson_corr. <i>most diff_mean could be</i>: the mean of max(p_train, "
+        "p_rollout), the largest rollout_probs_diff_mean these tokens could give whatever the mismatch.</p>"
+    )
+    parts.append("<details><summary>verl's metrics, all steps together</summary>")
+    parts.append(_table(["metric", "value"], [[k, v] for k, v in tokens["overall"].items()], "metrics"))
+    parts.append("</details>")
+    parts.append(f"<h3>The {top} worst requests (by max |dp|)</h3>")
+    rows = []
+    for r in [r for r in tokens["requests"] if r["tokens"]][:top]:
+        w = r["worst_token"]
+        rows.append(
+            [
+                r["rank"],
+                _Raw(_id(r["request_id"])),
+                r["step"],
+                r["dataset_index"],
+                r["tokens"],
+                r["max_abs_dp"],
+                r["mean_abs_dp"],
+                r["max_abs_dlogp"],
+                r["mean_abs_dlogp"],
+                w["position"],
+                w["token_id"],
+            ]
+        )
+    headers = ["rank", "request", "step", "dataset index", "tokens", "max |dp|", "mean |dp|", "max |dlogp|"]
+    headers += ["mean |dlogp|", "worst position", "worst token id"]
+    parts.append(_table(headers, rows, "worst-requests"))
+    parts.append("<h3>Distribution</h3>")
+    parts.append(_figure_html(images, "histogram", "How far the two sides' log-probs are apart, token by token."))
+    parts.append(
+        _figure_html(images, "by_position", "Does the difference grow along the response? (|dlogp|, |dp|: own axes)")
+    )
+    parts.append(
+        _figure_html(
+            images,
+            "by_probability",
+            "Where the tokens' probabilities lie, and the difference there: |dp| cannot be "
+            "large on unlikely tokens, |dlogp| can.",
+        )
+    )
+    filled = [r for r in tokens["by_probability_decade"] if r["tokens"]]
+    if len(filled) == 1:
+        parts.append(
+            f"<p id='one-decade'>All {filled[0]['tokens']} tokens have a rollout probability between "
+            f"{filled[0]['p_from']:.0e} and {filled[0]['p_to']:.0e}: no chart by probability. On tokens this unlikely "
+            "|dp| stays small whatever the mismatch; |dlogp| does not.</p>"
+        )
+    decade_rows = [
+        [f"{r['p_from']:.0e}-{r['p_to']:.0e}", r["tokens"], r["mean_abs_dlogp"], r["mean_abs_dp"]]
+        for r in tokens["by_probability_decade"]
+        if r["tokens"]
+    ]
+    parts.append(_table(["rollout p", "tokens", "mean |dlogp|", "mean |dp|"], decade_rows, "by-decade"))
+    return parts
+
+
+def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
+    parts = [
+        "<h2>Layers (msprobe compare)</h2>",
+        f"<p id='common-divergence'>first divergence common to every disagreeing pair: "
+        f"{_fmt(layers['first_common_divergence'])} ({len(layers['disagreeing_pairs'])} of "
+        f"{len(layers['pairs'])} pair(s) disagree)</p>",
+        _figure_html(
+            images,
+            "layers",
+            "One line per pair; dashed: a pair's first module out of msprobe's thresholds. The "
+            "tables below name each module.",
+        ),
+    ]
+    for pair in sorted(layers["pairs"], key=lambda p: p["first_divergence"] is None):
+        tensor = pair["mode"] == "tensor"
+        headers = ["module", *(["cosine", "max abs err"] if tensor else ["|max diff|"]), "Result", "out of thresholds"]
+        rows = [
+            [
+                m["module"],
+                *([m["cosine"], m["max_abs_err"]] if tensor else [m["max_diff"]]),
+                m["result"],
+                "yes" if m["diverges"] else "",
+            ]
+            for m in pair["modules"]
+        ]
+        agrees = pair["first_divergence"] is None
+        parts.append(
+            f"<h3 class='pair'>{html.escape(pair.get('heading') or pair['pair'])}</h3><p>first module out of "
+            f"msprobe's thresholds: {_fmt(pair['first_divergence'])}; CSV: {html.escape(pair['path'])}</p>"
+        )
+        table = _table(headers, rows, "modules")
+        folded = f"<details><summary>{len(rows)} modules, all within</summary>{table}</details>"
+        parts.append(folded if agrees else table)
+    return parts
+
+
+def next_steps(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """What to run next, as (what it is for, the command): replay the worst requests, then the layer compare."""
+    steps: list[tuple[str, str]] = []
+    replay = report.get("replay") or {}
+    inputs = report.get("inputs") or {}
+    captures = str(Path(inputs["captures"][0]).parent) if inputs.get("captures") else "CAPTURES"
+    if replay.get("command"):
+        steps.append(
+            (
+                f"replay the {len(replay['requests'])} worst request(s) through one collection run that dumps both "
+                "sides (the prompts are in " + replay["prompts"] + ")",
+                replay["command"] + "\n  then in the derived script: " + " ".join(replay["overrides"]),
+            )
+        )
+    elif replay.get("why_not"):
+        ranked = (report.get("tokens") or {}).get("requests", [])[: len(replay["requests"])]
+        if any(r["dataset_index"] is not None and r["dataset_index"] >= 0 for r in ranked):
+            steps.append(
+                (
+                    "replay: give the run's dataset, so the worst requests' rows are taken by their dataset index",
+                    f"rlprobe-patch report {captures} --top {len(ranked)} --replay-script YOUR_TRAINING_SCRIPT.sh "
+                    "--data TRAIN.jsonl",
+                )
+            )
+        else:
+            steps.append(
+                (
+                    "replay: this capture keeps no prompt and no dataset index; capture the run with "
+                    "verl.logprob-capture, which keeps both where verl's batch has them, and report again",
+                    "rlprobe-patch apply --verl-root /verl --backend fsdp --only verl.logprob-capture,verl.request-id\n"
+                    "MISMATCH_ON=1 MISMATCH_DIR=caps bash YOUR_TRAINING_SCRIPT.sh "
+                    "actor_rollout_ref.rollout.calculate_log_probs=True",
+                )
+            )
+    layers = report.get("layers")
+    if layers and layers["disagreeing_pairs"]:
+        first = layers["first_common_divergence"] or "the first module out of thresholds in each pair"
+        worst = next(p for p in layers["pairs"] if p["first_divergence"])
+        steps.append((f"look at {first} first: the earliest module where the two sides part", f"open {worst['path']}"))
+    elif not layers:
+        steps.append(
+            (
+                "layer compare via msprobe: pair each request's rollout prefill with its training micro-batch, "
+                "then report both views together",
+                "rlprobe-patch check-dump --actor DUMP/actor --generate DUMP/generate --compare "
+                "--compare-output compare --python /env/bin/python\n"
+                f"rlprobe-patch report {captures} compare",
+            )
+        )
+    return steps
+
+
+def _next_html(report: dict[str, Any]) -> list[str]:
+    steps = next_steps(report)
+    if not steps:
+        return []
+    parts = ["<h2 id='next'>What next</h2><ol>"]
+    parts += [f"<li>{html.escape(why)}<pre>{html.escape(command)}</pre></li>" for why, command in steps]
+    parts.append("</ol>")
+    return parts
 
 
 def render_html(report: dict[str, Any], images: dict[str, str], top: int) -> str:
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>rlprobe-patch report</title>",
         f"<style>{_STYLE}</style></head><body><h1>Training vs rollout: rlprobe-patch report</h1>",
+        *_verdict_html(report),
     ]
     checks = report.get("thresholds") or []
     if checks:
@@ -258,125 +421,11 @@ def render_html(report: dict[str, Any], images: dict[str, str], top: int) -> str
                 f'<p class="{css} threshold">{html.escape(c["option"])} {c["limit"]}: {html.escape(c["metric"])} = '
                 f"{_fmt(c['value'])} ({state})</p>"
             )
-    tokens = report.get("tokens")
-    if tokens:
-        parts.append(
-            f"<h2>Tokens</h2><p id='token-count'>{tokens['samples']} request(s), {tokens['tokens']} response "
-            f"token(s), {tokens['empty_responses']} empty response(s), {len(tokens['steps'])} step(s)</p>"
-        )
-        parts.append("<h3>verl's metrics, all steps together</h3>")
-        parts.append(_table(["metric", "value"], [[k, v] for k, v in tokens["overall"].items()], "metrics"))
-        parts.append("<h3>Per step</h3>")
-        keys = [
-            "training/rollout_probs_diff_max",
-            "training/rollout_probs_diff_mean",
-            "rollout_corr/kl",
-            "rollout_corr/k3_kl",
-            "training/rollout_actor_probs_pearson_corr",
-        ]
-        parts.append(
-            _table(
-                ["step", "source", "samples", "tokens", *keys],
-                [
-                    [s["step"], s["kind"], s["samples"], s["tokens"], *(s["metrics"].get(k) for k in keys)]
-                    for s in tokens["steps"]
-                ],
-            )
-        )
-        parts.append(f"<h3>The {top} worst requests (by max |dp|)</h3>")
-        rows = []
-        for r in [r for r in tokens["requests"] if r["tokens"]][:top]:
-            w = r["worst_token"]
-            rows.append(
-                [
-                    r["rank"],
-                    r["request_id"],
-                    r["step"],
-                    r["dataset_index"],
-                    r["tokens"],
-                    r["max_abs_dp"],
-                    r["mean_abs_dp"],
-                    r["max_abs_dlogp"],
-                    r["mean_abs_dlogp"],
-                    w["position"],
-                    w["token_id"],
-                ]
-            )
-        parts.append(
-            _table(
-                [
-                    "rank",
-                    "request",
-                    "step",
-                    "dataset index",
-                    "tokens",
-                    "max |dp|",
-                    "mean |dp|",
-                    "max |dlogp|",
-                    "mean |dlogp|",
-                    "worst position",
-                    "worst token id",
-                ],
-                rows,
-                "worst-requests",
-            )
-        )
-        parts.append("<h3>Distribution</h3>")
-        parts.append(_img(images, "histogram", "histogram of |dlogp|"))
-        parts.append(_img(images, "by_position", "difference by position in the response"))
-        parts.append(_img(images, "by_probability", "difference by token probability"))
-        parts.append(
-            _table(
-                ["rollout p", "tokens", "mean |dlogp|", "mean |dp|", "share of |dlogp|"],
-                [
-                    [
-                        f"{r['p_from']:.1f}-{r['p_to']:.1f}",
-                        r["tokens"],
-                        r["mean_abs_dlogp"],
-                        r["mean_abs_dp"],
-                        r["share_of_abs_dlogp"],
-                    ]
-                    for r in tokens["by_probability"]
-                ],
-            )
-        )
-    layers = report.get("layers")
-    if layers:
-        parts.append("<h2>Layers (msprobe compare)</h2>")
-        parts.append(
-            f"<p id='common-divergence'>first divergence common to every disagreeing pair: "
-            f"{_fmt(layers['first_common_divergence'])} ({len(layers['disagreeing_pairs'])} of "
-            f"{len(layers['pairs'])} pair(s) disagree)</p>"
-        )
-        parts.append(_img(images, "layers", "layer divergence chart"))
-        for pair in layers["pairs"]:
-            parts.append(
-                f"<h3>{html.escape(pair['pair'])}</h3><p>first module out of msprobe's thresholds: "
-                f"{_fmt(pair['first_divergence'])}</p>"
-            )
-            parts.append(
-                _table(
-                    ["module", "cosine", "max abs err", "|max diff|", "Result", "out of thresholds"],
-                    [
-                        [
-                            m["module"],
-                            m["cosine"],
-                            m["max_abs_err"],
-                            m["max_diff"],
-                            m["result"],
-                            "yes" if m["diverges"] else "",
-                        ]
-                        for m in pair["modules"]
-                    ],
-                    "modules",
-                )
-            )
-    replay = report.get("replay")
-    if replay and replay.get("command"):
-        parts.append(
-            f"<h2>Replay</h2><p>prompts: {html.escape(replay['prompts'])}</p><pre>{html.escape(replay['command'])}"
-            f"\n  then in the derived script: {html.escape(' '.join(replay['overrides']))}</pre>"
-        )
+    if report.get("tokens"):
+        parts += _tokens_html(report["tokens"], images, top, report.get("verdict") or {})
+    if report.get("layers"):
+        parts += _layers_html(report["layers"], images)
+    parts += _next_html(report)
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -407,5 +456,5 @@ def summary_lines(report: dict[str, Any], top: int) -> list[str]:
             f"first common divergence: {layers['first_common_divergence'] or '-'}"
         )
         for pair in layers["pairs"]:
-            lines.append(f"  {pair['pair']}: first divergence {pair['first_divergence'] or '-'}")
+            lines.append(f"  {pair['label']}: first divergence {pair['first_divergence'] or '-'}")
     return lines

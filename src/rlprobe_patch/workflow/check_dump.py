@@ -670,6 +670,9 @@ print(json.dumps(results))
 """
 
 
+PAIR_FILE = "pair.json"  # in each pair's compare folder: the pair check-dump made (`report` reads it)
+
+
 def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[dict[str, Any]]:
     """msprobe's own compare (actor = target, generate = golden) on each pair, in `python`."""
     jobs = []
@@ -681,6 +684,10 @@ def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[
             "generate": pair["generate"]["dump"],
             "output": str(output / name),
         }
+        # what the pair is (request, both dumps' step and rank, the actor's micro-batch labels), beside msprobe's
+        # CSV, for `report`'s headings
+        Path(job["output"]).mkdir(parents=True, exist_ok=True)
+        (Path(job["output"]) / PAIR_FILE).write_text(json.dumps(pair, indent=1, default=str), encoding="utf-8")
         mapped = _mapping_for(Path(job["actor"]), Path(job["generate"]))
         if mapped:
             job["data_mapping"] = mapped["data_mapping"]

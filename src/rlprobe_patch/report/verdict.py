@@ -1,0 +1,111 @@
+"""The report's verdict: verl's own guidance on `rollout_probs_diff_mean`, step by step, and what it cannot see.
+
+- verl's guidance (`patches/releases/verl.toml` `[mismatch_guidance]`, from verl's FAQ): each step's
+  `training/rollout_probs_diff_mean` (the number verl logs per step) is within it, a warning above 0.005,
+  a mismatch above 0.01. The verdict is the worst step's.
+- When a step's tokens are so unlikely that the number could not reach verl's fail level whatever the
+  mismatch (its ceiling, the mean of max(p_train, p_rollout), below 0.01: a random or untrained model), it
+  is uninformative there: the step is graded on its log-probs instead, by NeMo-RL's token multiplicative
+  error, mean exp(|dlogp|), against the gate NeMo-RL asserts (`TME_GATE`), and the verdict says so.
+- msprobe's layer compare, where given: a pair with a module out of msprobe's thresholds is a mismatch,
+  named by the first module that diverges in every disagreeing pair.
+
+A threshold option (`--max-prob-diff-mean` ...) decides the exit code instead; the verdict is still shown.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rlprobe_patch.catalogue.releases import MismatchGuidance, releases
+
+# NeMo-RL's gate on mean exp(|log p_a - log p_b|) between two computations of the same tokens' log-probs
+# (NVIDIA-NeMo/RL, tools/model_diagnostics/2.long_generation_decode_vs_prefill.py: `assert lp_error < 1.05`;
+# a healthy engine reads about 1.007 there, the chunked-prefill bug it caught above 300).
+TME_GATE = 1.05
+TME_SOURCE = "NeMo-RL's decode-vs-prefill check (tools/model_diagnostics/2.long_generation_decode_vs_prefill.py)"
+
+_ORDER = {"ok": 0, "no value": 0, "warn": 1, "fail": 2}
+_TOLD = 12  # steps said one by one in the reasons; the others are counted
+
+
+def _g(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def grade_step(step: dict[str, Any], guidance: MismatchGuidance) -> dict[str, Any]:
+    """One step's state ("ok", "warn", "fail", "no value"), whether verl's number is informative, and why."""
+    value = step["metrics"].get(guidance.metric)
+    scale = step.get("scale") or {}
+    graded: dict[str, Any] = {"step": step["step"], "kind": step["kind"], "value": value, **scale}
+    name = f"step {step['step']}: {guidance.metric.split('/')[-1]} "
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return {**graded, "state": "no value", "informative": False, "why": name + "has no token to measure"}
+    ceiling, tme = scale["probs_diff_mean_ceiling"], scale["token_multiplicative_error"]
+    if ceiling < guidance.fail:
+        # |dp| <= max(p_train, p_rollout): no mismatch could push the mean past `ceiling` on these tokens
+        state = "fail" if tme > TME_GATE else "ok"
+        why = (
+            f"{name}{_g(value)} is uninformative here: the tokens are unlikely (median p "
+            f"{_g(scale['median_rollout_p'])}), so it could be at most {_g(ceiling)} whatever the mismatch, "
+            f"below verl's {guidance.fail}; the log-probs "
+            f"say {'mismatch' if state == 'fail' else 'within'}: mean exp(|dlogp|) {_g(tme)} "
+            f"{'above' if state == 'fail' else 'within'} NeMo-RL's gate {TME_GATE} (mean |dlogp| "
+            f"{_g(scale['mean_abs_dlogp'])}, max {_g(scale['max_abs_dlogp'])})"
+        )
+        return {**graded, "state": state, "informative": False, "why": why}
+    if value > guidance.fail:
+        state, why = "fail", f"{name}{_g(value)} above verl's {guidance.fail}: a precision issue by verl's guidance"
+    elif value > guidance.warn:
+        state = "warn"
+        why = f"{name}{_g(value)} above verl's warning level {guidance.warn} (mismatch above {guidance.fail})"
+    else:
+        state, why = "ok", f"{name}{_g(value)} within verl's {guidance.warn}"
+    if state == "ok" and tme > TME_GATE:
+        state = "warn"
+        why += f"; but mean exp(|dlogp|) {_g(tme)} is above NeMo-RL's gate {TME_GATE}: look at the worst tokens"
+    return {**graded, "state": state, "informative": True, "why": why}
+
+
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """The report's verdict: the worst of its steps' grades and of the layer compare."""
+    guidance = releases("verl").guidance
+    assert guidance is not None, "patches/releases/verl.toml lacks [mismatch_guidance]"
+    steps = [grade_step(s, guidance) for s in (report["tokens"]["steps"] if report.get("tokens") else [])]
+    plain = [s for s in steps if s["state"] == "ok" and s["informative"]]
+    told = [s for s in steps if s not in plain]  # said one by one: warnings, mismatches, uninformative steps
+    reasons = [s["why"] for s in told[:_TOLD]]
+    if len(told) > _TOLD:
+        reasons.append(f"... and {len(told) - _TOLD} more step(s) like these (report.json: verdict.steps)")
+    if plain:
+        largest = max(plain, key=lambda s: s["value"])
+        reasons.insert(
+            0,
+            f"{len(plain)} step(s) within verl's {guidance.warn} (largest {guidance.metric.split('/')[-1]} "
+            f"{_g(largest['value'])}, step {largest['step']})",
+        )
+    states = [s["state"] for s in steps]
+    layers = report.get("layers")
+    if layers:
+        disagreeing, pairs = len(layers["disagreeing_pairs"]), len(layers["pairs"])
+        if disagreeing:
+            states.append("fail")
+            reasons.append(
+                f"layer compare: {disagreeing} of {pairs} pair(s) leave msprobe's thresholds; first module to diverge "
+                f"in every one: {layers['first_common_divergence'] or '(none in common)'}"
+            )
+        else:
+            states.append("ok")
+            reasons.append(f"layer compare: all {pairs} pair(s) within msprobe's thresholds")
+    state = max(states, key=_ORDER.__getitem__) if states else "no value"
+    return {
+        "state": state,
+        "metric": guidance.metric,
+        "warn": guidance.warn,
+        "fail": guidance.fail,
+        "source": guidance.source,
+        "log_prob_gate": {"token_multiplicative_error": TME_GATE, "source": TME_SOURCE},
+        "steps": steps,
+        "reasons": reasons,
+    }
