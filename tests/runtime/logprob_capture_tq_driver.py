@@ -280,7 +280,8 @@ def run(out: Path) -> dict[str, Any]:
     os.environ["MISMATCH_DIR"] = str(out / "captures")
     # A local Ray instance; logical CPUs above the machine's 2 so that the controller and the
     # storage unit (one CPU each) are scheduled.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # address="local": a new Ray of its own, never the cluster another test may be running on this machine
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     transfer_queue.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
     hooks = [ast.unparse(s) for s in method.body if "_RlprobeLogprobCapture" in ast.unparse(s)]
     result: dict[str, Any] = {"hooks": hooks}

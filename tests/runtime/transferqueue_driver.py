@@ -159,7 +159,8 @@ def run() -> dict[str, Any]:
 
     # A local Ray instance; logical CPUs above the machine's 2 so that the controller and the
     # storage unit (one CPU each) are scheduled.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # address="local": a new Ray of its own, never the cluster another test may be running on this machine
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     transfer_queue.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
     result: dict[str, Any] = {"hook_source": [ast.unparse(s) for s in statements], "cases": {}}
     try:

@@ -378,7 +378,7 @@ def _vllm_pairing(req: Requirements, script: Script) -> None:
             VLLM_MODEL_LEN,
             model_len,
             "chunked prefill off: vLLM needs max_num_batched_tokens >= max_model_len, and an unset max_model_len "
-            "is the model's max_position_embeddings; prompt + response length, verl 0.6.0's own default",
+            "is the model's max_position_embeddings; prompt + response length, what older verl releases defaulted to",
         )
     batched, _ = _int(script, VLLM_BATCHED_TOKENS, 8192)
     if model_len is not None and batched is not None and batched < model_len:
