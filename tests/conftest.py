@@ -18,6 +18,7 @@ import shutil
 import zipfile
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -150,6 +151,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(name)
         if "exhaustive" not in own and middle_release(item):
             item.add_marker("exhaustive")
+    # The slowest folders first (a stable sort keeps each module together): with work stealing (below),
+    # the long runtime tests start at once and the short ones fill the tail.
+    items.sort(key=lambda item: SLOW_FIRST.index(folder_of(item)) if folder_of(item) in SLOW_FIRST else len(SLOW_FIRST))
+
+
+SLOW_FIRST = ("runtime", "cluster", "real", "cli", "unit")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`-n auto` with xdist's default `--dist load`: work stealing instead, so a worker left with long
+    tests queued gives them to an idle one (the README's test command ends when its slowest worker does)."""
+    if config.getvalue("dist") != "load":
+        return None  # another mode asked for on the command line: xdist's own
+    from xdist.scheduler import WorkStealingScheduling
+
+    return WorkStealingScheduling(config, log)
 
 
 def middle_releases() -> frozenset[str]:

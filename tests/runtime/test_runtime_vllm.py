@@ -179,9 +179,10 @@ def test_patched_engine_dumps_every_pass_and_changes_nothing_when_off(python: Pa
     ("case", "expected"),
     [
         ("missing", "no such file; set additional_config.dump_config_path"),
-        ("not-json", "not JSON"),
-        ("rejected", "msprobe refuses it"),
-        ("graphs", "set enforce_eager=True"),
+        # each other case starts the engine again (~20 s): the exhaustive leg's (issue 35)
+        pytest.param("not-json", "not JSON", marks=pytest.mark.exhaustive),
+        pytest.param("rejected", "msprobe refuses it", marks=pytest.mark.exhaustive),
+        pytest.param("graphs", "set enforce_eager=True", marks=pytest.mark.exhaustive),
     ],
 )
 def test_bad_dump_configs_stop_the_engine_before_any_request(python: Path, tmp_path: Path, case, expected) -> None:
