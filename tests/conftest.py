@@ -145,11 +145,12 @@ def pytest_make_collect_report(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The folder decides the markers: each item gets those of its folder (an item whose own markers
     say another folder never gets here: its file failed to collect, above)."""
+    middle = middle_release_cells(items)
     for item in items:
         own = {m.name for m in item.iter_markers()}
         for name in sorted(FOLDER_MARKERS.get(folder_of(item) or "", frozenset()) - own):
             item.add_marker(name)
-        if "exhaustive" not in own and middle_release(item):
+        if "exhaustive" not in own and item in middle:
             item.add_marker("exhaustive")
     # The slowest folders first (a stable sort keeps each module together): with work stealing (below),
     # the long runtime tests start at once and the short ones fill the tail.
@@ -170,30 +171,38 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return WorkStealingScheduling(config, log)
 
 
-def middle_releases() -> frozenset[str]:
-    """The tested releases of each package but its oldest and newest (patches/releases/*.toml)."""
+def known_releases() -> frozenset[str]:
+    """Every release number of every package's data (patches/releases/*.toml)."""
+    return frozenset(r for package in PACKAGE_FILES for r in releases(package).all_releases)
+
+
+KNOWN_RELEASES = known_releases()
+
+
+def middle_release_cells(items: list[pytest.Item]) -> set[pytest.Item]:
+    """The real and runtime cells of a release strictly between the oldest and the newest release
+    their test is parametrized with (its other parameters alike): the exhaustive leg's (`-m exhaustive`,
+    `.ci/run`). The README's test command keeps both ends of every such test, a representative slice.
+    """
     from packaging.version import Version
 
-    middle: set[str] = set()
-    for package in PACKAGE_FILES:
-        tested = sorted(releases(package).tested, key=Version)
-        middle |= set(tested[1:-1])
-    return frozenset(middle)
-
-
-MIDDLE_RELEASES = middle_releases()
-
-
-def middle_release(item: pytest.Item) -> bool:
-    """Whether a real or runtime test is a cell of a release between its package's oldest and newest.
-
-    Those cells are the exhaustive leg's (`-m exhaustive`, `.ci/run`); the README's test command
-    keeps the oldest and the newest release of every parametrized cell, a representative slice.
-    """
-    callspec = getattr(item, "callspec", None)
-    if callspec is None or folder_of(item) not in ("real", "runtime"):
-        return False
-    return any(isinstance(value, str) and value in MIDDLE_RELEASES for value in callspec.params.values())
+    cells: dict[tuple[object, ...], list[tuple[Version, pytest.Item]]] = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or folder_of(item) not in ("real", "runtime"):
+            continue
+        named = [(k, v) for k, v in callspec.params.items() if isinstance(v, str) and v in KNOWN_RELEASES]
+        if len(named) != 1:
+            continue
+        ((name, release),) = named
+        others = tuple(sorted((k, repr(v)) for k, v in callspec.params.items() if k != name))
+        key = (item.path, getattr(item, "originalname", item.name), name, others)
+        cells.setdefault(key, []).append((Version(release), item))
+    middle: set[pytest.Item] = set()
+    for found in cells.values():
+        ends = {min(v for v, _ in found), max(v for v, _ in found)}
+        middle |= {item for v, item in found if v not in ends}
+    return middle
 
 
 @pytest.fixture(autouse=True)

@@ -41,3 +41,51 @@ def test_undeclared_marker_is_an_error(tmp_path: Path) -> None:
     )
     assert run.returncode != 0
     assert "'reel' not found in `markers` configuration option" in run.stdout
+
+
+def collected(*args: str) -> set[str]:
+    """The test ids pytest selects from the whole suite with `args` (pyproject's addopts included)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return {line for line in run.stdout.splitlines() if "::" in line}
+
+
+def test_the_readme_command_runs_a_representative_slice_and_the_exhaustive_leg_the_rest() -> None:
+    """Issue 35, item 10: the README's test command (`pytest -n auto`, pyproject's `-m 'not exhaustive'`)
+    holds every folder and, of each release cell, the oldest and newest release; `-m exhaustive` holds the
+    corpus sweeps and the releases between; together they are the whole suite."""
+    from packaging.version import Version
+
+    from rlprobe_patch.catalogue.releases import releases
+
+    default, exhaustive = collected(), collected("-m", "exhaustive")
+    everything = collected("-m", "exhaustive or not exhaustive")
+    assert default and exhaustive and not default & exhaustive and default | exhaustive == everything
+    folders = {test.split("/")[1] for test in default}
+    assert folders >= {"unit", "cli", "real", "runtime", "cluster"}, folders
+    assert not {t for t in default if t.startswith("tests/real/test_script_corpus")}
+    tested = sorted(releases("verl").tested, key=Version)
+    cell = "tests/real/test_hydra_config_real.py::test_catalogue_defaults_match_hydra[{}]"
+    assert {cell.format(tested[0]), cell.format(tested[-1])} <= default
+    assert {cell.format(r) for r in tested[1:-1]} <= exhaustive
+    # a test's own ends, whatever its package's: this one runs 0.7.1, 0.8.0, 0.9.1 (0.9.1 is also a
+    # vLLM release between vLLM's ends)
+    cell = "tests/runtime/test_runtime_consistency.py::test_consistency_set_runs_in_real_verl[{}]"
+    assert {cell.format("0.7.1"), cell.format("0.9.1")} <= default and cell.format("0.8.0") in exhaustive
+    # every patch (group) of the patched-bytes cells keeps a cell in the slice
+    groups = {
+        (t.split("[")[1].split(" ")[0], *t.split("[")[1].rstrip("]").split(" ")[2:])
+        for t in everything
+        if "test_bytes_of_every_real_cell" in t
+    }
+    kept = {
+        (t.split("[")[1].split(" ")[0], *t.split("[")[1].rstrip("]").split(" ")[2:])
+        for t in default
+        if "test_bytes_of_every_real_cell" in t
+    }
+    assert groups == kept
