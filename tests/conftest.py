@@ -171,22 +171,30 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return WorkStealingScheduling(config, log)
 
 
-def known_releases() -> frozenset[str]:
-    """Every release number of every package's data (patches/releases/*.toml)."""
-    return frozenset(r for package in PACKAGE_FILES for r in releases(package).all_releases)
+def release_ends() -> tuple[frozenset[str], frozenset[str]]:
+    """Every release number of the packages' data (patches/releases/*.toml), and the oldest and the
+    newest tested release of each package."""
+    from packaging.version import Version
+
+    known, ends = set(), set()
+    for package in PACKAGE_FILES:
+        data = releases(package)
+        known |= set(data.all_releases)
+        tested = sorted(data.tested, key=Version)
+        ends |= {tested[0], tested[-1]}
+    return frozenset(known), frozenset(ends)
 
 
-KNOWN_RELEASES = known_releases()
+KNOWN_RELEASES, END_RELEASES = release_ends()
 
 
 def middle_release_cells(items: list[pytest.Item]) -> set[pytest.Item]:
-    """The real and runtime cells of a release strictly between the oldest and the newest release
-    their test is parametrized with (its other parameters alike): the exhaustive leg's (`-m exhaustive`,
-    `.ci/run`). The README's test command keeps both ends of every such test, a representative slice.
-    """
+    """The real and runtime cells that are the exhaustive leg's (`-m exhaustive`, `.ci/run`): of each
+    test parametrized by a release (its other parameters alike), the README's test command keeps the
+    cells of a package's oldest or newest tested release, or the test's newest where it runs neither."""
     from packaging.version import Version
 
-    cells: dict[tuple[object, ...], list[tuple[Version, pytest.Item]]] = {}
+    cells: dict[tuple[object, ...], list[tuple[str, pytest.Item]]] = {}
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or folder_of(item) not in ("real", "runtime"):
@@ -197,11 +205,11 @@ def middle_release_cells(items: list[pytest.Item]) -> set[pytest.Item]:
         ((name, release),) = named
         others = tuple(sorted((k, repr(v)) for k, v in callspec.params.items() if k != name))
         key = (item.path, getattr(item, "originalname", item.name), name, others)
-        cells.setdefault(key, []).append((Version(release), item))
+        cells.setdefault(key, []).append((release, item))
     middle: set[pytest.Item] = set()
     for found in cells.values():
-        ends = {min(v for v, _ in found), max(v for v, _ in found)}
-        middle |= {item for v, item in found if v not in ends}
+        kept = {r for r, _ in found if r in END_RELEASES} or {max((r for r, _ in found), key=Version)}
+        middle |= {item for r, item in found if r not in kept}
     return middle
 
 

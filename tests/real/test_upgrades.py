@@ -276,6 +276,8 @@ def test_upgrade_stops_on_an_edit_and_merges_it(tmp_path: Path, envs) -> None:
     }
 
 
+# the exhaustive leg's (issue 35): a sweep, too long for the README's test command
+@pytest.mark.exhaustive
 def test_kill_at_every_write_of_an_upgrade(tmp_path: Path, envs) -> None:
     env, env_r2 = envs
     r2 = reference(tmp_path, "0.9.1", env_r2, "--backend", "fsdp")

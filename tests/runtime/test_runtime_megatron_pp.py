@@ -181,7 +181,7 @@ def test_engine_one_micro_batch_and_an_excluded_rank(real_tree, megatron_python:
     assert [u["passes"] for u in only[1]["per_unit"]] == [[["forward"]], [["forward", "backward"]]]
 
 
-@pytest.mark.parametrize("vpp", [1, 2])
+@pytest.mark.parametrize("vpp", [1, pytest.param(2, marks=pytest.mark.exhaustive)])  # vpp 2: the exhaustive leg's
 def test_legacy_hooks_on_every_pipeline_stage(real_tree, megatron_python: Path, tmp_path: Path, vpp: int) -> None:
     root = real_tree("0.7.1")
     code, out = cli_json(

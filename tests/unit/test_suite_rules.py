@@ -73,10 +73,12 @@ def test_the_readme_command_runs_a_representative_slice_and_the_exhaustive_leg_t
     cell = "tests/real/test_hydra_config_real.py::test_catalogue_defaults_match_hydra[{}]"
     assert {cell.format(tested[0]), cell.format(tested[-1])} <= default
     assert {cell.format(r) for r in tested[1:-1]} <= exhaustive
-    # a test's own ends, whatever its package's: this one runs 0.7.1, 0.8.0, 0.9.1 (0.9.1 is also a
-    # vLLM release between vLLM's ends)
+    # this one runs 0.7.1, 0.8.0, 0.9.1: verl's newest stays (0.9.1 is also a vLLM release between vLLM's ends)
     cell = "tests/runtime/test_runtime_consistency.py::test_consistency_set_runs_in_real_verl[{}]"
-    assert {cell.format("0.7.1"), cell.format("0.9.1")} <= default and cell.format("0.8.0") in exhaustive
+    assert cell.format("0.9.1") in default and {cell.format("0.7.1"), cell.format("0.8.0")} <= exhaustive
+    # a test of no package's oldest or newest release keeps its own newest
+    cell = "tests/real/test_real_releases.py::test_legacy_worker_notice[{}]"
+    assert cell.format("0.7.1") in default and cell.format("0.6.1") in exhaustive
     # every patch (group) of the patched-bytes cells keeps a cell in the slice
     groups = {
         (t.split("[")[1].split(" ")[0], *t.split("[")[1].rstrip("]").split(" ")[2:])
