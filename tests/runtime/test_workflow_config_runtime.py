@@ -19,9 +19,15 @@ from runtime import venvs
     ("mode", "side", "extra"),
     [
         ("training", "training", ()),
-        ("inference", "generate", ("--dump-path", "DUMP")),
+        # inference's and SGLang's generate configs: the exhaustive leg's (issue 35), ~9 s each in msprobe
+        pytest.param("inference", "generate", ("--dump-path", "DUMP"), marks=pytest.mark.exhaustive),
         ("consistency", "generate", ("--dump-path", "DUMP")),
-        ("consistency", "generate", ("--dump-path", "DUMP", "--rollout-backend", "sglang")),  # step []
+        pytest.param(
+            "consistency",
+            "generate",
+            ("--dump-path", "DUMP", "--rollout-backend", "sglang"),  # step []
+            marks=pytest.mark.exhaustive,
+        ),
         ("consistency", "actor", ("--dump-path", "DUMP", "--level", "L0", "--task", "tensor", "--rank", "0,1")),
     ],
 )
