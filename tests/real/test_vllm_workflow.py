@@ -107,6 +107,15 @@ VLLM_PAIRING = {f"{ROLLOUT}.max_num_seqs": 1, f"{ROLLOUT}.enable_prefix_caching"
                 f"{ROLLOUT}.enable_chunked_prefill": False}  # fmt: skip
 
 
+def example_checkout(root: Path, rel: str, where: Path) -> Path:
+    """A verl checkout as users run the examples from: the example at examples/`rel`, `root`'s package."""
+    repo = where / "verl"
+    (repo / "examples" / rel).parent.mkdir(parents=True)
+    shutil.copy(EXAMPLE, repo / "examples" / rel)
+    (repo / "verl").symlink_to(root / "verl")
+    return repo
+
+
 @pytest.mark.skipif(not EXAMPLE.is_file(), reason="../shared/upstream is not beside the repository")
 # the options, not a release cell: the engine named (0.11.0, as the issue's run) or not, the derivation is the same
 @pytest.mark.parametrize("version", [(), ("--vllm-version", "0.11.0")])
@@ -122,10 +131,7 @@ def test_vllm_consistency_prefills_one_request_at_a_time(
     the original and a `step: [0]` config, naming the fix."""
     root = real_tree("0.8.0")
     rel = "gpg_trainer/run_qwen3_8b_fsdp.sh"
-    repo = tmp_path / "verl"
-    (repo / "examples" / rel).parent.mkdir(parents=True)
-    shutil.copy(EXAMPLE, repo / "examples" / rel)
-    (repo / "verl").symlink_to(root / "verl")
+    repo = example_checkout(root, rel, tmp_path)
     monkeypatch.chdir(repo)
     configs = []
     for side in ("actor", "generate"):
@@ -177,10 +183,7 @@ def test_consistency_collects_the_log_prob_capture_too(real_tree, tmp_path: Path
     capture run and a capture run that cuts its batches."""
     root = real_tree("0.8.0")
     rel = "gpg_trainer/run_qwen3_8b_fsdp.sh"
-    repo = tmp_path / "verl"
-    (repo / "examples" / rel).parent.mkdir(parents=True)
-    shutil.copy(EXAMPLE, repo / "examples" / rel)
-    (repo / "verl").symlink_to(root / "verl")
+    repo = example_checkout(root, rel, tmp_path)
     monkeypatch.chdir(repo)
     configs = msprobe_configs(repo / "configs")[:4]
     check = ("--mode", "consistency", "--verl-root", str(root), "--n-gpus", "2", "--vllm-version", "0.11.0")
