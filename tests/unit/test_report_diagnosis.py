@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch, read_capture
-from rlprobe_patch.report.diagnosis import choose_floor, diagnose, measure_floor
+from rlprobe_patch.report.diagnosis import TITLES, choose_floor, diagnose, measure_floor
 from rlprobe_patch.report.layers import layer_summary, read_compare_csv
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo-consistency-vllm"
@@ -141,3 +142,15 @@ def test_no_floor_measured_says_so_and_halves_the_token_signatures(real: tuple[T
     assert all(c["score"] <= 0.5 for c in document["causes"])
     with pytest.raises(RefusedError, match="--floor-step 9: no such step"):
         choose_floor([same, flipped], [], 9)
+
+
+def test_every_confirming_run_names_a_known_cause_and_a_rollout_key() -> None:
+    """`[[diagnosis_confirm]]` in patches/releases/verl.toml: each entry's cause is one the diagnosis ranks, its
+    `set` one KEY=VALUE of verl's rollout config, and every cause but precision noise and the token mismatch (no
+    one setting confirms those) has at least one."""
+    confirms = releases("verl").confirms
+    assert {c.cause for c in confirms} == set(TITLES) - {"precision-noise", "token-mismatch"}
+    for c in confirms:
+        key, _, value = c.set.partition("=")
+        assert key.startswith("actor_rollout_ref.rollout.") and value and " " not in c.set
+        assert c.why and str(c.versions).startswith(">=")

@@ -41,7 +41,7 @@ import numpy as np
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
-from rlprobe_patch.report.metrics import Tokens
+from rlprobe_patch.report.metrics import Tokens, quantiles
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
 
 FLOOR_FACTOR = 4.0  # how far above the floor's spread a step or a token must be to leave it
@@ -99,7 +99,7 @@ def measure_floor(batches: list[TokenBatch], how: str) -> Floor:
     d = tokens.abs_dlogp
     # the log-probs are float32 in a capture: below a few units in the last place nothing can be told apart
     resolution = FLOAT32_ULPS * float(np.spacing(np.float32(np.abs(tokens.rollout).max())))
-    mean, p99 = float(d.mean()), float(np.quantile(d, 0.99))
+    mean, (p99,) = float(d.mean()), quantiles(d, (0.99,))
     return Floor(
         measured=True,
         how=f"{how}: {tokens.size} tokens, mean |dlogp| {_g(mean)}, 99th percentile {_g(p99)}; a step leaves it "
@@ -164,16 +164,12 @@ def logprob_kind(tokens: Tokens) -> Cause:
 def _onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
     """Per request with a token out of the floor, its first such position; and how often a token from there on
     is back within the floor (the chance that a prefix token looks clean although the request has parted)."""
-    out = tokens.abs_dlogp > floor.token_limit
-    onsets: list[int] = []
-    after = back = 0
-    for start, count in zip(tokens.starts.tolist(), tokens.counts.tolist()):
-        hits = np.flatnonzero(out[start : start + count])
-        if hits.size:
-            onsets.append(int(hits[0]))
-            after += count - int(hits[0])
-            back += count - int(hits[0]) - hits.size
-    return onsets, back / after if after else 0.0
+    out = np.flatnonzero(tokens.abs_dlogp > floor.token_limit)
+    rows, first = np.unique(tokens.row[out], return_index=True)
+    onsets = tokens.position[out[first]]
+    after = int((tokens.counts[rows] - onsets).sum())  # the tokens from each onset to its row's end
+    back = after - out.size  # of them, those within the floor
+    return onsets.tolist(), back / after if after else 0.0
 
 
 def token_mismatch(tokens: Tokens, floor: Floor, layers: dict[str, Any] | None) -> Cause:
