@@ -304,3 +304,15 @@ def test_baseline_capture_is_the_floor(tmp_path: Path) -> None:
     assert "a constant offset 0.357 = log 1.43" in out["diagnosis"]["causes"][0]["evidence"]  # 1.43 = 1 / 0.7
     code, out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "out", "--floor-step", "9")
     assert code == ExitCode.REFUSED and "--floor-step 9: no such step" in out["message"]
+
+
+def test_diagnosis_of_a_capture_without_response_tokens(tmp_path: Path) -> None:
+    """Only empty responses: the diagnosis says there is nothing to diagnose, and ranks nothing."""
+    mask = np.zeros((2, 3), dtype=bool)
+    zeros = np.zeros(mask.shape)
+    write_capture(tmp_path / "cap", step=1, request_ids=["a", "b"], prompt_lengths=[1, 1], responses=zeros,
+                  response_mask=mask, rollout_log_probs=zeros, old_log_probs=zeros)  # fmt: skip
+    result = cli("report", tmp_path / "cap", "-o", tmp_path / "out")
+    assert result.exit_code == ExitCode.OK and "no response token: nothing to diagnose" in result.output
+    diagnosis = json.loads((tmp_path / "out" / "report.json").read_text())["diagnosis"]
+    assert diagnosis["causes"] == [] and diagnosis["top"] is None and diagnosis["steps"] == []

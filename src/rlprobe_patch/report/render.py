@@ -366,6 +366,8 @@ def diagnosis_lines(report: dict[str, Any]) -> list[str]:
         return []
     lines = [f"diagnosis (noise floor {'measured' if diagnosis['floor']['measured'] else 'not measured'}): "
              f"{diagnosis['floor']['how']}"]  # fmt: skip
+    if not diagnosis["steps"]:
+        return [*lines, "  no response token: nothing to diagnose"]
     for rank, c in enumerate(_shown(diagnosis), start=1):
         lines.append(f"  {rank}. {c['cause']} ({c['score']:.2f}): {c['title']}; {c['evidence']}")
         lines += [f"     confirm: {line}" for line in c["confirm"]]
