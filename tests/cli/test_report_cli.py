@@ -316,3 +316,29 @@ def test_diagnosis_of_a_capture_without_response_tokens(tmp_path: Path) -> None:
     assert result.exit_code == ExitCode.OK and "no response token: nothing to diagnose" in result.output
     diagnosis = json.loads((tmp_path / "out" / "report.json").read_text())["diagnosis"]
     assert diagnosis["causes"] == [] and diagnosis["top"] is None and diagnosis["steps"] == []
+
+
+def test_replay_script_gives_the_diagnosis_the_runs_sampling(tmp_path: Path) -> None:
+    """`--replay-script`: the launch script's rollout temperature and logprobs_mode, read as bash and Hydra would,
+    go with the logprob-kind evidence (the capture: the real step 1 with a planted log 0.7 offset)."""
+    same = read_capture(DEMO / "capture" / "step-000001.rlprobe-logprobs.npz")
+    write_capture(tmp_path / "cap", step=3, request_ids=same.request_ids, prompt_lengths=same.prompt_lengths,
+                  responses=same.responses, response_mask=same.mask, old_log_probs=same.training,
+                  rollout_log_probs=same.rollout + math.log(0.7))  # fmt: skip
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.temperature=0.7 \\\n"
+        "    actor_rollout_ref.rollout.logprobs_mode=raw_logprobs trainer.total_epochs=1\n"
+    )
+    base = DEMO / "capture" / "step-000001.rlprobe-logprobs.npz"
+    code, out = cli_json(
+        "report", tmp_path / "cap", "-o", tmp_path / "out", "--baseline", base, "--replay-script", script
+    )
+    assert code == ExitCode.VERIFY_FAILED
+    diagnosis = out["diagnosis"]
+    assert diagnosis["sampling"] == {"source": str(script), "temperature": 0.7, "logprobs_mode": "raw_logprobs"}
+    assert (
+        diagnosis["top"] == "logprob-kind"
+        and "raw log-probs while a logit processor is on" in (diagnosis["causes"][0]["evidence"])
+    )
+    assert f"script {script} --mode consistency --set" in diagnosis["causes"][0]["confirm"][0]

@@ -154,3 +154,25 @@ def test_every_confirming_run_names_a_known_cause_and_a_rollout_key() -> None:
         key, _, value = c.set.partition("=")
         assert key.startswith("actor_rollout_ref.rollout.") and value and " " not in c.set
         assert c.why and str(c.versions).startswith(">=")
+
+
+@pytest.mark.parametrize(
+    ("sampling", "score", "said"),
+    [
+        (None, 1.0, "sampling settings are unknown"),
+        ({"source": "run.sh", "temperature": 0.7, "logprobs_mode": "raw_logprobs"}, 1.0, "raw log-probs while"),
+        ({"source": "run.sh", "temperature": 1.0}, 0.5, "raw and processed log-probs are the same"),
+        ({"source": "run.sh", "temperature": "${oc.env:T}"}, 1.0, "not judged"),
+    ],
+)
+def test_logprob_kind_against_the_runs_sampling_settings(
+    real: tuple[TokenBatch, TokenBatch], sampling: dict[str, Any] | None, score: float, said: str
+) -> None:
+    """The planted log-0.7 offset (a transformation of the real capture) judged with what the launch script
+    sets: at T = 1 with no top-k / top-p the kinds cannot differ, so the fit is halved."""
+    same, _ = real
+    planted = _planted(same, 3, rollout=same.rollout + math.log(0.7))
+    document = diagnose([planted], None, measure_floor([same], "real step 1"), sampling=sampling)
+    (kind,) = [c for c in document["causes"] if c["cause"] == "logprob-kind"]
+    assert kind["score"] == pytest.approx(score, abs=1e-6) and said in kind["evidence"]
+    assert document["sampling"] == sampling

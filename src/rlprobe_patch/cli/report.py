@@ -67,14 +67,18 @@ def report_cmd(
     require("numpy", "report")
     require("matplotlib", "report")
     from rlprobe_patch.report import encode, with_entry, write_outputs
-    from rlprobe_patch.report.build import build, classify, read_baseline, read_inputs, replay
+    from rlprobe_patch.report.build import build, classify, read_baseline, read_inputs, replay, run_sampling
     from rlprobe_patch.report.diagnosis import choose_floor
     from rlprobe_patch.report.render import diagnosis_lines, next_steps, plots, render_html, summary_lines
 
     inputs = classify(list(paths))
     batches, pairs, notes = read_inputs(inputs, python)
     floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
-    report = build(batches, pairs, limits, floor, replay_script)
+    sampling = None
+    if replay_script and Path(replay_script).is_file():
+        sampling, why_not = run_sampling(Path(replay_script), python)
+        notes += [why_not] if why_not else []
+    report = build(batches, pairs, limits, floor, replay_script, sampling)
     report["inputs"] = {
         "captures": [str(p) for p in inputs.captures],
         "slime": [str(p) for p in inputs.slime],

@@ -80,6 +80,22 @@ def classify(paths: list[Path]) -> Inputs:
     return found
 
 
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "logprobs_mode")  # under actor_rollout_ref.rollout.
+
+
+def run_sampling(script: Path, python: str | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The rollout's sampling settings the launch script sets (`SAMPLING_KEYS`), and a note where it cannot be read."""
+    # imported here: the script reader (bash and Hydra) only where a script is given
+    from rlprobe_patch.launch.script import read_script
+
+    try:
+        read = read_script(script, python=python)
+    except RefusedError as exc:
+        return None, f"--replay-script {script}: its sampling settings not read ({exc.message})"
+    values = {k: read.value(f"actor_rollout_ref.rollout.{k}") for k in SAMPLING_KEYS}
+    return {"source": str(script), **{k: v for k, v in values.items() if v is not None}}, ""
+
+
 def read_baseline(path: Path) -> list[TokenBatch]:
     """`--baseline`: the captures in `path` (a file or a folder), checked as the inputs are."""
     captures = classify([path]).captures
@@ -214,6 +230,7 @@ def build(
     limits: dict[str, float | None],
     floor: Floor | None = None,
     script: str | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report's document; `floor` (else none measured) is the noise floor the diagnosis judges against."""
     report: dict[str, Any] = {
@@ -224,7 +241,7 @@ def build(
     }
     if batches:
         floor = floor or choose_floor(batches, [], None)
-        report["diagnosis"] = diagnose(batches, report["layers"], floor, script)
+        report["diagnosis"] = diagnose(batches, report["layers"], floor, script, sampling)
     report["thresholds"] = check_thresholds(report, limits)
     report["verdict"] = verdict(report)
     # the threshold options given decide the exit code; without any, the verdict does

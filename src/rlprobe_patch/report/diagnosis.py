@@ -140,7 +140,7 @@ def confirm_lines(cause: str, script: str | None) -> tuple[str, ...]:
 # --- the signatures, one step each ---------------------------------------------------------------------
 
 
-def logprob_kind(tokens: Tokens) -> Cause:
+def logprob_kind(tokens: Tokens, sampling: dict[str, Any] | None = None) -> Cause:
     d, logp = tokens.log_ratio, tokens.rollout
     n, total = d.size, float(np.dot(d, d))
     if n < 3 or total == 0.0:
@@ -158,7 +158,39 @@ def logprob_kind(tokens: Tokens) -> Cause:
     if abs(slope) >= SLOPE_SAID and slope > -1.0:
         # log p_T - log p_1 = (1/T - 1) * z + const in one context: a slope a is a temperature 1 / (1 + a)
         evidence += f", and a slope {_g(slope)}: as if a temperature {_g(1.0 / (1.0 + slope))} were applied on one side"
-    return Cause("logprob-kind", fit, fit, evidence)
+    fit, said = _against_sampling(fit, sampling)
+    return Cause("logprob-kind", fit, fit, f"{evidence}; {said}")
+
+
+# the values at which each logit processor is off; an unset key counts as off (verl's default in every tested release)
+SAMPLING_UNSET = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None  # an interpolation the reader left unresolved, or no number
+
+
+def _against_sampling(fit: float, sampling: dict[str, Any] | None) -> tuple[float, str]:
+    """The fit against the run's own settings: at T = 1 without top-k / top-p raw and processed log-probs are the
+    same (half the fit); raw log-probs with a processor on are the cause by configuration (at least half)."""
+    if sampling is None:
+        return fit, "the run's sampling settings are unknown (--replay-script RUN.sh reads them)"
+    shown = ", ".join(f"{k} {v}" for k, v in sampling.items() if k != "source")
+    said = f"{sampling['source']} sets {shown or 'none of temperature, top_p, top_k, logprobs_mode'}"
+    temperature, top_p, top_k = (_number(sampling.get(k, unset)) for k, unset in SAMPLING_UNSET.items())
+    if temperature is None or top_p is None or top_k is None:
+        return fit, f"{said} (not all as numbers: not judged)"
+    if temperature == 1.0 and top_p >= 1.0 and top_k <= 0:
+        return (
+            fit / 2,
+            f"{said}: at T = 1 without top-k / top-p, raw and processed log-probs are the same (half the fit)",
+        )
+    if sampling.get("logprobs_mode") == "raw_logprobs":
+        return max(fit, 0.5), f"{said}: raw log-probs while a logit processor is on (at least half the fit)"
+    return fit, said
 
 
 def _onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
@@ -292,12 +324,14 @@ def _ranked(causes: list[Cause]) -> list[Cause]:
     return sorted(causes, key=lambda c: (-c.score, order.index(c.cause)))
 
 
-def diagnose_step(tokens: Tokens, floor: Floor, layers: dict[str, Any] | None) -> tuple[bool, float, list[Cause]]:
+def diagnose_step(
+    tokens: Tokens, floor: Floor, layers: dict[str, Any] | None, sampling: dict[str, Any] | None = None
+) -> tuple[bool, float, list[Cause]]:
     """Whether the step is within the floor, its mean |d|, and its causes ranked."""
     mean = float(tokens.abs_dlogp.mean())
     within = mean <= floor.mean_limit
     causes = [
-        logprob_kind(tokens),
+        logprob_kind(tokens, sampling),
         token_mismatch(tokens, floor, layers),
         stale_weights(tokens, floor, layers),
         broken_layer(tokens, floor, layers),
@@ -343,9 +377,14 @@ def choose_floor(batches: list[TokenBatch], baseline: list[TokenBatch], floor_st
 
 
 def diagnose(
-    batches: list[TokenBatch], layers: dict[str, Any] | None, floor: Floor, script: str | None = None
+    batches: list[TokenBatch],
+    layers: dict[str, Any] | None,
+    floor: Floor,
+    script: str | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step)."""
+    """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step);
+    `sampling` is the run's rollout settings (`run_sampling`), where its launch script was read."""
     steps: list[dict[str, Any]] = []
     best: dict[str, Cause] = {}
     means = []
@@ -353,7 +392,7 @@ def diagnose(
         tokens = Tokens.of(b.rollout, b.training, b.mask)
         if not tokens.size:
             continue
-        within, mean, causes = diagnose_step(tokens, floor, layers)
+        within, mean, causes = diagnose_step(tokens, floor, layers, sampling)
         means.append(mean)
         steps.append(
             {
@@ -383,6 +422,7 @@ def diagnose(
         c.confirm = confirm_lines(c.cause, script)
     return {
         "floor": asdict(floor),
+        "sampling": sampling,
         "causes": [_plain(c) for c in ranked],
         "top": ranked[0].cause if ranked else None,
         "steps": steps,
