@@ -152,7 +152,8 @@ def logprob_kind(tokens: Tokens, sampling: dict[str, Any] | None = None) -> Caus
     chance = 2.0 / n  # what two fitted numbers explain of pure noise on n tokens
     fit = max(0.0, (explained - chance) / (1.0 - chance))
     evidence = (
-        f"d = log p_train - log p_rollout ~ {_g(slope)} * log p_rollout + {_g(offset)} explains {explained:.0%} of "
+        f"d = log p_train - log p_rollout ~ {_g(slope)} * log p_rollout {'-' if offset < 0 else '+'} {_g(abs(offset))} "
+        f"explains {explained:.0%} of "
         f"sum(d^2) on {n} tokens ({chance:.0%} for noise): a constant offset {_g(offset)} = log {_g(math.exp(offset))}"
     )
     if abs(slope) >= SLOPE_SAID and slope > -1.0:
@@ -404,7 +405,8 @@ def diagnose(
             }
         )
         for c in causes:
-            if c.cause not in best or c.score > best[c.cause].score:
+            # the step that shows the cause best: by score, then by fit (the evidence of a step out of the floor)
+            if c.cause not in best or (c.score, c.fit) > (best[c.cause].score, best[c.cause].fit):
                 best[c.cause] = Cause(c.cause, c.score, c.fit, f"step {b.step}: {c.evidence}")
     trend = growth_and_reset(means, floor)
     if "stale-weights" in best and trend.score > best["stale-weights"].score:

@@ -382,7 +382,10 @@ def _diagnosis_html(diagnosis: dict[str, Any]) -> list[str]:
         f"<p id='noise-floor'>Noise floor {'measured' if floor['measured'] else 'not measured'}: "
         f"{html.escape(floor['how'])}</p>",
     ]
-    rows = [[rank, c["cause"], c["score"], c["title"], c["evidence"]] for rank, c in enumerate(diagnosis["causes"], 1)]
+    rows = [
+        [rank, c["cause"], f"{c['score']:.2f}", c["title"], c["evidence"]]
+        for rank, c in enumerate(diagnosis["causes"], 1)
+    ]
     parts.append(_table(["rank", "cause", "score", "what", "evidence"], rows, "causes"))
     for c in _shown(diagnosis):
         if c["confirm"]:
@@ -394,7 +397,7 @@ def _diagnosis_html(diagnosis: dict[str, Any]) -> list[str]:
             s["mean_abs_dlogp"],
             "yes" if s["within_floor"] else "",
             s["causes"][0]["cause"],
-            s["causes"][0]["score"],
+            f"{s['causes'][0]['score']:.2f}",
         ]
         for s in diagnosis["steps"]
     ]
