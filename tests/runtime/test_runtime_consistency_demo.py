@@ -142,6 +142,15 @@ def test_demo_consistency_vllm_pairs_every_request_and_catches_a_flipped_weight(
     worst = {r["request_id"]: r["max_abs_dlogp"] for r in report["tokens"]["requests"] if r["step"] == 2}
     assert {r["step"] for r in report["tokens"]["requests"][:4]} == {2} and min(worst.values()) > 0.01
     assert all(r["max_abs_dlogp"] < 1e-4 for r in report["tokens"]["requests"] if r["step"] == 1)
+    # issue 36: the demo's report measures its noise floor on step 1 (the same weights); the diagnosis ranks the
+    # flipped weight's cause, a broken layer, first, and finds step 1 within the floor
+    diagnosis = report["diagnosis"]
+    assert diagnosis["floor"]["measured"] and "step 1" in diagnosis["floor"]["how"]
+    assert diagnosis["top"] == "broken-layer" and "layers.1.mlp.down_proj" in diagnosis["causes"][0]["evidence"]
+    assert [(s["step"], s["within_floor"], s["causes"][0]["cause"]) for s in diagnosis["steps"]] == [
+        (1, True, "precision-noise"),
+        (2, False, "broken-layer"),
+    ]
 
 
 def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(demo: tuple[int, dict, Path]) -> None:

@@ -348,7 +348,7 @@ _SHOWN_CAUSES = 3  # the causes the summary and the page name first; report.json
 
 def _shown(diagnosis: dict[str, Any]) -> list[dict[str, Any]]:
     """The first causes of the run's ranking, those with a score."""
-    return [c for c in diagnosis["causes"][:_SHOWN_CAUSES] if c["score"] > 0] or diagnosis["causes"][:1]
+    return [c for c in diagnosis["causes"][:_SHOWN_CAUSES] if round(c["score"], 2) > 0] or diagnosis["causes"][:1]
 
 
 def _step_tops(diagnosis: dict[str, Any]) -> str:
