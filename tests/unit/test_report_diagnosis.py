@@ -176,3 +176,38 @@ def test_logprob_kind_against_the_runs_sampling_settings(
     (kind,) = [c for c in document["causes"] if c["cause"] == "logprob-kind"]
     assert kind["score"] == pytest.approx(score, abs=1e-6) and said in kind["evidence"]
     assert document["sampling"] == sampling
+
+
+def _real_layers(*runs: str) -> dict[str, Any]:
+    return layer_summary([read_compare_csv(p) for run in runs for p in sorted((DEMO / "compare" / run).rglob("*.csv"))])
+
+
+def test_layer_floor_from_the_real_same_weights_pairs(real: tuple[TokenBatch, TokenBatch]) -> None:
+    """The real compare: the same-weights run's 4 pairs (within msprobe's thresholds) give each module's floor;
+    the first module out of it in every flipped pair is the flipped down_proj. Without them, msprobe's
+    thresholds say the same, and the evidence says which was used."""
+    same, flipped = real
+    floor = measure_floor([same], "real step 1")
+    for runs, how in [(("generate", "generate-perturbed"), "out of the layer floor"), (("generate-perturbed",), "")]:
+        document = diagnose([same, flipped], _real_layers(*runs), floor)
+        top = document["causes"][0]
+        assert document["top"] == "broken-layer" and "layers.1.mlp.down_proj.Linear.forward.0" in top["evidence"]
+        assert (how or "out of msprobe's thresholds") in top["evidence"]
+
+
+def test_planted_every_weight_differing_ranks_stale_weights_first(real: tuple[TokenBatch, TokenBatch]) -> None:
+    """Transformation of the real compare, not the real chain: in the flipped run's pairs every module's error
+    is set to 1e-3 (about 1000x the same-weights run's largest, 9.5e-7), from the embedding on, as when the
+    rollout runs the weights of an earlier update: the first module out of the floor is the model's first, so
+    the cause is every weight, not one layer."""
+    same, flipped = real
+    layers = _real_layers("generate", "generate-perturbed")
+    for pair in layers["pairs"]:
+        if pair["first_divergence"] is not None:
+            for m in pair["modules"]:
+                m["max_abs_err"] = 1e-3
+    document = diagnose([same, flipped], layers, measure_floor([same], "real step 1"))
+    assert _ranks(document)[0] == "stale-weights", document["causes"]
+    assert "Module.model.embed_tokens" in document["causes"][0]["evidence"]
+    (layer,) = [c for c in document["causes"] if c["cause"] == "broken-layer"]
+    assert layer["score"] == 0.0

@@ -241,19 +241,64 @@ def _unsure(fit: float, evidence: str, floor: Floor) -> tuple[float, str]:
     return fit / 2, evidence + " (half the fit: with no floor measured, a token within the fixed gate may be chance)"
 
 
+def _error(module: dict[str, Any]) -> float | None:
+    """A module's error in either of msprobe's modes: MaxAbsErr (tensor) or |Max diff| (statistics)."""
+    value = module["max_abs_err"] if module["max_abs_err"] is not None else module["max_diff"]
+    return None if value is None else float(value)
+
+
+def layer_floor(layers: dict[str, Any] | None) -> dict[str, float] | None:
+    """Per module, the largest error in the pairs msprobe finds within its thresholds (the same computation on
+    both sides, as the demo's same-weights run): the layer compare's own noise floor; None without such a pair."""
+    agreeing = [p for p in (layers or {}).get("pairs", []) if p["first_divergence"] is None]
+    if not agreeing:
+        return None
+    floor: dict[str, float] = {}
+    for pair in agreeing:
+        for m in pair["modules"]:
+            error = _error(m)
+            if error is not None:
+                floor[m["module"]] = max(floor.get(m["module"], 0.0), error)
+    return floor
+
+
+def _out_of_layer_floor(module: dict[str, Any], floor: dict[str, float], typical: float) -> bool:
+    # above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no rounding there)
+    error = _error(module)
+    return error is not None and error > FLOOR_FACTOR * max(floor.get(module["module"], 0.0), typical)
+
+
+def _first_common(layers: dict[str, Any]) -> tuple[str | None, str]:
+    """The first module out of the floor in every disagreeing pair: the layer floor's where agreeing pairs give
+    one, else msprobe's thresholds'."""
+    floor = layer_floor(layers)
+    if floor is None:
+        return layers["first_common_divergence"], "out of msprobe's thresholds"
+    typical = float(np.median(list(floor.values()))) if floor else 0.0
+    disagreeing = [p for p in layers["pairs"] if p["label"] in set(layers["disagreeing_pairs"])]
+    out = [{m["module"] for m in p["modules"] if _out_of_layer_floor(m, floor, typical)} for p in disagreeing]
+    shared = set.intersection(*out) if out else set()
+    first = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None)
+    agreeing = len(layers["pairs"]) - len(disagreeing)
+    return first, (
+        f"out of the layer floor ({FLOOR_FACTOR:g}x each module's largest error in the {agreeing} pair(s) within "
+        f"msprobe's thresholds, and at least {FLOOR_FACTOR:g}x the median module's, {_g(typical)})"
+    )
+
+
 def _divergence_depth(layers: dict[str, Any] | None) -> tuple[int | None, str]:
-    """Where the layer compare's first common divergence sits in the forward order (0: the first module)."""
+    """Where the first module out of the floor in every disagreeing pair sits in the forward order (0: the first)."""
     if not layers or not layers["disagreeing_pairs"]:
         return None, "no layer compare with a disagreeing pair"
-    common = layers["first_common_divergence"]
+    common, how = _first_common(layers)
     if common is None:
-        return None, f"{len(layers['disagreeing_pairs'])} disagreeing pair(s), no first divergence in common"
+        return None, f"{len(layers['disagreeing_pairs'])} disagreeing pair(s), no first module {how} in common"
     pair = next(p for p in layers["pairs"] if p["label"] == layers["disagreeing_pairs"][0])
     names = [m["module"] for m in pair["modules"]]
     depth = names.index(common)
     return depth, (
-        f"the first module out of msprobe's thresholds in every one of {len(layers['disagreeing_pairs'])} "
-        f"disagreeing pair(s) is {common} (module {depth + 1} of {len(names)})"
+        f"the first module {how} in every one of {len(layers['disagreeing_pairs'])} disagreeing pair(s) is "
+        f"{common} (module {depth + 1} of {len(names)})"
     )
 
 
