@@ -19,6 +19,7 @@ import pytest
 
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.report.build import run_sampling
 from rlprobe_patch.report.capture_format import TokenBatch, read_capture
 from rlprobe_patch.report.diagnosis import TITLES, choose_floor, diagnose, measure_floor
 from rlprobe_patch.report.layers import layer_summary, read_compare_csv
@@ -211,3 +212,13 @@ def test_planted_every_weight_differing_ranks_stale_weights_first(real: tuple[To
     assert "Module.model.embed_tokens" in document["causes"][0]["evidence"]
     (layer,) = [c for c in document["causes"] if c["cause"] == "broken-layer"]
     assert layer["score"] == 0.0
+
+
+def test_run_sampling_of_a_script_that_runs_no_verl_is_a_note(tmp_path: Path) -> None:
+    """A launch script the reader refuses (no verl launch in it): no settings, and a note saying why."""
+    script = tmp_path / "run.sh"
+    script.write_text("echo hello\n")
+    sampling, note = run_sampling(script)
+    assert sampling is None and note.startswith(f"--replay-script {script}: its sampling settings not read")
+    script.write_text("python3 -m verl.trainer.main_ppo trainer.total_epochs=1\n")
+    assert run_sampling(script) == ({"source": str(script)}, "")
