@@ -21,8 +21,9 @@ from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.build import run_sampling
 from rlprobe_patch.report.capture_format import TokenBatch, read_capture
-from rlprobe_patch.report.diagnosis import TITLES, choose_floor, diagnose, measure_floor
+from rlprobe_patch.report.diagnosis import TITLES, Floor, _onsets, choose_floor, diagnose, measure_floor
 from rlprobe_patch.report.layers import layer_summary, read_compare_csv
+from rlprobe_patch.report.metrics import Tokens
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo-consistency-vllm"
 
@@ -222,3 +223,16 @@ def test_run_sampling_of_a_script_that_runs_no_verl_is_a_note(tmp_path: Path) ->
     assert sampling is None and note.startswith(f"--replay-script {script}: its sampling settings not read")
     script.write_text("python3 -m verl.trainer.main_ppo trainer.total_epochs=1\n")
     assert run_sampling(script) == ({"source": str(script)}, "")
+
+
+def test_onsets_are_each_requests_first_token_out_of_the_floor() -> None:
+    """Rows of 4, 0, 3 and 5 tokens: the first is out from position 2 (then back in once), the second is empty,
+    the third never leaves, the fourth is out from position 0 on."""
+    mask = np.zeros((4, 5), dtype=bool)
+    for row, count in enumerate((4, 0, 3, 5)):
+        mask[row, :count] = True
+    d = np.zeros(mask.shape)
+    d[0, [2]] = d[3, :] = 1.0
+    tokens = Tokens.of(np.zeros(mask.shape), d, mask)
+    onsets, back = _onsets(tokens, Floor(measured=True, how="", mean_limit=0.5, token_limit=0.5))
+    assert onsets == [2, 0] and back == pytest.approx(1 / 7)  # 7 tokens from the onsets on, 1 back within

@@ -198,7 +198,9 @@ def _onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
     """Per request with a token out of the floor, its first such position; and how often a token from there on
     is back within the floor (the chance that a prefix token looks clean although the request has parted)."""
     out = np.flatnonzero(tokens.abs_dlogp > floor.token_limit)
-    rows, first = np.unique(tokens.row[out], return_index=True)
+    rows = tokens.row[out]  # in row order: a row's first token out is where its row number changes
+    first = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if out.size else out
+    rows = rows[first]
     onsets = tokens.position[out[first]]
     after = int((tokens.counts[rows] - onsets).sum())  # the tokens from each onset to its row's end
     back = after - out.size  # of them, those within the floor
