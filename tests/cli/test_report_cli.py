@@ -304,6 +304,8 @@ def test_baseline_capture_is_the_floor(tmp_path: Path) -> None:
     assert "a constant offset 0.357 = log 1.43" in out["diagnosis"]["causes"][0]["evidence"]  # 1.43 = 1 / 0.7
     code, out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "out", "--floor-step", "9")
     assert code == ExitCode.REFUSED and "--floor-step 9: no such step" in out["message"]
+    code, out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "o", "--floor-step", "3", "--baseline", base)
+    assert code == ExitCode.REFUSED and "give one" in out["message"]
 
 
 def test_diagnosis_of_a_capture_without_response_tokens(tmp_path: Path) -> None:

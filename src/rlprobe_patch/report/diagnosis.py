@@ -409,7 +409,9 @@ def growth_and_reset(means: list[float], floor: Floor) -> Cause:
 
 
 def choose_floor(batches: list[TokenBatch], baseline: list[TokenBatch], floor_step: int | None) -> Floor:
-    """The floor from the baseline captures (`--baseline`), else from step `floor_step` of the inputs, else none."""
+    """The floor from the baseline captures (`--baseline`), or from step `floor_step` of the inputs, else none."""
+    if baseline and floor_step is not None:
+        raise RefusedError("--baseline and --floor-step both name a noise floor: give one")
     if baseline:
         where = ", ".join(sorted({b.path for b in baseline}))
         return measure_floor(baseline, f"measured on the baseline capture(s) {where} (the same computation twice)")
