@@ -236,3 +236,16 @@ def test_onsets_are_each_requests_first_token_out_of_the_floor() -> None:
     tokens = Tokens.of(np.zeros(mask.shape), d, mask)
     onsets, back = _onsets(tokens, Floor(measured=True, how="", mean_limit=0.5, token_limit=0.5))
     assert onsets == [2, 0] and back == pytest.approx(1 / 7)  # 7 tokens from the onsets on, 1 back within
+
+
+def test_an_agreeing_layer_compare_rules_out_the_weights(real: tuple[TokenBatch, TokenBatch]) -> None:
+    """The planted log-0.7 offset (a transformation of the real capture) with the real same-weights run's
+    compare, all 4 pairs within msprobe's thresholds: the forward is the same on both sides, so neither a stale
+    weight nor a broken layer explains the gap."""
+    same, _ = real
+    planted = _planted(same, 3, rollout=same.rollout + math.log(0.7))
+    document = diagnose([planted], _real_layers("generate"), measure_floor([same], "real step 1"))
+    assert _ranks(document)[0] == "logprob-kind"
+    scores = {c["cause"]: c for c in document["causes"]}
+    for cause in ("stale-weights", "broken-layer"):
+        assert scores[cause]["score"] == 0.0 and "agrees in all 4 pair(s)" in scores[cause]["evidence"]

@@ -304,8 +304,20 @@ def _divergence_depth(layers: dict[str, Any] | None) -> tuple[int | None, str]:
     )
 
 
+def _layers_agree(layers: dict[str, Any] | None) -> str:
+    """What the layer compare says when every pair is within msprobe's thresholds ("" when it does not)."""
+    if not layers or not layers["pairs"] or layers["disagreeing_pairs"]:
+        return ""
+    return (
+        f"the layer compare agrees in all {len(layers['pairs'])} pair(s): the weights and the forward are the same "
+        "on both sides"
+    )
+
+
 def broken_layer(tokens: Tokens, floor: Floor, layers: dict[str, Any] | None) -> Cause:
     share, said = _first_token_share(tokens, floor)
+    if agree := _layers_agree(layers):
+        return Cause("broken-layer", 0.0, 0.0, f"{said}; but {agree}")
     depth, where = _divergence_depth(layers)
     if depth is None:
         # the tokens alone cannot tell one layer from every weight: half the fit, and the layer compare to ask
@@ -317,6 +329,8 @@ def broken_layer(tokens: Tokens, floor: Floor, layers: dict[str, Any] | None) ->
 
 def stale_weights(tokens: Tokens, floor: Floor, layers: dict[str, Any] | None) -> Cause:
     share, said = _first_token_share(tokens, floor)
+    if agree := _layers_agree(layers):
+        return Cause("stale-weights", 0.0, 0.0, f"{said}; but {agree}")
     depth, where = _divergence_depth(layers)
     if depth is None:
         return Cause("stale-weights", share / 2, share / 2, f"{said}; {where}: the layer compare would tell")
