@@ -90,6 +90,11 @@ def test_planted_temperature_ranks_logprob_kind_first(real: tuple[TokenBatch, To
     document = diagnose([_planted(same, 3, rollout=rollout)], None, measure_floor([same], "real step 1"))
     assert _ranks(document)[0] == "logprob-kind", document["causes"]
     assert document["causes"][0]["score"] > 0.9
+    if how.startswith("raw"):  # log p_rollout = log p / T: d = (T - 1) log p_rollout, a slope of -0.3
+        assert (
+            "the rollout's log-probs were at temperature 0.7 and the trainer's at 1"
+            in document["causes"][0]["evidence"]
+        )
     confirms = " ".join(document["causes"][0]["confirm"])
     assert "logprobs_mode=processed_logprobs" in confirms and "temperature=1.0" in confirms
 

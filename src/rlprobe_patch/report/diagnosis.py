@@ -157,8 +157,12 @@ def logprob_kind(tokens: Tokens, sampling: dict[str, Any] | None = None) -> Caus
         f"sum(d^2) on {n} tokens ({chance:.0%} for noise): a constant offset {_g(offset)} = log {_g(math.exp(offset))}"
     )
     if abs(slope) >= SLOPE_SAID and slope > -1.0:
-        # log p_T - log p_1 = (1/T - 1) * z + const in one context: a slope a is a temperature 1 / (1 + a)
-        evidence += f", and a slope {_g(slope)}: as if a temperature {_g(1.0 / (1.0 + slope))} were applied on one side"
+        # within one context log p_1 = T log p_T + const: d = (T - 1) log p_T + const with the rollout's at T and the
+        # trainer's at 1, or d = (1/T - 1) log p_1 + const with the trainer's at T and the rollout's raw
+        evidence += (
+            f", and a slope {_g(slope)}: as if the rollout's log-probs were at temperature {_g(1.0 + slope)} and the "
+            f"trainer's at 1, or the trainer's at {_g(1.0 / (1.0 + slope))} and the rollout's raw"
+        )
     fit, said = _against_sampling(fit, sampling)
     return Cause("logprob-kind", fit, fit, f"{evidence}; {said}")
 
