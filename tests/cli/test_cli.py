@@ -382,8 +382,14 @@ def test_mode_set_refuses_whole_when_a_target_is_missing(fixture_tree) -> None:
 
 
 def test_demo_consistency_options_go_together() -> None:
-    """`--python` is the consistency demo's venv; `--offline` cannot run it (it needs verl, SGLang, msprobe)."""
-    for args in (["--python", "/usr/bin/python3"], ["--consistency", "--offline"]):
+    """`--python` is the consistency demo's venv; `--offline` cannot run it (it needs verl, SGLang, msprobe);
+    `--plant` is the vLLM rollout's."""
+    for args in (
+        ["--python", "/usr/bin/python3"],
+        ["--consistency", "--offline"],
+        ["--plant", "temperature"],
+        ["--consistency", "--rollout", "sglang-standin", "--plant", "temperature"],
+    ):
         result = cli("demo", *args)
         assert result.exit_code == ExitCode.USAGE, result.output
 

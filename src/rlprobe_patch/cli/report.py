@@ -37,6 +37,18 @@ from rlprobe_patch.errors import ExitCode
     type=click.Path(path_type=Path, dir_okay=False),
     help="The run's dataset as JSON lines: replay rows are taken from it by the dataset index the capture carries.",
 )
+@click.option(
+    "--baseline",
+    type=click.Path(path_type=Path, exists=True),
+    help="A capture (or folder of them) of the same computation twice (the same engine run twice on one batch): "
+    "its spread is the noise floor the diagnosis judges against.",
+)
+@click.option(
+    "--floor-step",
+    type=int,
+    metavar="STEP",
+    help="A step of the inputs run with the same weights on both sides (the demo's step 1): its spread is the floor.",
+)
 @python_option
 @command
 def report_cmd(
@@ -46,6 +58,8 @@ def report_cmd(
     top: int,
     replay_script: str | None,
     data: Path | None,
+    baseline: Path | None,
+    floor_step: int | None,
     python: str | None,
     **limits: Any,
 ) -> int:
@@ -53,12 +67,18 @@ def report_cmd(
     require("numpy", "report")
     require("matplotlib", "report")
     from rlprobe_patch.report import encode, with_entry, write_outputs
-    from rlprobe_patch.report.build import build, classify, read_inputs, replay
-    from rlprobe_patch.report.render import next_steps, plots, render_html, summary_lines
+    from rlprobe_patch.report.build import build, classify, read_baseline, read_inputs, replay, run_sampling
+    from rlprobe_patch.report.diagnosis import choose_floor
+    from rlprobe_patch.report.render import diagnosis_lines, next_steps, plots, render_html, summary_lines
 
     inputs = classify(list(paths))
     batches, pairs, notes = read_inputs(inputs, python)
-    report = build(batches, pairs, limits)
+    floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
+    sampling = None
+    if replay_script and Path(replay_script).is_file():
+        sampling, why_not = run_sampling(Path(replay_script), python)
+        notes += [why_not] if why_not else []
+    report = build(batches, pairs, limits, floor, replay_script, sampling)
     report["inputs"] = {
         "captures": [str(p) for p in inputs.captures],
         "slime": [str(p) for p in inputs.slime],
@@ -100,6 +120,8 @@ def report_cmd(
         out.line(
             f"{c['option']} {c['limit']}: {c['metric']} = {c['value']} ({state})", fg="red" if c["crossed"] else "green"
         )
+    for line in diagnosis_lines(report):
+        out.line(line)
     for why, what in next_steps(report):
         out.line(f"next: {why}")
         for command_line in what.splitlines():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,28 @@ from rlprobe_patch.demo.consistency import (
 VLLM_DRIVER = DRIVER.parent / "vllm_rollout.py"
 VLLM_PATCHES = "vllm.model-runner,vllm.dispatch-logger"
 RUNS = ("generate", "generate-perturbed")
+
+
+@dataclass(frozen=True)
+class Plant:
+    """What the second rollout run plants (`demo --consistency --plant`), and what must catch it."""
+
+    flags: tuple[str, ...]  # the vLLM driver's
+    said: str
+    layers_disagree: bool  # msprobe's compare of each prefill must disagree (else agree: the weights are the same)
+    cause: str  # the report's diagnosis must rank it first
+
+
+PLANTS = {
+    "flip": Plant(("--perturb",), "model.layers.1.mlp.down_proj.weight's sign flipped", True, "broken-layer"),
+    # the training side scores at T = 1: the temperature not applied there
+    "temperature": Plant(
+        ("--temperature", "0.7", "--logprobs-mode", "processed_logprobs"),
+        "sampled at temperature 0.7 with processed log-probs, scored at T = 1 by the training side",
+        False,
+        "logprob-kind",
+    ),
+}
 
 
 def _rows(run: dict[str, Any], prompts: list[dict[str, Any]], responses: dict[str, list[int]]) -> list[dict[str, Any]]:
@@ -104,6 +127,7 @@ def _write_capture(work: Path, prompts: list[dict[str, Any]], rollouts: dict[str
 
 def run_vllm_demo(
     *,
+    plant: str = "flip",
     python: str | None,
     vllm_python: str | None,
     workdir: Path | None,
@@ -138,12 +162,11 @@ def run_vllm_demo(
         for name in RUNS:
             cfg = config(work, name, step=[], rank=[])
             progress(f"rollout side ({name}): vLLM's engine, max_num_seqs=1, sampling with logprobs")
-            extra = ["--perturb"] if name.endswith("perturbed") else []
+            extra = list(PLANTS[plant].flags) if name.endswith("perturbed") else []
             rollouts[name] = drive(vllm, work, name, "--dump-config", str(cfg), *extra, env=env, driver=VLLM_DRIVER)
             say(
                 f"rollout side ({name}): vLLM {rollouts[name]['vllm']}, {rollouts[name]['engine_steps']} engine steps, "
-                f"started in {rollouts[name]['startup_s']} s"
-                + (f", {rollouts[name]['perturbed']} flipped" if extra else "")
+                f"started in {rollouts[name]['startup_s']} s" + (f", {PLANTS[plant].said}" if extra else "")
             )
             t = lap(name, t)
     finally:
@@ -196,6 +219,8 @@ def run_vllm_demo(
         str(capture),
         str(work / "compare" / "generate"),
         str(work / "compare" / "generate-perturbed"),
+        "--floor-step",  # step 1 runs the same weights on both sides: the diagnosis' noise floor
+        "1",
         "-o",
         str(work / "report"),
         allow=(0, 4),
@@ -206,16 +231,18 @@ def run_vllm_demo(
 
     same, flipped = runs["generate"], runs["generate-perturbed"]
     n = len(prompts)
+    top = (report.get("diagnosis") or {}).get("top")
     ok = (
         same["pairs"] == flipped["pairs"] == n
         and same["agree"] == n
-        and flipped["disagree"] == n
+        and (flipped["disagree"] if PLANTS[plant].layers_disagree else flipped["agree"]) == n
         and not same["problems"]
         and not flipped["problems"]
+        and top == PLANTS[plant].cause
         and html.is_file()
     )
     say(
-        "consistency chain (vLLM rollout): same weights agree, a flipped weight is caught"
+        f"consistency chain (vLLM rollout): same weights agree; the planted {plant} is caught, diagnosed as {top}"
         if ok
         else "consistency chain (vLLM rollout): UNEXPECTED verdicts (see the JSON / compare folders)",
         fg="green" if ok else "red",
@@ -226,6 +253,8 @@ def run_vllm_demo(
     return {
         "ok": ok,
         "rollout": "vllm",
+        "plant": plant,
+        "diagnosis_top": top,
         "workdir": str(work),
         "python": str(verl_python),
         "vllm_python": str(vllm),

@@ -16,6 +16,7 @@ import numpy as np
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
+from rlprobe_patch.report.diagnosis import Floor, choose_floor, diagnose
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import (
     Profiles,
@@ -77,6 +78,33 @@ def classify(paths: list[Path]) -> Inputs:
             hint=f"give captures (*{SUFFIX}), slime debug dumps (*.pt) or check-dump --compare's output",
         )
     return found
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "logprobs_mode")  # under actor_rollout_ref.rollout.
+
+
+def run_sampling(script: Path, python: str | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The rollout's sampling settings the launch script sets (`SAMPLING_KEYS`), and a note where it cannot be read."""
+    # imported here: the script reader (bash and Hydra) only where a script is given
+    from rlprobe_patch.launch.script import read_script
+
+    try:
+        read = read_script(script, python=python)
+    except RefusedError as exc:
+        return None, f"--replay-script {script}: its sampling settings not read ({exc.message})"
+    values = {k: read.value(f"actor_rollout_ref.rollout.{k}") for k in SAMPLING_KEYS}
+    return {"source": str(script), **{k: v for k, v in values.items() if v is not None}}, ""
+
+
+def read_baseline(path: Path) -> list[TokenBatch]:
+    """`--baseline`: the captures in `path` (a file or a folder), checked as the inputs are."""
+    captures = classify([path]).captures
+    if not captures:
+        raise RefusedError(f"--baseline {path}: no capture (*{SUFFIX}) in it")
+    batches = [read_capture(p) for p in captures]
+    for batch in batches:
+        check_finite(batch)
+    return batches
 
 
 def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], list[PairCompare], list[str]]:
@@ -196,13 +224,24 @@ def check_thresholds(report: dict[str, Any], limits: dict[str, float | None]) ->
     return checks
 
 
-def build(batches: list[TokenBatch], pairs: list[PairCompare], limits: dict[str, float | None]) -> dict[str, Any]:
+def build(
+    batches: list[TokenBatch],
+    pairs: list[PairCompare],
+    limits: dict[str, float | None],
+    floor: Floor | None = None,
+    script: str | None = None,
+    sampling: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report's document; `floor` (else none measured) is the noise floor the diagnosis judges against."""
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "format_version": REPORT_VERSION,
         "tokens": token_report(batches) if batches else None,
         "layers": layer_summary(pairs) if pairs else None,
     }
+    if batches:
+        floor = floor or choose_floor(batches, [], None)
+        report["diagnosis"] = diagnose(batches, report["layers"], floor, script, sampling)
     report["thresholds"] = check_thresholds(report, limits)
     report["verdict"] = verdict(report)
     # the threshold options given decide the exit code; without any, the verdict does

