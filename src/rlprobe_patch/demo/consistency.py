@@ -28,7 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -221,22 +222,48 @@ def check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str, 
     }
 
 
+@contextmanager
+def in_use(python: Path, progress: Callable[[str], None]) -> Iterator[None]:
+    """The venv of `python` held by this demo from its patch check to its revert: a second demo (another
+    terminal, another test worker) on the same venv waits here instead of patching, or reverting, under this one.
+    The lock is a file in the cache folder named after the venv's path (its python not resolved: every venv's
+    python links to the same interpreter)."""
+    venv = Path(os.path.abspath(python)).parent.parent
+    locks = venv_cache() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(str(venv).encode()).hexdigest()[:16]
+    with open(locks / f"{name}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for another demo that has {venv} patched (lock {lock.name})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def prepare(
-    python: str | None, workdir: Path | None, say: Callable[..., None], progress: Callable[[str], None]
+    python: str | None,
+    workdir: Path | None,
+    say: Callable[..., None],
+    progress: Callable[[str], None],
+    stack: ExitStack,
 ) -> tuple[Path, Path, Path]:
-    """The workdir (emptied of earlier results), the state folder and the verl venv's python, refused
-    where verl there already carries patches."""
+    """The workdir (emptied of earlier results), the state folder and the verl venv's python, held by this
+    demo until `stack` closes (`in_use`) and refused where verl there already carries patches."""
     data = demo_data()
     work = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="rlprobe-consistency-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    for folder in ("dumps", "compare", "state", "capture", "report"):
-        shutil.rmtree(work / folder, ignore_errors=True)
+    earlier = [work / f for f in ("dumps", "compare", "state", "capture", "report")]
+    earlier += [*work.glob("capture-*"), *work.glob("report-*")]  # one per plant (`--plant` twice or more)
+    for folder in earlier:
+        shutil.rmtree(folder, ignore_errors=True)
     for result in work.glob("*-[0-9]*.json"):
         result.unlink()
     state = work / "state"
     venv_python = Path(python) if python else ensure_demo_venv(data, progress)
     say(f"workdir: {work}", bold=True)
     say(f"python:  {venv_python} (verl)")
+    stack.enter_context(in_use(venv_python, progress))
     refuse_patched(state, venv_python, "verl")
     return work, state, venv_python
 
@@ -262,81 +289,84 @@ def run_consistency_demo(
     say: Callable[..., None],
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    data = demo_data()
-    started = time.monotonic()
-    work, state, venv_python = prepare(python, workdir, say, progress)
-    drive(venv_python, work, "model")
-    prompts = json.loads((work / "prompts.json").read_text())
-    say(
-        f"tiny Qwen2 (random weights) in {work / 'model'}; {len(prompts)} prompts: "
-        + ", ".join(f"{p['request_id']} ({len(p['input_ids'])} tokens)" for p in prompts)
-    )
-
-    applied = cli(state, "apply", "--python", str(venv_python), "--backend", "fsdp2", "--mode", "consistency")
-    say(
-        f"verl ({applied['tree']['version']}): {applied.get('status')} "
-        + ", ".join(p["id"] for p in applied["patches"] if p["state"] in ("applicable", "applied")),
-        fg="green",
-    )
-    try:
-        actor_cfg = config(work, "actor")
-        env = {"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "log_prob", "MSPROBE_ACTOR_CONFIG": str(actor_cfg)}
-        progress("training side: verl's FSDP engine, one forward-only pass (compute_log_prob)")
-        actor = drive(venv_python, work, "actor", env=env)
-        say(f"training side: {actor['engine']}, {len(prompts)} micro-batches dumped to {work / 'dumps/actor'}")
-    finally:
-        cli(state, "revert", "--python", str(venv_python))
-    say("verl: reverted")
-
-    root = _unpack_sglang(data["sglang"], work / "sglang", progress)
-    sglang = cli(state, "apply", "--sglang-root", str(root), "--mode", "consistency")
-    say(f"SGLang {sglang['tree']['version']}: " + ", ".join(p["id"] for p in sglang["patches"]), fg="green")
-    runner = root / "sglang" / "srt" / "model_executor"
-    files = ["--patched-file", str(runner / "model_runner.py"), "--logger-file", str(runner / "dispatch_logger.py")]
-    runs: dict[str, dict[str, Any]] = {}
-    for name, extra in (("generate", []), ("generate-perturbed", ["--perturb"])):
-        cfg = config(work, name)
-        progress(f"rollout side ({name}): one prefill pass per prompt through the patched ModelRunner.forward")
-        drive(venv_python, work, "sglang", *files, *extra, env={"MSPROBE_SGLANG_CONFIG": str(cfg)})
-        runs[name] = check(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, venv_python)
-
-    same, flipped = runs["generate"], runs["generate-perturbed"]
-    for name, run in runs.items():
+    with ExitStack() as stack:  # the verl venv, held until the demo has reverted it
+        data = demo_data()
+        started = time.monotonic()
+        work, state, venv_python = prepare(python, workdir, say, progress, stack)
+        drive(venv_python, work, "model")
+        prompts = json.loads((work / "prompts.json").read_text())
         say(
-            f"check-dump --compare ({name}): {run['pairs']} of {len(prompts)} prompts paired; msprobe: "
-            f"{run['agree']} agree, {run['disagree']} disagree",
+            f"tiny Qwen2 (random weights) in {work / 'model'}; {len(prompts)} prompts: "
+            + ", ".join(f"{p['request_id']} ({len(p['input_ids'])} tokens)" for p in prompts)
+        )
+
+        applied = cli(state, "apply", "--python", str(venv_python), "--backend", "fsdp2", "--mode", "consistency")
+        say(
+            f"verl ({applied['tree']['version']}): {applied.get('status')} "
+            + ", ".join(p["id"] for p in applied["patches"] if p["state"] in ("applicable", "applied")),
+            fg="green",
+        )
+        try:
+            actor_cfg = config(work, "actor")
+            env = {"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "log_prob"}
+            env["MSPROBE_ACTOR_CONFIG"] = str(actor_cfg)
+            progress("training side: verl's FSDP engine, one forward-only pass (compute_log_prob)")
+            actor = drive(venv_python, work, "actor", env=env)
+            say(f"training side: {actor['engine']}, {len(prompts)} micro-batches dumped to {work / 'dumps/actor'}")
+        finally:
+            cli(state, "revert", "--python", str(venv_python))
+        say("verl: reverted")
+
+        root = _unpack_sglang(data["sglang"], work / "sglang", progress)
+        sglang = cli(state, "apply", "--sglang-root", str(root), "--mode", "consistency")
+        say(f"SGLang {sglang['tree']['version']}: " + ", ".join(p["id"] for p in sglang["patches"]), fg="green")
+        runner = root / "sglang" / "srt" / "model_executor"
+        files = ["--patched-file", str(runner / "model_runner.py"), "--logger-file", str(runner / "dispatch_logger.py")]
+        runs: dict[str, dict[str, Any]] = {}
+        for name, extra in (("generate", []), ("generate-perturbed", ["--perturb"])):
+            cfg = config(work, name)
+            progress(f"rollout side ({name}): one prefill pass per prompt through the patched ModelRunner.forward")
+            drive(venv_python, work, "sglang", *files, *extra, env={"MSPROBE_SGLANG_CONFIG": str(cfg)})
+            runs[name] = check(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, venv_python)
+
+        same, flipped = runs["generate"], runs["generate-perturbed"]
+        for name, run in runs.items():
+            say(
+                f"check-dump --compare ({name}): {run['pairs']} of {len(prompts)} prompts paired; msprobe: "
+                f"{run['agree']} agree, {run['disagree']} disagree",
+                bold=True,
+            )
+            for compare in run["compare"]:
+                if compare and compare.get("mismatched"):
+                    say(f"    first mismatch: {compare['mismatched'][0]}", fg="yellow")
+                    break
+        ok = (
+            same["pairs"] == flipped["pairs"] == len(prompts)
+            and same["agree"] == len(prompts)
+            and flipped["disagree"] == len(prompts)
+            and not same["problems"]
+            and not flipped["problems"]
+        )
+        say(
+            "consistency chain: same weights agree, a flipped weight is caught"
+            if ok
+            else "consistency chain: UNEXPECTED verdicts (see the JSON / compare folders)",
+            fg="green" if ok else "red",
             bold=True,
         )
-        for compare in run["compare"]:
-            if compare and compare.get("mismatched"):
-                say(f"    first mismatch: {compare['mismatched'][0]}", fg="yellow")
-                break
-    ok = (
-        same["pairs"] == flipped["pairs"] == len(prompts)
-        and same["agree"] == len(prompts)
-        and flipped["disagree"] == len(prompts)
-        and not same["problems"]
-        and not flipped["problems"]
-    )
-    say(
-        "consistency chain: same weights agree, a flipped weight is caught"
-        if ok
-        else "consistency chain: UNEXPECTED verdicts (see the JSON / compare folders)",
-        fg="green" if ok else "red",
-        bold=True,
-    )
-    return {
-        "ok": ok,
-        "workdir": str(work),
-        "python": str(venv_python),
-        "verl": applied["tree"]["version"],
-        "sglang": sglang["tree"]["version"],
-        "prompts": [p["request_id"] for p in prompts],
-        "stand_ins": [
-            "SGLang's ModelRunner object and ForwardBatch (the patched ModelRunner.forward runs as written)",
-            "SGLang's model code: transformers' Qwen2ForCausalLM on the same checkpoint (eager attention, bfloat16)",
-        ],
-        "same_weights": same,
-        "perturbed": flipped,
-        "seconds": round(time.monotonic() - started, 1),
-    }
+        return {
+            "ok": ok,
+            "workdir": str(work),
+            "python": str(venv_python),
+            "verl": applied["tree"]["version"],
+            "sglang": sglang["tree"]["version"],
+            "prompts": [p["request_id"] for p in prompts],
+            "stand_ins": [
+                "SGLang's ModelRunner object and ForwardBatch (the patched ModelRunner.forward runs as written)",
+                "SGLang's model code: transformers' Qwen2ForCausalLM on the same checkpoint "
+                "(eager attention, bfloat16)",
+            ],
+            "same_weights": same,
+            "perturbed": flipped,
+            "seconds": round(time.monotonic() - started, 1),
+        }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from rlprobe_patch.demo.consistency import (
     demo_data,
     drive,
     ensure_vllm_venv,
+    in_use,
     prepare,
     refuse_patched,
     vllm_data,
@@ -44,29 +46,64 @@ from rlprobe_patch.demo.consistency import (
 
 VLLM_DRIVER = DRIVER.parent / "vllm_rollout.py"
 VLLM_PATCHES = "vllm.model-runner,vllm.dispatch-logger"
-RUNS = ("generate", "generate-perturbed")
+CHANGED_AT = 3  # the response position `--plant token` changes
 
 
 @dataclass(frozen=True)
 class Plant:
-    """What the second rollout run plants (`demo --consistency --plant`), and what must catch it."""
+    """A cause `demo --consistency --plant` plants in a rollout run of its own, and what must catch it."""
 
-    flags: tuple[str, ...]  # the vLLM driver's
+    run: str  # the run's name: its dumps, compare and capture step
+    flags: tuple[str, ...] | None  # the vLLM driver's; None: no rollout of its own (it reuses "generate"'s)
     said: str
-    layers_disagree: bool  # msprobe's compare of each prefill must disagree (else agree: the weights are the same)
+    layers_disagree: bool  # msprobe's compare of each prefill must disagree (else agree: the same weights)
     cause: str  # the report's diagnosis must rank it first
 
 
 PLANTS = {
-    "flip": Plant(("--perturb",), "model.layers.1.mlp.down_proj.weight's sign flipped", True, "broken-layer"),
+    "flip": Plant(
+        "generate-perturbed", ("--perturb",), "model.layers.1.mlp.down_proj.weight's sign flipped", True, "broken-layer"
+    ),
     # the training side scores at T = 1: the temperature not applied there
     "temperature": Plant(
+        "generate-temperature",
         ("--temperature", "0.7", "--logprobs-mode", "processed_logprobs"),
         "sampled at temperature 0.7 with processed log-probs, scored at T = 1 by the training side",
         False,
         "logprob-kind",
     ),
+    # the training side scores another token than the one sampled (a detokenize / retokenize round trip)
+    "token": Plant(
+        "generate-token",
+        None,
+        f"the first rollout's responses, token {CHANGED_AT} of each changed before the training side scores them",
+        False,
+        "token-mismatch",
+    ),
+    # the rollout was not given the last update: every weight one optimizer step behind the training side's
+    "stale": Plant(
+        "generate-stale",
+        ("--stale", "1e-3"),
+        "every weight one Adam-like step (lr 1e-3) behind the training side's",
+        True,
+        "stale-weights",
+    ),
+    "none": Plant(
+        "generate-none",
+        ("--seed", "4321"),
+        "nothing planted: another sample (other seeds), same weights",
+        False,
+        "precision-noise",
+    ),
 }
+
+
+def changed_token(responses: dict[str, list[int]], vocab: int) -> dict[str, list[int]]:
+    """`--plant token`: each response with its token at CHANGED_AT replaced by another id of the vocabulary."""
+    return {
+        rid: [(t + vocab // 2) % vocab if i == CHANGED_AT else t for i, t in enumerate(ids)]
+        for rid, ids in responses.items()
+    }
 
 
 def _rows(run: dict[str, Any], prompts: list[dict[str, Any]], responses: dict[str, list[int]]) -> list[dict[str, Any]]:
@@ -97,13 +134,14 @@ def _rows(run: dict[str, Any], prompts: list[dict[str, Any]], responses: dict[st
     return rows
 
 
-def _write_capture(work: Path, prompts: list[dict[str, Any]], rollouts: dict[str, Any], old: dict[str, Any]) -> Path:
+def _write_capture(
+    folder: Path, runs: tuple[str, str], prompts: list[dict[str, Any]], rollouts: dict[str, Any], old: dict[str, Any]
+) -> Path:
     import numpy as np
 
     from rlprobe_patch.report.capture_format import write_capture
 
-    folder = work / "capture"
-    for step, name in enumerate(RUNS, 1):  # step 1: same weights, step 2: the perturbed rollout
+    for step, name in enumerate(runs, 1):  # step 1: same weights, step 2: the planted run
         ids = [p["request_id"] for p in prompts]
         responses = [rollouts[name]["responses"][rid] for rid in ids]
         width = max(len(r) for r in responses)
@@ -121,13 +159,28 @@ def _write_capture(work: Path, prompts: list[dict[str, Any]], rollouts: dict[str
             rollout_log_probs=padded([rollouts[name]["logprobs"][rid] for rid in ids], 0.0, np.float32),
             old_log_probs=padded([old[name][rid] for rid in ids], 0.0, np.float32),
             source=f"rlprobe-patch demo --consistency ({name})",
+            # what the rollout ran with, as verl's capture records it: the diagnosis reads it
+            sampling={k: rollouts[name][k] for k in ("temperature", "logprobs_mode")},
         )
     return folder
 
 
 def run_vllm_demo(
     *,
-    plant: str = "flip",
+    plants: tuple[str, ...] = ("flip",),
+    python: str | None,
+    vllm_python: str | None,
+    workdir: Path | None,
+    say: Callable[..., None],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    with ExitStack() as stack:  # both venvs held until the demo has reverted them
+        return _run(stack, plants, python, vllm_python, workdir, say, progress)
+
+
+def _run(
+    stack: ExitStack,
+    plants: tuple[str, ...],
     python: str | None,
     vllm_python: str | None,
     workdir: Path | None,
@@ -142,9 +195,10 @@ def run_vllm_demo(
         timings[name] = round(now - since, 1)
         return now
 
-    work, state, verl_python = prepare(python, workdir, say, progress)
+    work, state, verl_python = prepare(python, workdir, say, progress, stack)
     vllm = Path(vllm_python) if vllm_python else ensure_vllm_venv(vllm_data(), demo_data()["extra_index_url"], progress)
     say(f"python:  {vllm} (vLLM)")
+    stack.enter_context(in_use(vllm, progress))
     refuse_patched(state, vllm, "vllm")
     t = lap("venvs", started)
     drive(verl_python, work, "model", "--uuid-ids")
@@ -154,24 +208,33 @@ def run_vllm_demo(
         + ", ".join(f"{p['request_id']} ({len(p['input_ids'])} tokens)" for p in prompts)
     )
 
+    planted = [PLANTS[name] for name in plants]
+    engine_runs = {"generate": ()} | {p.run: p.flags for p in planted if p.flags is not None}
     applied = cli(state, "apply", "--python", str(vllm), "--only", VLLM_PATCHES)
     say(f"vLLM {applied['tree']['version']}: {applied.get('status')} {VLLM_PATCHES}", fg="green")
     rollouts: dict[str, dict[str, Any]] = {}
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    said = {p.run: p.said for p in planted}
     try:
-        for name in RUNS:
+        for name, flags in engine_runs.items():
             cfg = config(work, name, step=[], rank=[])
             progress(f"rollout side ({name}): vLLM's engine, max_num_seqs=1, sampling with logprobs")
-            extra = list(PLANTS[plant].flags) if name.endswith("perturbed") else []
-            rollouts[name] = drive(vllm, work, name, "--dump-config", str(cfg), *extra, env=env, driver=VLLM_DRIVER)
+            rollouts[name] = drive(vllm, work, name, "--dump-config", str(cfg), *flags, env=env, driver=VLLM_DRIVER)
             say(
                 f"rollout side ({name}): vLLM {rollouts[name]['vllm']}, {rollouts[name]['engine_steps']} engine steps, "
-                f"started in {rollouts[name]['startup_s']} s" + (f", {PLANTS[plant].said}" if extra else "")
+                f"started in {rollouts[name]['startup_s']} s" + (f", {said[name]}" if name in said else "")
             )
             t = lap(name, t)
     finally:
         cli(state, "revert", "--python", str(vllm))
     say("vLLM: reverted")
+    vocab = int(json.loads((work / "model" / "config.json").read_text())["vocab_size"])
+    for plant in planted:
+        if plant.flags is None:  # the first rollout, scored on responses one token off
+            generate = rollouts["generate"]
+            changed = changed_token(generate["responses"], vocab)
+            rollouts[plant.run] = generate | {"responses": changed, "reuses": "generate"}
+            say(f"rollout side ({plant.run}): {plant.said}")
 
     applied = cli(state, "apply", "--python", str(verl_python), "--backend", "fsdp2", "--mode", "consistency")
     say(f"verl ({applied['tree']['version']}): {applied.get('status')} (--mode consistency)", fg="green")
@@ -182,7 +245,7 @@ def run_vllm_demo(
         progress("training side: verl's FSDP engine (float32), one forward-only pass over the prompts, dumped")
         actor = drive(verl_python, work, "actor", "--fp32", env=dump_env)
         responses = work / "responses.json"
-        responses.write_text(json.dumps({name: rollouts[name]["responses"] for name in RUNS}))
+        responses.write_text(json.dumps({name: run["responses"] for name, run in rollouts.items()}))
         progress("training side: old_log_probs of the sampled responses (no dump)")
         scored = drive(verl_python, work, "actor", "--fp32", "--responses", str(responses))
         say(f"training side: {actor['engine']}, {len(prompts)} micro-batches dumped to {work / 'dumps/actor'}")
@@ -192,7 +255,7 @@ def run_vllm_demo(
     say("verl: reverted")
 
     runs = {}
-    for name in RUNS:
+    for name in engine_runs:
         runs[name] = check(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, verl_python)
         runs[name]["rows"] = _rows(runs[name], prompts, rollouts[name]["responses"])
     t = lap("check-dump", t)
@@ -212,37 +275,48 @@ def run_vllm_demo(
             )
             say(f"  {'':32}  {'':6}  {'':4}  {'':8}  {row['csv']}")
 
-    capture = _write_capture(work, prompts, rollouts, scored["old_log_probs"])
-    report = cli(
-        state,
-        "report",
-        str(capture),
-        str(work / "compare" / "generate"),
-        str(work / "compare" / "generate-perturbed"),
-        "--floor-step",  # step 1 runs the same weights on both sides: the diagnosis' noise floor
-        "1",
-        "-o",
-        str(work / "report"),
-        allow=(0, 4),
-    )
-    html = work / "report" / "report.html"
-    say(f"report: {html}", bold=True)
+    n, same = len(prompts), runs["generate"]
+    results: dict[str, dict[str, Any]] = {}
+    for name, plant in zip(plants, planted):
+        suffix = "" if len(plants) == 1 else f"-{name}"
+        capture = _write_capture(
+            work / f"capture{suffix}", ("generate", plant.run), prompts, rollouts, scored["old_log_probs"]
+        )
+        # the layer compare of the planted run's own prefills, or of the first run's where it reuses them
+        compares = [work / "compare" / r for r in dict.fromkeys(("generate", plant.run)) if r in runs]
+        # step 1 runs the same weights on both sides: the diagnosis' noise floor
+        report_dir = work / f"report{suffix}"
+        args = [str(capture), *map(str, compares), "--floor-step", "1", "-o", str(report_dir)]
+        report = cli(state, "report", *args, allow=(0, 4))
+        top = (report.get("diagnosis") or {}).get("top")
+        of_run = plant.run if plant.run in runs else "generate"
+        layers = runs[of_run]
+        caught = (layers["disagree"] if plant.layers_disagree else layers["agree"]) == n
+        html = report_dir / "report.html"
+        ok = layers["pairs"] == n and not layers["problems"] and caught and top == plant.cause and html.is_file()
+        results[name] = {
+            "ok": ok,
+            "run": plant.run,
+            "planted": plant.said,
+            "cause": plant.cause,
+            "diagnosis_top": top,
+            "layers": {"of_run": of_run} | {k: layers[k] for k in ("pairs", "agree", "disagree")},
+            "capture": str(capture),
+            "report": {"html": str(html), "summary": report},
+        }
+        say(f"report ({name}): {html}", bold=True)
     lap("report", t)
 
-    same, flipped = runs["generate"], runs["generate-perturbed"]
-    n = len(prompts)
-    top = (report.get("diagnosis") or {}).get("top")
-    ok = (
-        same["pairs"] == flipped["pairs"] == n
-        and same["agree"] == n
-        and (flipped["disagree"] if PLANTS[plant].layers_disagree else flipped["agree"]) == n
-        and not same["problems"]
-        and not flipped["problems"]
-        and top == PLANTS[plant].cause
-        and html.is_file()
-    )
+    ok = same["pairs"] == n and same["agree"] == n and not same["problems"] and all(r["ok"] for r in results.values())
+    say(f"  {'plant':12}  {'planted cause':16}  {'diagnosed first':16}  layers (agree / disagree)")
+    for name, r in results.items():
+        say(
+            f"  {name:12}  {r['cause']:16}  {r['diagnosis_top'] or '-':16}  "
+            f"{r['layers']['agree']} / {r['layers']['disagree']}",
+            fg="green" if r["ok"] else "red",
+        )
     say(
-        f"consistency chain (vLLM rollout): same weights agree; the planted {plant} is caught, diagnosed as {top}"
+        "consistency chain (vLLM rollout): same weights agree; every planted cause caught and diagnosed first"
         if ok
         else "consistency chain (vLLM rollout): UNEXPECTED verdicts (see the JSON / compare folders)",
         fg="green" if ok else "red",
@@ -253,8 +327,7 @@ def run_vllm_demo(
     return {
         "ok": ok,
         "rollout": "vllm",
-        "plant": plant,
-        "diagnosis_top": top,
+        "plants": results,
         "workdir": str(work),
         "python": str(verl_python),
         "vllm_python": str(vllm),
@@ -262,12 +335,9 @@ def run_vllm_demo(
         "vllm": rollouts["generate"]["vllm"],
         "prompts": [p["request_id"] for p in prompts],
         "max_num_seqs": 1,
-        "same_weights": same,
-        "perturbed": flipped,
+        "runs": runs,
         "rollouts": rollouts,
         "old_log_probs": scored["old_log_probs"],
-        "capture": str(capture),
-        "report": {"html": str(html), "summary": report},
         "timings_s": timings,
         "seconds": round(time.monotonic() - started, 1),
     }

@@ -22,6 +22,11 @@ it by hand. Version 1, the arrays (N samples, R the padded response width of the
 | `dataset_index` | int64, (N,) | optional: the index verl carries (`extra_info.index`), -1 where none |
 | `raw_prompts` | str, (N,) | optional: the raw prompt (a chat as JSON text, or the string) |
 | `source` | str, () | optional: who wrote it (`"verl RayPPOTrainer"`) |
+| `sampling` | str, () | optional: the rollout's sampling settings the run set, a JSON object of scalars |
+
+`sampling` holds verl's `actor_rollout_ref.rollout` keys `temperature`, `top_p`, `top_k` and `logprobs_mode`
+where the run sets them (`{"temperature": 0.7, "logprobs_mode": "processed_logprobs"}`): the report's
+diagnosis judges the log-probs' kind against them.
 
 Files are named `step-<step:06d>.rlprobe-logprobs.npz` (`capture_name`) and written whole or not
 at all (a temporary file in the same folder, then a rename).
@@ -34,6 +39,7 @@ against it and refuses, naming the file, what is not a capture of this version.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import zipfile
@@ -73,6 +79,7 @@ def write_capture(
     raw_prompts: Sequence[str] | None = None,
     keep: Any = None,
     source: str = "",
+    sampling: dict[str, Any] | None = None,
 ) -> str:
     """Write one step's capture into `directory`; returns its path.
 
@@ -102,6 +109,8 @@ def write_capture(
         arrays["raw_prompts"] = np.array([str(p) for p in raw_prompts], dtype=str)[rows]
     if source:
         arrays["source"] = np.array(source)
+    if sampling is not None:
+        arrays["sampling"] = np.array(json.dumps(sampling))
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, capture_name(int(step)))
     fd, tmp = tempfile.mkstemp(prefix=".step-", suffix=".tmp", dir=directory)
@@ -137,6 +146,7 @@ class TokenBatch:
     ref: FloatArray | None = None
     dataset_index: IntArray | None = None
     raw_prompts: list[str] | None = None
+    sampling: dict[str, Any] | None = None  # the rollout's settings the run wrote (`sampling`)
 
     @property
     def samples(self) -> int:
@@ -223,4 +233,27 @@ def read_capture(path: Path) -> TokenBatch:
         ref=data["ref_log_prob"].astype(np.float64) if "ref_log_prob" in data else None,
         dataset_index=data["dataset_index"].astype(np.int64) if "dataset_index" in data else None,
         raw_prompts=[str(p) for p in data["raw_prompts"]] if "raw_prompts" in data else None,
+        sampling=_sampling(path, data["sampling"]) if "sampling" in data else None,
     )
+
+
+SAMPLING_MAX = 4096  # characters of the `sampling` text: a few settings, not a document
+
+
+def _sampling(path: Path, value: Any) -> dict[str, Any]:
+    """The `sampling` text: a JSON object of settings, each a number, a string, a bool or null (a capture is
+    untrusted input: anything else is refused, naming the file)."""
+    text = str(value) if value.shape == () and value.dtype.kind == "U" else None
+    try:
+        parsed = json.loads(text) if text is not None and len(text) <= SAMPLING_MAX else None
+    except ValueError:
+        parsed = None
+    scalar = (str, int, float, bool, type(None))
+    if not isinstance(parsed, dict) or not all(isinstance(v, scalar) for v in parsed.values()):
+        shown = repr(text[:80]) if text is not None else f"an array {value.dtype} {value.shape}"
+        raise RefusedError(
+            f"{path}: sampling is not a JSON object of settings ({shown})",
+            hint=f"a capture's sampling is one string of at most {SAMPLING_MAX} characters, e.g. "
+            '\'{"temperature": 1.0, "logprobs_mode": "raw_logprobs"}\'',
+        )
+    return parsed

