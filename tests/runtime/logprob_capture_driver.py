@@ -76,9 +76,10 @@ def run(out: Path) -> dict[str, Any]:
     from verl.utils.debug.metrics import calculate_debug_metrics
 
     result: dict[str, Any] = {}
-    config = OmegaConf.create(
-        {"algorithm": {"rollout_correction": None}, "actor_rollout_ref": {"rollout": {"calculate_log_probs": True}}}
-    )
+    # the rollout's config as verl ships it (its rollout.yaml), with a temperature a run overrides
+    rollout = OmegaConf.load(verl_file("trainer", "config", "rollout", "rollout.yaml"))
+    rollout.temperature = 0.7
+    config = OmegaConf.create({"algorithm": {"rollout_correction": None}, "actor_rollout_ref": {"rollout": rollout}})
     os.environ["MISMATCH_ON"] = "1"
     os.environ["MISMATCH_DIR"] = str(out / "captures")
 

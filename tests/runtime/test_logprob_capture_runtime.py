@@ -53,6 +53,8 @@ def test_capture_in_the_patched_v0_trainer_then_report(tmp_path: Path) -> None:
     assert step1.prompt_lengths.tolist() == [6, 5, 2, 6, 1]
     assert step1.dataset_index is not None and step1.dataset_index.tolist() == [100, 101, 102, 103, 104]
     assert step1.ref is not None and step1.raw_prompts is not None
+    # the rollout's settings from verl's own rollout.yaml (0.9.1: processed log-probs by default), T overridden
+    assert step1.sampling == {"temperature": 0.7, "top_p": 1, "top_k": -1, "logprobs_mode": "processed_logprobs"}
     assert "holds no rollout_log_probs" in result["no_rollout_error"]
     assert "bypass_mode=True" in result["bypass_error"]
 
@@ -108,6 +110,7 @@ def test_capture_in_the_patched_v1_trainer_on_real_transferqueue_rows(tmp_path: 
         assert read.dataset_index is not None and read.dataset_index.tolist() == expected["dataset_index"], step
         assert read.prompt_lengths.tolist() == expected["prompt_lengths"], step
         assert read.ref is None  # the V1 trainer computes ref_log_prob after _compute_old_log_prob
+        assert read.sampling == {"temperature": 1.0}  # the one sampling key the trainer's config sets
         for i, tokens in enumerate(expected["responses"]):
             width = len(tokens)
             assert read.mask[i].sum() == width and read.responses[i, :width].tolist() == tokens, (step, i)

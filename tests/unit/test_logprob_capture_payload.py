@@ -95,7 +95,10 @@ def test_what_the_payload_writes_is_a_capture_read_capture_reads(
     monkeypatch.setenv("MISMATCH_ON", "1")
     monkeypatch.setenv("MISMATCH_DIR", str(tmp_path / "caps"))
     batch = _batch()
-    trainer = types.SimpleNamespace(global_steps=12)
+    # the rollout's config as verl's DictConfig answers `.get`: top_k unset, an interpolation's value as text
+    rollout = {"temperature": 0.7, "top_p": 0.9, "logprobs_mode": "processed_logprobs", "n": 4}
+    config = types.SimpleNamespace(actor_rollout_ref=types.SimpleNamespace(rollout=rollout))
+    trainer = types.SimpleNamespace(global_steps=12, config=config)
     capture()._rlprobe_capture_logprobs(trainer, batch)
 
     (path,) = (tmp_path / "caps").iterdir()
@@ -110,6 +113,7 @@ def test_what_the_payload_writes_is_a_capture_read_capture_reads(
     np.testing.assert_array_equal(read.training, batch.batch["old_log_probs"].array.astype(np.float64))
     assert read.ref is not None
     assert read.raw_prompts is not None and read.raw_prompts[0] == '[{"role": "user", "content": "q0"}]'
+    assert read.sampling == {"temperature": 0.7, "top_p": 0.9, "logprobs_mode": "processed_logprobs"}
     assert [p.name for p in (tmp_path / "caps").iterdir()] == [path.name]  # no temporary file left
 
 
@@ -186,6 +190,7 @@ def test_v1_a_field_not_read_leaves_its_column_empty(
     for step in (1, 2):
         capture()._rlprobe_capture_kv_logprobs(types.SimpleNamespace(global_steps=step), meta, _batch(ref=False))
     read = read_capture(tmp_path / "step-000002.rlprobe-logprobs.npz")
+    assert read.sampling is None  # a trainer without a readable config: no settings, and the step still written
     assert read.request_ids == ["req-0", "", "req-2"]
     assert read.dataset_index is None and read.raw_prompts is None
     err = capsys.readouterr().err

@@ -254,3 +254,78 @@ def test_an_agreeing_layer_compare_rules_out_the_weights(real: tuple[TokenBatch,
     scores = {c["cause"]: c for c in document["causes"]}
     for cause in ("stale-weights", "broken-layer"):
         assert scores[cause]["score"] == 0.0 and "agrees in all 4 pair(s)" in scores[cause]["evidence"]
+
+
+def test_a_steps_own_sampling_from_its_capture_wins_over_the_launch_script(
+    real: tuple[TokenBatch, TokenBatch], tmp_path: Path
+) -> None:
+    """The planted log-0.7 offset (a transformation of the real capture) written back as a capture with the
+    settings the run recorded (`sampling`): each step is judged against its own, the launch script's only where
+    a step recorded none."""
+    from rlprobe_patch.report.capture_format import write_capture
+
+    same, _ = real
+    planted = _planted(same, 3, rollout=same.rollout + math.log(0.7))
+    paths = []
+    for step, sampling in ((3, {"temperature": 1.0, "logprobs_mode": "raw_logprobs"}), (4, None)):
+        paths.append(
+            write_capture(
+                tmp_path,
+                step=step,
+                request_ids=planted.request_ids,
+                prompt_lengths=planted.prompt_lengths,
+                responses=planted.responses,
+                response_mask=planted.mask,
+                rollout_log_probs=planted.rollout,
+                old_log_probs=planted.training,
+                sampling=sampling,
+            )
+        )
+    steps = [read_capture(Path(p)) for p in paths]
+    assert steps[0].sampling == {"temperature": 1.0, "logprobs_mode": "raw_logprobs"} and steps[1].sampling is None
+    script = {"source": "run.sh", "temperature": 0.7, "logprobs_mode": "raw_logprobs"}
+    document = diagnose(steps, None, measure_floor([same], "real step 1"), sampling=script)
+    by_step = {s["step"]: s for s in document["steps"]}
+    assert by_step[3]["sampling"] == {"source": "step 3's capture", "temperature": 1.0, "logprobs_mode": "raw_logprobs"}
+    assert by_step[4]["sampling"] == script
+    kind = {s: next(c for c in by_step[s]["causes"] if c["cause"] == "logprob-kind") for s in (3, 4)}
+    # T = 1, raw, as the capture says: the kinds cannot differ (half); the script's T 0.7 with raw: at least half
+    assert kind[3]["score"] == pytest.approx(0.5, abs=1e-6) and "step 3's capture sets" in kind[3]["evidence"]
+    assert kind[4]["score"] == pytest.approx(1.0, abs=1e-6) and "run.sh sets" in kind[4]["evidence"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array("not json"),
+        np.array('["temperature", 0.7]'),  # JSON, but no object
+        np.array('{"temperature": {"nested": 1}}'),  # a setting that is no scalar
+        np.array("{" + '"k": 1, ' * 1000 + '"t": 1}'),  # longer than a few settings
+        np.array([1.0, 2.0]),  # no string at all
+    ],
+    ids=["text", "list", "nested", "long", "array"],
+)
+def test_a_capture_with_a_bad_sampling_field_is_refused_naming_it(
+    real: tuple[TokenBatch, TokenBatch], tmp_path: Path, value: np.ndarray
+) -> None:
+    """A capture is untrusted input: a `sampling` that is not a short JSON object of scalars is refused."""
+    from rlprobe_patch.report.capture_format import write_capture
+
+    same, _ = real
+    path = Path(
+        write_capture(
+            tmp_path,
+            step=1,
+            request_ids=same.request_ids,
+            prompt_lengths=same.prompt_lengths,
+            responses=same.responses,
+            response_mask=same.mask,
+            rollout_log_probs=same.rollout,
+            old_log_probs=same.training,
+        )
+    )
+    with np.load(path) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    np.savez(path.with_suffix(""), **arrays, sampling=value)  # numpy adds the .npz back
+    with pytest.raises(RefusedError, match="sampling is not a JSON object of settings"):
+        read_capture(path)

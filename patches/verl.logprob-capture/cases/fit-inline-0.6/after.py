@@ -56,6 +56,7 @@ class _RlprobeLogprobCapture:
             "dataset_index": dataset_index,
             "raw_prompts": raw_prompts,
             "source": f"verl {type(trainer).__name__}",
+            "sampling": self._rlprobe_sampling(trainer),
         }
         self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, np.ones(rows, dtype=bool))
 
@@ -100,8 +101,25 @@ class _RlprobeLogprobCapture:
             "dataset_index": dataset_index,
             "raw_prompts": raw_prompts,
             "source": f"verl {type(trainer).__name__}",
+            "sampling": self._rlprobe_sampling(trainer),
         }
         self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, keep)
+
+    def _rlprobe_sampling(self, trainer):
+        # The rollout's sampling settings the run set (actor_rollout_ref.rollout's temperature, top_p, top_k,
+        # logprobs_mode) as JSON text, for the report's diagnosis; None where the config cannot be read.
+        import json
+
+        try:
+            rollout = trainer.config.actor_rollout_ref.rollout
+            settings = {}
+            for key in ("temperature", "top_p", "top_k", "logprobs_mode"):
+                value = rollout.get(key, None)
+                if value is not None:
+                    settings[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+            return json.dumps(settings)
+        except Exception:
+            return None
 
     def _rlprobe_kv_columns(self, batch, fields, rows):
         # {field: one value per row} of the batch's TransferQueue rows, one read per field. A field
@@ -175,6 +193,8 @@ class _RlprobeLogprobCapture:
         for key, dtype in (("ref_log_prob", np.float32), ("dataset_index", np.int64)):
             if arrays.get(key) is not None:
                 out[key] = np.asarray(arrays[key], dtype=dtype)[keep]
+        if arrays.get("sampling") is not None:
+            out["sampling"] = np.array(arrays["sampling"])
         if arrays.get("raw_prompts") is not None:
             out["raw_prompts"] = np.array([str(p) for p in arrays["raw_prompts"]], dtype=str)[keep]
         os.makedirs(directory, exist_ok=True)
