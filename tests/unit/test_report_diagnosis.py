@@ -329,3 +329,12 @@ def test_a_capture_with_a_bad_sampling_field_is_refused_naming_it(
     np.savez(path.with_suffix(""), **arrays, sampling=value)  # numpy adds the .npz back
     with pytest.raises(RefusedError, match="sampling is not a JSON object of settings"):
         read_capture(path)
+
+
+def test_a_baseline_floor_says_what_its_capture_says_it_is(real: tuple[TokenBatch, TokenBatch]) -> None:
+    """`--baseline`: the floor's `how` names the capture and what its writer says it holds (`source`), else the
+    computation --baseline asks for."""
+    same, _ = real
+    said = dataclasses.replace(same, source="vLLM at batch 1 against batched")
+    assert "(vLLM at batch 1 against batched)" in choose_floor([], [said], None).how
+    assert "(the same computation twice)" in choose_floor([], [dataclasses.replace(same, source="")], None).how

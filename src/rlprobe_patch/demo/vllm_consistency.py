@@ -98,6 +98,47 @@ PLANTS = {
 }
 
 
+FLOOR_RUN = "generate-batched"  # the first run's requests batched: the rollout engine's own spread
+
+
+def _write_floor(
+    folder: Path, prompts: list[dict[str, Any]], single: dict[str, Any], batched: dict[str, Any]
+) -> tuple[Path, int]:
+    """The demo's `--baseline`: the rollout engine at batch 1 (the first run) against batched, as one capture
+    (the batched run's log-probs as the rollout's, the first run's as the training side's), over each request's
+    tokens up to the first the two runs sampled differently (from there they are log-probs of other tokens)."""
+    import numpy as np
+
+    from rlprobe_patch.report.capture_format import write_capture
+
+    ids = [p["request_id"] for p in prompts]
+    width = max(len(single["responses"][rid]) for rid in ids)
+    shape = (len(ids), width)
+    responses, mask = np.zeros(shape, np.int64), np.zeros(shape, bool)
+    one, many = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    for row, rid in enumerate(ids):
+        a, b = single["responses"][rid], batched["responses"].get(rid, [])
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        responses[row, : len(a)] = a
+        mask[row, :same] = True
+        one[row, : len(a)] = single["logprobs"][rid]
+        kept = batched["logprobs"].get(rid, [])[:width]
+        many[row, : len(kept)] = kept
+    write_capture(
+        folder,
+        step=0,
+        request_ids=ids,
+        prompt_lengths=np.array([len(p["input_ids"]) for p in prompts]),
+        responses=responses,
+        response_mask=mask,
+        rollout_log_probs=many,
+        old_log_probs=one,
+        source=f"rlprobe-patch demo --consistency (noise floor: {FLOOR_RUN} against generate)",
+        sampling={k: single[k] for k in ("temperature", "logprobs_mode")},
+    )
+    return folder, int(mask.sum())
+
+
 def changed_token(responses: dict[str, list[int]], vocab: int) -> dict[str, list[int]]:
     """`--plant token`: each response with its token at CHANGED_AT replaced by another id of the vocabulary."""
     return {
@@ -225,6 +266,11 @@ def _run(
                 f"started in {rollouts[name]['startup_s']} s" + (f", {said[name]}" if name in said else "")
             )
             t = lap(name, t)
+        # the noise floor: the first run's requests again, batched, nothing dumped
+        progress(f"rollout side ({FLOOR_RUN}): the first run's requests, {len(prompts)} at a time (the noise floor)")
+        batched = ("--max-num-seqs", str(len(prompts)))
+        rollouts[FLOOR_RUN] = drive(vllm, work, FLOOR_RUN, *batched, env=env, driver=VLLM_DRIVER)
+        t = lap(FLOOR_RUN, t)
     finally:
         cli(state, "revert", "--python", str(vllm))
     say("vLLM: reverted")
@@ -276,6 +322,11 @@ def _run(
             say(f"  {'':32}  {'':6}  {'':4}  {'':8}  {row['csv']}")
 
     n, same = len(prompts), runs["generate"]
+    floor, floor_tokens = _write_floor(work / "capture-floor", prompts, rollouts["generate"], rollouts[FLOOR_RUN])
+    say(
+        f"noise floor: vLLM at batch 1 against batched ({n} at a time), {floor_tokens} tokens of the same "
+        f"requests ({floor})"
+    )
     results: dict[str, dict[str, Any]] = {}
     for name, plant in zip(plants, planted):
         suffix = "" if len(plants) == 1 else f"-{name}"
@@ -284,9 +335,8 @@ def _run(
         )
         # the layer compare of the planted run's own prefills, or of the first run's where it reuses them
         compares = [work / "compare" / r for r in dict.fromkeys(("generate", plant.run)) if r in runs]
-        # step 1 runs the same weights on both sides: the diagnosis' noise floor
         report_dir = work / f"report{suffix}"
-        args = [str(capture), *map(str, compares), "--floor-step", "1", "-o", str(report_dir)]
+        args = [str(capture), *map(str, compares), "--baseline", str(floor), "-o", str(report_dir)]
         report = cli(state, "report", *args, allow=(0, 4))
         top = (report.get("diagnosis") or {}).get("top")
         of_run = plant.run if plant.run in runs else "generate"
@@ -335,6 +385,7 @@ def _run(
         "vllm": rollouts["generate"]["vllm"],
         "prompts": [p["request_id"] for p in prompts],
         "max_num_seqs": 1,
+        "floor": {"capture": str(floor), "tokens": floor_tokens, "runs": ["generate", FLOOR_RUN]},
         "runs": runs,
         "rollouts": rollouts,
         "old_log_probs": scored["old_log_probs"],

