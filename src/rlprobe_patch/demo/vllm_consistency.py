@@ -9,15 +9,17 @@ verl-style request ids (uuid4 hex):
   with `max_num_seqs=1`: one request per engine step, so every prompt is prefilled alone and its
   dump is what check-dump pairs (the other way, msprobe's `request_id` slicing a mixed batch, needs
   one engine run per request, since one msprobe config names one request). Each response is sampled
-  with the logprob of each token. A second rollout runs on a copy of the checkpoint with one weight's
-  sign flipped;
+  with the logprob of each token. Each `--plant` gets a rollout run of its own (`PLANTS`; by default a
+  copy of the checkpoint with one weight's sign flipped), and one more run sends the first run's
+  requests again, batched and undumped: vLLM at batch 1 against batched is the diagnosis' noise floor;
 - training: verl's FSDP engine (the demo venv, patched with `apply --mode consistency`, float32),
   one forward-only pass dumping one prompt per micro-batch with its request id, and one more pass
   computing old_log_probs of each rollout's sampled tokens;
 
 then `check-dump --compare` pairs every request's prefill with its micro-batch (msprobe's compare,
-with the vLLM-to-transformers row mapping of check_dump.vllm_module_mapping), and a capture of both
-rollouts goes through `rlprobe-patch report`.
+with the vLLM-to-transformers row mapping of check_dump.vllm_module_mapping), and a capture per
+plant (the first run as step 1, the planted run as step 2) goes through `rlprobe-patch report`, the
+floor as its `--baseline`.
 """
 
 from __future__ import annotations
