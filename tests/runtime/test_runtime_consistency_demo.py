@@ -156,10 +156,19 @@ def test_demo_diagnoses_each_planted_cause_first(vllm_planted_demo: tuple[int, d
     if plant == "temperature":
         assert (rollout["temperature"], rollout["logprobs_mode"]) == (0.7, "processed_logprobs")
         assert "temperature 0.7" in top["evidence"] and "logprobs_mode=processed_logprobs" in " ".join(top["confirm"])
+        # judged against the settings the capture recorded for the step, shown on the page beside the step
+        assert diagnosis["steps"][1]["sampling"] == {
+            "source": "step 2's capture",
+            "temperature": 0.7,
+            "logprobs_mode": "processed_logprobs",
+        }
+        page = (work / "report-temperature" / "report.html").read_text()
+        assert "temperature 0.7, logprobs_mode processed_logprobs (step 2&#x27;s capture)" in page
     elif plant == "token":
         for rid, ids in rollout["responses"].items():  # the first run's responses but for position 3
             assert [i for i, (a, b) in enumerate(zip(ids, first["responses"][rid])) if a != b] == [3]
         assert "(positions 3)" in top["evidence"]
+        assert any("tokenization_sanity_check_mode=strict" in line for line in top["confirm"])
     elif plant == "stale":
         assert rollout["stale_lr"] == 1e-3 and "embed_tokens" in top["evidence"]
     else:

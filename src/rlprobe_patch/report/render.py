@@ -398,11 +398,21 @@ def _diagnosis_html(diagnosis: dict[str, Any]) -> list[str]:
             "yes" if s["within_floor"] else "",
             s["causes"][0]["cause"],
             f"{s['causes'][0]['score']:.2f}",
+            _sampling_text(s.get("sampling")),
         ]
         for s in diagnosis["steps"]
     ]
-    parts.append(_table(["step", "mean |dlogp|", "within the floor", "first cause", "score"], steps, "diagnosis-steps"))
+    header = ["step", "mean |dlogp|", "within the floor", "first cause", "score", "rollout sampling (from)"]
+    parts.append(_table(header, steps, "diagnosis-steps"))
     return parts
+
+
+def _sampling_text(sampling: dict[str, Any] | None) -> str:
+    """A step's sampling settings as the diagnosis judged them: `temperature 0.7, logprobs_mode raw (run.sh)`."""
+    if not sampling:
+        return "unknown"
+    shown = ", ".join(f"{k} {v}" for k, v in sampling.items() if k != "source") or "none set"
+    return f"{shown} ({sampling.get('source', '?')})"
 
 
 def next_steps(report: dict[str, Any]) -> list[tuple[str, str]]:
