@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import fcntl
 import hashlib
 import json
 import os
@@ -54,31 +55,39 @@ def changed_from_wheel(site: Path, dist_info: str, package: str = "verl/") -> li
     return changed
 
 
+def _shared_demo(factory: pytest.TempPathFactory, name: str, *args: str) -> tuple[int, dict, Path]:
+    """`rlprobe-patch demo --consistency ARGS`, run once per test session: under xdist the first worker to ask
+    runs it and the others wait for it and read its answer (a module fixture is per worker: the tests of one
+    module on two workers would run the same demo twice). The demo builds its venvs once under the test cache,
+    with the wheels the test venvs downloaded. (exit code, its JSON, its workdir.)"""
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, shared by its workers
+    work, answer = root / f"shared-{name}" / "demo", root / f"shared-{name}.json"
+    with open(root / f"shared-{name}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if answer.is_file():
+            code, out = json.loads(answer.read_text())
+            return code, out, work
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
+            monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)
+            monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
+            code, out = cli_json("demo", "--consistency", *args, "--workdir", work)
+        answer.write_text(json.dumps([code, out]))
+    return code, out, work
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
-    """The one command of the README, without --python: the demo builds its own venv (CPU torch from
-    torch's CPU index, falling back to the package index where that index cannot be reached), once.
-    (exit code, its JSON, its workdir.)"""
-    work = tmp_path_factory.mktemp("demo") / "demo"
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
-        monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)  # the wheels the test venvs downloaded
-        monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
-        code, out = cli_json("demo", "--consistency", "--rollout", "sglang-standin", "--workdir", work)
-    return code, out, work
+    """The SGLang stand-in, without --python: the demo builds its own venv (CPU torch from torch's CPU index,
+    falling back to the package index where that index cannot be reached), once."""
+    return _shared_demo(tmp_path_factory, "sglang-standin", "--rollout", "sglang-standin")
 
 
 @pytest.fixture(scope="module")
 def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
-    """The README's command with the vLLM rollout (the default): both venvs built once under the
-    cache. (exit code, its JSON, its workdir.)"""
-    work = tmp_path_factory.mktemp("vllm-demo") / "demo"
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
-        monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)
-        monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
-        code, out = cli_json("demo", "--consistency", "--workdir", work)
-    return code, out, work
+    """The README's command with the vLLM rollout (the default): both venvs built once under the cache."""
+    return _shared_demo(tmp_path_factory, "vllm")
 
 
 PLANTED = ("temperature", "token", "stale", "none")  # flip: the README's command, vllm_demo
@@ -87,15 +96,8 @@ PLANTED = ("temperature", "token", "stale", "none")  # flip: the README's comman
 @pytest.fixture(scope="module")
 def vllm_planted_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
     """The vLLM demo planting the other causes of issue 36, one rollout run (and one report) each, in one command:
-    `--plant temperature --plant token --plant stale --plant none`. (exit code, its JSON, its workdir.)"""
-    work = tmp_path_factory.mktemp("vllm-planted-demo") / "demo"
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
-        monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)
-        monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
-        plants = [arg for plant in PLANTED for arg in ("--plant", plant)]
-        code, out = cli_json("demo", "--consistency", *plants, "--workdir", work)
-    return code, out, work
+    `--plant temperature --plant token --plant stale --plant none`."""
+    return _shared_demo(tmp_path_factory, "vllm-planted", *[arg for p in PLANTED for arg in ("--plant", p)])
 
 
 def _assert_the_engines_own_floor(out: dict, diagnosis: dict) -> None:
