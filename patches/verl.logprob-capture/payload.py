@@ -6,7 +6,7 @@ directory), right where verl computes its own rollout-vs-training debug metrics:
 request id (`verl.request-id`'s), the dataset index, prompt and response lengths, the response
 token ids, `rollout_log_probs`, `old_log_probs`, the response mask and `ref_log_prob` where the
 batch holds it, and the rollout's sampling settings (`temperature`, `top_p`, `top_k` and
-`logprobs_mode` of `actor_rollout_ref.rollout`, where the run sets them) for the report's
+`logprobs_mode` of `actor_rollout_ref.rollout`, as the run's config holds them, defaults included) for the report's
 diagnosis. The file is the capture format of `rlprobe-patch report` (written with numpy only, in
 `_RlprobeLogprobCapture`). Off, each hook reads the kept switches (an `import sys`
 and one `sys.modules` lookup: 1.3 to 3.6 us per training step, `bench/capture_offpath.py`);
@@ -116,8 +116,9 @@ class _RlprobeLogprobCapture:
         self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, keep)
 
     def _rlprobe_sampling(self, trainer):
-        # The rollout's sampling settings the run set (actor_rollout_ref.rollout's temperature, top_p, top_k,
-        # logprobs_mode) as JSON text, for the report's diagnosis; None where the config cannot be read.
+        # The rollout's sampling settings as the run's config holds them, defaults included (temperature,
+        # top_p, top_k, logprobs_mode of actor_rollout_ref.rollout): JSON text for the report's diagnosis; None
+        # where the config cannot be read.
         import json
 
         try:

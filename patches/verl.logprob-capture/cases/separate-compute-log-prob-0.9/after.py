@@ -106,8 +106,9 @@ class _RlprobeLogprobCapture:
         self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, keep)
 
     def _rlprobe_sampling(self, trainer):
-        # The rollout's sampling settings the run set (actor_rollout_ref.rollout's temperature, top_p, top_k,
-        # logprobs_mode) as JSON text, for the report's diagnosis; None where the config cannot be read.
+        # The rollout's sampling settings as the run's config holds them, defaults included (temperature,
+        # top_p, top_k, logprobs_mode of actor_rollout_ref.rollout): JSON text for the report's diagnosis; None
+        # where the config cannot be read.
         import json
 
         try:
