@@ -25,8 +25,8 @@ it by hand. Version 1, the arrays (N samples, R the padded response width of the
 | `sampling` | str, () | optional: the rollout's sampling settings the run set, a JSON object of scalars |
 
 `sampling` holds verl's `actor_rollout_ref.rollout` keys `temperature`, `top_p`, `top_k` and `logprobs_mode`
-as the run's config holds them, defaults included (`{"temperature": 0.7, "logprobs_mode": "processed_logprobs"}`): the report's
-diagnosis judges the log-probs' kind against them.
+as the run's config holds them, defaults included (`{"temperature": 0.7, "logprobs_mode":
+"processed_logprobs"}`): the report's diagnosis judges the log-probs' kind against them.
 
 Files are named `step-<step:06d>.rlprobe-logprobs.npz` (`capture_name`) and written whole or not
 at all (a temporary file in the same folder, then a rename).
