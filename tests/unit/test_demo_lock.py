@@ -58,3 +58,21 @@ def test_a_second_demo_on_the_same_venv_waits_for_the_first(tmp_path: Path, monk
         thread.join(30)
     finally:
         holder.kill()
+
+
+def test_a_lock_planted_as_a_symbolic_link_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache folder is the user's, the tool often runs as root: the lock is never opened through a link."""
+    from rlprobe_patch.demo.consistency import venv_cache
+    from rlprobe_patch.errors import RefusedError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    python = _venv(tmp_path, "venv-a")
+    with in_use(python, pytest.fail):  # the lock the venv's demo takes, found in the cache's locks folder
+        (lock,) = (venv_cache() / "locks").iterdir()
+    target = tmp_path / "elsewhere"
+    target.write_text("precious\n")
+    lock.unlink()
+    lock.symlink_to(target)
+    with pytest.raises(RefusedError, match="symbolic link"), in_use(python, pytest.fail):
+        pass
+    assert target.read_text() == "precious\n"

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.catalogue.releases import releases_dir
-from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
+from rlprobe_patch.errors import ExitCode, LockedError, PatchError, RefusedError
+from rlprobe_patch.fsio import locked
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -222,22 +223,24 @@ def check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str, 
     }
 
 
+WAIT_S = 3600.0  # how long a demo waits for another that holds its venv (a demo takes minutes), then refuses
+
+
 @contextmanager
 def in_use(python: Path, progress: Callable[[str], None]) -> Iterator[None]:
-    """The venv of `python` held by this demo from its patch check to its revert: a second demo (another
-    terminal, another test worker) on the same venv waits here instead of patching, or reverting, under this one.
-    The lock is a file in the cache folder named after the venv's path (its python not resolved: every venv's
-    python links to the same interpreter)."""
+    """The venv of `python` held by this demo from its patch check to its revert (`fsio.locked`): a second demo
+    (another terminal, another test worker) on the same venv waits here, and says so, instead of patching or
+    reverting under this one. The lock is a file in the cache folder named after the venv's path (its python
+    not resolved: every venv's python links to the same interpreter)."""
     venv = Path(os.path.abspath(python)).parent.parent
-    locks = venv_cache() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    name = hashlib.sha256(str(venv).encode()).hexdigest()[:16]
-    with open(locks / f"{name}.lock", "a+") as lock:
+    lock = venv_cache() / "locks" / f"{hashlib.sha256(str(venv).encode()).hexdigest()[:16]}.lock"
+    what = f"the demo's venv {venv}"
+    with ExitStack() as held:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress(f"waiting for another demo that has {venv} patched (lock {lock.name})")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            held.enter_context(locked(lock, 0.0, what))
+        except LockedError as exc:
+            progress(f"waiting for another demo that has {venv} patched: {exc.message}")
+            held.enter_context(locked(lock, WAIT_S, what))
         yield
 
 
