@@ -10,6 +10,7 @@ from packaging.version import Version
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.cli.output import Out, command, require
 from rlprobe_patch.cli.paths import CheckedPath
+from rlprobe_patch.demo.vllm_consistency import PLANTS
 from rlprobe_patch.errors import ExitCode, UsageError
 
 
@@ -41,7 +42,7 @@ from rlprobe_patch.errors import ExitCode, UsageError
     "--plant",
     "plants",
     multiple=True,
-    type=click.Choice(["flip", "temperature", "token", "stale", "none", "all"]),
+    type=click.Choice([*PLANTS, "all"]),
     show_default="flip",
     help="With --consistency (vLLM rollout): the cause a rollout run of its own plants, repeatable (`all`: every "
     "one in turn, one report each): one weight's sign flipped (broken-layer), log-probs sampled at temperature 0.7 "
@@ -106,8 +107,6 @@ def demo_cmd(
 
 def _plants(given: tuple[str, ...]) -> tuple[str, ...]:
     """`--plant` as given, in the order given and once each; `all` for every plant; flip without one."""
-    from rlprobe_patch.demo.vllm_consistency import PLANTS
-
     if "all" in given:
         return tuple(PLANTS)
     return tuple(dict.fromkeys(given)) or ("flip",)
