@@ -34,9 +34,7 @@ def test_report_json_is_the_pinned_one(case: str, tmp_path: Path) -> None:
     pinned = json.loads(DATA.read_text())[case]
     got = report_json(case, tmp_path)
     differences = _differences(got, pinned)
-    assert not differences, f"{len(differences)} difference(s) in {case}'s report.json:\n" + "\n".join(
-        differences[:40]
-    )
+    assert not differences, f"{len(differences)} difference(s) in {case}'s report.json:\n" + "\n".join(differences[:40])
 
 
 def test_the_comparison_sees_a_last_bit() -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
 import numpy as np
 import pytest
 
-from rlprobe_patch.report.metrics import Profiles, debug_metrics, offpolicy_metrics, per_request
+from rlprobe_patch.report.metrics import Profiles, debug_metrics, dlogp_histogram, offpolicy_metrics, per_request
 
 
 def _batch(seed: int, lengths: list[int], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -190,3 +191,21 @@ def test_quantiles_equal_numpys_bit_for_bit() -> None:
             with np.errstate(invalid="ignore"):  # inf - inf, in both
                 got, expected = quantiles(values, qs), np.quantile(values, qs).tolist()
             assert [x.hex() for x in got] == [x.hex() for x in expected], (size, values[:5])
+
+
+def test_histogram_parts_sum_to_the_runs_histogram() -> None:
+    """Issue 42, item 8 (the page tells the steps apart): each step's |dlogp| counts over the run's bins, which add
+    up to one histogram of every token, bin by bin; identical tokens (0) counted apart, per step too."""
+    rng = np.random.default_rng(7)
+    values = np.abs(rng.normal(0.0, 1.0, 5000)) ** 6  # many decades, so values fall on and near bin edges
+    values[::97] = 0.0
+    ends = [0, 1200, 1200, 4100, 5000]  # an empty step among them
+    parts = [slice(a, b) for a, b in itertools.pairwise(ends)]
+    before = values.copy()
+    whole = dlogp_histogram(values.copy())
+    split = dlogp_histogram(values, parts=parts)
+    assert split["edges"] == whole["edges"] and split["counts"] == whole["counts"]
+    assert split["identical"] == whole["identical"] == 52
+    assert [sum(p["counts"]) + p["identical"] for p in split["parts"]] == [1200, 0, 2900, 900]
+    assert np.array_equal(np.sum([p["counts"] for p in split["parts"]], axis=0), whole["counts"])
+    assert np.array_equal(values, before)  # the run's array is left as it was (no log taken in place)

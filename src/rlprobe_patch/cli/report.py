@@ -65,13 +65,14 @@ def report_cmd(
 ) -> int:
     """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
     require("numpy", "report")
-    require("matplotlib", "report")
     from rlprobe_patch.report import encode, with_entry, write_outputs
     from rlprobe_patch.report.build import build, classify, read_baseline, read_inputs, replay, run_sampling
     from rlprobe_patch.report.diagnosis import choose_floor
     from rlprobe_patch.report.render import diagnosis_lines, next_steps, plots, render_html, summary_lines
 
     inputs = classify(list(paths))
+    if inputs.compares:
+        require("matplotlib", "report (its layer plot)")  # the token plots are drawn without it
     batches, pairs, notes = read_inputs(inputs, python)
     floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
     sampling = None

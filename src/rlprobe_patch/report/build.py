@@ -6,6 +6,7 @@ slime's debug dumps (`*.pt`, read in `--python`), msprobe compare CSVs (`compare
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,12 @@ def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
     for rank, r in enumerate(ranked, start=1):
         r["rank"] = rank
     levels = (0.5, 0.9, 0.99, 0.999, 1.0)
+    ends = np.cumsum([0] + [s["tokens"] for s in steps]).tolist()
+    histogram = dlogp_histogram(dlogp, parts=[slice(a, b) for a, b in itertools.pairwise(ends)])
+    # each step's counts over the run's bins (the page tells the steps apart)
+    histogram["steps"] = [
+        {"step": s["step"], "kind": s["kind"], **part} for s, part in zip(steps, histogram.pop("parts"))
+    ]
     return {
         "samples": len(requests),
         "tokens": tokens,
@@ -153,7 +160,7 @@ def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
         "by_probability": profiles.by_probability(),
         "by_probability_decade": profiles.by_probability_decade(),
         "abs_dlogp_quantiles": dict(zip(map(str, levels), quantiles(dlogp, levels))) if dlogp.size else {},
-        "abs_dlogp_histogram": dlogp_histogram(dlogp),
+        "abs_dlogp_histogram": histogram,
     }
 
 

@@ -545,17 +545,34 @@ def quantiles(values: FloatArray, qs: tuple[float, ...]) -> list[float]:
     return result.tolist()  # type: ignore[no-any-return]
 
 
-def dlogp_histogram(abs_dlogp: FloatArray, bins: int = 50) -> dict[str, Any]:
+def dlogp_histogram(abs_dlogp: FloatArray, bins: int = 50, parts: list[slice] | None = None) -> dict[str, Any]:
     """|dlogp| counted in `bins` logarithmic bins between its smallest and largest positive value.
 
-    `identical` counts the tokens where both sides agree exactly (no place on a log axis).
+    `identical` counts the tokens where both sides agree exactly (no place on a log axis). With `parts` (each
+    step's tokens), `parts` holds each one's counts and identical tokens over the same bins: each part is
+    counted by `np.histogram` over the run's range, whose bin of a value depends on the value alone, so the
+    run's counts are the parts' summed, and equal to one histogram of every token.
     """
-    positive = abs_dlogp[abs_dlogp > 0]
-    identical = int(abs_dlogp.size - positive.size)
-    if not positive.size:
-        return {"edges": [], "counts": [], "identical": identical}
-    low, high = max(float(positive.min()), 1e-300), float(positive.max())
+    positive = abs_dlogp > 0
+    identical = int(abs_dlogp.size - np.count_nonzero(positive))
+    if identical == abs_dlogp.size:
+        empty = [{"counts": [], "identical": int(part.stop - part.start)} for part in parts or []]
+        return {"edges": [], "counts": [], "identical": identical} | ({"parts": empty} if parts is not None else {})
+    values = abs_dlogp[positive] if identical else abs_dlogp
+    low, high = max(float(values.min()), 1e-300), float(values.max())
     if high <= low:
         high = low * 1.0001
-    counts, edges = np.histogram(np.log10(positive, out=positive), bins=bins, range=(math.log10(low), math.log10(high)))
-    return {"edges": (10.0**edges).tolist(), "counts": counts.tolist(), "identical": identical}
+    span = (math.log10(low), math.log10(high))
+    if parts is None:
+        counts, edges = np.histogram(np.log10(values, out=values if identical else None), bins=bins, range=span)
+        return {"edges": (10.0**edges).tolist(), "counts": counts.tolist(), "identical": identical}
+    total = np.zeros(bins, dtype=np.int64)
+    each = []
+    for part in parts:
+        mine = abs_dlogp[part]
+        kept = mine[mine > 0]
+        counts, edges = np.histogram(np.log10(kept, out=kept), bins=bins, range=span)
+        total += counts
+        each.append({"counts": counts.tolist(), "identical": int(mine.size - kept.size)})
+    edges = np.histogram_bin_edges(np.zeros(0), bins=bins, range=span)
+    return {"edges": (10.0**edges).tolist(), "counts": total.tolist(), "identical": identical, "parts": each}
