@@ -124,10 +124,15 @@ def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], l
     return batches, pairs, notes
 
 
-def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
-    """Per step, per request and over the run; the valid tokens are taken out of the padding once, into the
-    run's arrays, and each step's figures are computed over its slice of them."""
-    run = Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
+def run_tokens(batches: list[TokenBatch]) -> Tokens:
+    """The valid tokens of every batch, taken out of the padding once, in the run's arrays."""
+    return Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
+
+
+def token_report(batches: list[TokenBatch], run: Tokens | None = None) -> dict[str, Any]:
+    """Per step, per request and over the run; each step's figures are computed over its slice of the run's
+    arrays (`run`, else `run_tokens(batches)`)."""
+    run = run if run is not None else run_tokens(batches)
     # the run's figures first: their scratch arrays are freed before the per-token values only the steps use
     # are made, and reuse the same memory
     overall: dict[str, Any] = tokens_debug_metrics(run)
@@ -135,7 +140,6 @@ def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
     scale = tokens_scale_metrics(run)
     steps, requests, profiles = _per_step(batches, run)
     tokens, dlogp = run.size, run.abs_dlogp
-    del run  # its other per-token arrays are released before the quantiles' and the histogram's copies
     ranked = sorted(
         (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
     )
@@ -169,7 +173,7 @@ def _per_step(batches: list[TokenBatch], run: Tokens) -> tuple[list[dict[str, An
     steps = []
     requests: list[dict[str, Any]] = []
     profiles = Profiles()
-    for b, tokens in zip(batches, run.parts()):
+    for b, tokens in zip(batches, run.part_list()):
         metrics: dict[str, Any] = tokens_debug_metrics(tokens)
         metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
         steps.append(
@@ -243,17 +247,45 @@ def build(
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "format_version": REPORT_VERSION,
-        "tokens": token_report(batches) if batches else None,
+        "tokens": None,
         "layers": layer_summary(pairs) if pairs else None,
     }
     if batches:
-        floor = floor or choose_floor(batches, [], None)
-        report["diagnosis"] = diagnose(batches, report["layers"], floor, script, sampling)
+        report["tokens"], report["diagnosis"] = _tokens_and_diagnosis(
+            batches, report["layers"], floor or choose_floor(batches, [], None), script, sampling
+        )
     report["thresholds"] = check_thresholds(report, limits)
     report["verdict"] = verdict(report)
     # the threshold options given decide the exit code; without any, the verdict does
     report["verdict"]["decides_exit"] = not report["thresholds"]
     return report
+
+
+def _tokens_and_diagnosis(
+    batches: list[TokenBatch],
+    layers: dict[str, Any] | None,
+    floor: Floor,
+    script: str | None,
+    sampling: dict[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The token figures and the diagnosis, over the same valid tokens, side by side: the diagnosis in a second
+    thread (numpy releases the interpreter's lock in its loops, so the two share the machine's cores)."""
+    # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    run = run_tokens(batches)
+    parts = run.part_list()
+    # the per-token values both read, made once before the two start (each part slices the run's)
+    run.abs_dlogp, run.p_rollout  # noqa: B018
+    # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more
+    # than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last bits with
+    # the machine's number of cores
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=1) as pool:
+        diagnosis = pool.submit(diagnose, batches, layers, floor, script, sampling, parts)
+        tokens = token_report(batches, run)
+        return tokens, diagnosis.result()
 
 
 def replay(

@@ -452,15 +452,18 @@ def diagnose(
     floor: Floor,
     script: str | None = None,
     sampling: dict[str, Any] | None = None,
+    parts: list[Tokens] | None = None,
 ) -> dict[str, Any]:
     """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step);
     `sampling` is the run's rollout settings (`run_sampling`), where its launch script was read: a step whose
-    capture recorded its own (`TokenBatch.sampling`) is judged against those."""
+    capture recorded its own (`TokenBatch.sampling`) is judged against those. `parts`: each batch's valid tokens
+    as the report took them out (`Tokens.part_list`), in the order of `batches`, else taken out here."""
+    given = dict(zip(map(id, batches), parts)) if parts is not None else {}
     steps: list[dict[str, Any]] = []
     best: dict[str, Cause] = {}
     means = []
     for b in sorted(batches, key=lambda b: (b.step is None, b.step or 0)):
-        tokens = Tokens.of(b.rollout, b.training, b.mask)
+        tokens = given[id(b)] if id(b) in given else Tokens.of(b.rollout, b.training, b.mask)
         if not tokens.size:
             continue
         # the settings the capture recorded for its step, else the launch script's

@@ -119,6 +119,13 @@ class Tokens:
             )
             first_token, first_row = tokens.stop, first_row + rows
 
+    def part_list(self) -> list[Tokens]:
+        """`parts()`, kept: what each part computes for itself (its rows, positions) is kept with it, for the
+        report's figures and its diagnosis both."""
+        if "parts" not in self._cache:
+            self._cache["parts"] = list(self.parts())
+        return self._cache["parts"]  # type: ignore[no-any-return]
+
     def _get(self, name: str) -> Any:
         if name not in self._cache:
             if self._whole is not None and (name in _PER_TOKEN or name in _PER_ROW):
