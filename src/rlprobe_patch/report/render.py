@@ -233,13 +233,17 @@ def _fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, _Raw):
+        return f"<td class='id'>{value}</td>"
+    if isinstance(value, str):  # words read from the left; numbers line up on the right
+        return f"<td class='text'>{_fmt(value)}</td>"
+    return f"<td>{_fmt(value)}</td>"
+
+
 def _table(headers: list[str], rows: list[list[Any]], css: str = "") -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    cell = "<td class='id'>{}</td>".format
-    body = "".join(
-        "<tr>" + "".join(cell(_fmt(c)) if isinstance(c, _Raw) else f"<td>{_fmt(c)}</td>" for c in row) + "</tr>"
-        for row in rows
-    )
+    body = "".join("<tr>" + "".join(map(_cell, row)) + "</tr>" for row in rows)
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -254,7 +258,7 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 1400px; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.85em; }
 th, td { border: 1px solid #bbb; padding: 2px 6px; text-align: right; }
 th { background: #eee; } td:first-child { text-align: left; }
-td.id { font-family: monospace; white-space: nowrap; text-align: left; }
+td.id { font-family: monospace; white-space: nowrap; text-align: left; } td.text { text-align: left; }
 .crossed, .fail { color: #b00; font-weight: bold; } .ok { color: #070; } .warn { color: #a60; }
 figure { margin: 0.5em 0 1.5em; } figure svg { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85em; color: #555; }
@@ -293,7 +297,15 @@ def _verdict_html(report: dict[str, Any]) -> list[str]:
         + "</p><ul>",
     ]
     parts += [f"<li>{html.escape(reason)}</li>" for reason in judged["reasons"]]
-    parts.append("</ul></section>")
+    parts.append("</ul>")
+    diagnosis = report.get("diagnosis")
+    if diagnosis and diagnosis.get("causes") and diagnosis.get("steps"):
+        top = diagnosis["causes"][0]
+        parts.append(
+            f"<p id='top-cause'>Top cause (<a href='#diagnosis'>diagnosis</a>): <b>{html.escape(top['cause'])}</b> "
+            f"({top['score']:.2f}), {html.escape(top['title'])}; {html.escape(cited_evidence(top, diagnosis))}</p>"
+        )
+    parts.append("</section>")
     return parts
 
 
@@ -332,15 +344,26 @@ def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdi
     parts.append("<details><summary>verl's metrics, all steps together</summary>")
     parts.append(_table(["metric", "value"], [[k, v] for k, v in tokens["overall"].items()], "metrics"))
     parts.append("</details>")
-    parts.append(f"<h3>The {top} worst requests (by max |dp|)</h3>")
+    # a request id once, at its worst step (a run that replays the same requests step after step has them in
+    # every step), with the steps it is among the worst in
+    steps_of: dict[str, list[Any]] = {}
+    worst: list[dict[str, Any]] = []
+    for r in (r for r in tokens["requests"] if r["tokens"]):
+        if r["request_id"] not in steps_of:
+            if len(worst) == top:
+                continue
+            worst.append(r)
+        steps_of.setdefault(r["request_id"], []).append(r["step"])
+    parts.append(f"<h3 id='worst-heading'>The {len(worst)} worst requests (by max |dp|, each at its worst step)</h3>")
     rows = []
-    for r in [r for r in tokens["requests"] if r["tokens"]][:top]:
+    for r in worst:
         w = r["worst_token"]
+        also = [s for s in steps_of[r["request_id"]] if s != r["step"]]
         rows.append(
             [
                 r["rank"],
                 _Raw(_id(r["request_id"])),
-                r["step"],
+                f"{r['step']}" + (f" (also in {', '.join(map(str, also))})" if also else ""),
                 r["dataset_index"],
                 r["tokens"],
                 r["max_abs_dp"],
@@ -383,6 +406,19 @@ def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdi
     return parts
 
 
+def _module_state(module: dict[str, Any]) -> str:
+    """One word on a module against msprobe's thresholds, and why when out: its Result column, else the accuracy
+    rule on cosine and MaxAbsErr (which can fail where Result says pass: a row never says both)."""
+    if not module["diverges"]:
+        return "within"
+    if module["result"] in ("warning", "error"):
+        return f"out ({module['result']})"
+    return (
+        "out (msprobe's accuracy rule: cosine below 0.99 with max abs err above 0.001, cosine below 0.9 or max abs "
+        "err above 1)"
+    )
+
+
 def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
     parts = [
         "<h2>Layers (msprobe compare)</h2>",
@@ -398,15 +434,15 @@ def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
     ]
     for pair in sorted(layers["pairs"], key=lambda p: p["first_divergence"] is None):
         tensor = pair["mode"] == "tensor"
-        headers = ["module", *(["cosine", "max abs err"] if tensor else ["|max diff|"]), "Result", "out of thresholds"]
+        headers = ["#", "module", *(["cosine", "max abs err"] if tensor else ["|max diff|"]), "msprobe's thresholds"]
         rows = [
             [
+                i,
                 m["module"],
                 *([m["cosine"], m["max_abs_err"]] if tensor else [m["max_diff"]]),
-                m["result"],
-                "yes" if m["diverges"] else "",
+                _module_state(m),
             ]
-            for m in pair["modules"]
+            for i, m in enumerate(pair["modules"], start=1)
         ]
         agrees = pair["first_divergence"] is None
         parts.append(
@@ -414,7 +450,7 @@ def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
             f"msprobe's thresholds: {_fmt(pair['first_divergence'])}; CSV: {html.escape(pair['path'])}</p>"
         )
         table = _table(headers, rows, "modules")
-        folded = f"<details><summary>{len(rows)} modules, all within</summary>{table}</details>"
+        folded = f"<details><summary>{len(rows)} modules, all within msprobe's thresholds</summary>{table}</details>"
         parts.append(folded if agrees else table)
     return parts
 
@@ -435,6 +471,23 @@ def _step_tops(diagnosis: dict[str, Any]) -> str:
     ) + (f"; ... {len(diagnosis['steps']) - 12} more" if len(diagnosis["steps"]) > 12 else "")
 
 
+def cited_evidence(cause: dict[str, Any], diagnosis: dict[str, Any]) -> str:
+    """A cause's evidence, from a step out of the noise floor where the run has one: a cause that scores nothing
+    anywhere is cited by the diagnosis from the step that fits it best, which can be a step within the floor (the
+    clean step) and says nothing about the run's gap."""
+    steps = diagnosis["steps"]
+    cited = next((s for s in steps if cause["evidence"].startswith(f"step {s['step']}: ")), None)
+    out = [s for s in steps if not s["within_floor"]]
+    if cited is None or not cited["within_floor"] or not out:
+        return str(cause["evidence"])
+
+    def mine(step: dict[str, Any]) -> dict[str, Any]:
+        return next(c for c in step["causes"] if c["cause"] == cause["cause"])
+
+    best = max(out, key=lambda s: (mine(s)["score"], mine(s)["fit"]))
+    return f"step {best['step']}: {mine(best)['evidence']}"
+
+
 def diagnosis_lines(report: dict[str, Any]) -> list[str]:
     """The diagnosis in the text summary: the floor, the first causes with their evidence and confirming runs."""
     diagnosis = report.get("diagnosis")
@@ -445,7 +498,7 @@ def diagnosis_lines(report: dict[str, Any]) -> list[str]:
     if not diagnosis["steps"]:
         return [*lines, "  no response token: nothing to diagnose"]
     for rank, c in enumerate(_shown(diagnosis), start=1):
-        lines.append(f"  {rank}. {c['cause']} ({c['score']:.2f}): {c['title']}; {c['evidence']}")
+        lines.append(f"  {rank}. {c['cause']} ({c['score']:.2f}): {c['title']}; {cited_evidence(c, diagnosis)}")
         lines += [f"     confirm: {line}" for line in c["confirm"]]
     lines.append(f"  {_step_tops(diagnosis)}")
     return lines
@@ -459,7 +512,13 @@ def _diagnosis_html(diagnosis: dict[str, Any]) -> list[str]:
         f"{html.escape(floor['how'])}</p>",
     ]
     rows = [
-        [rank, c["cause"], f"{c['score']:.2f}", c["title"], c["evidence"]]
+        [
+            rank,
+            c["cause"],
+            f"{c['score']:.2f}",
+            c["title"],
+            cited_evidence(c, diagnosis) if diagnosis["steps"] else c["evidence"],
+        ]
         for rank, c in enumerate(diagnosis["causes"], 1)
     ]
     parts.append(_table(["rank", "cause", "score", "what", "evidence"], rows, "causes"))
