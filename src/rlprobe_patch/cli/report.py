@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,34 @@ import click
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command, require
 from rlprobe_patch.errors import ExitCode
+
+
+class _Progress:
+    """What the report is doing, on stderr, once it has run `after` seconds (a report over a whole run: minutes of
+    captures); a report that ends sooner says nothing. stdout stays the report's text or JSON."""
+
+    def __init__(self, after: float = 3.0) -> None:
+        self.start = time.monotonic()
+        self.phase = "starting"
+        self.late = False
+        self.timer = threading.Timer(after, self._late)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def __call__(self, phase: str) -> None:
+        self.phase = phase
+        if self.late:
+            self._say()
+
+    def _late(self) -> None:
+        self.late = True
+        self._say()
+
+    def _say(self) -> None:
+        click.secho(f"... report: {self.phase} ({time.monotonic() - self.start:.0f} s so far)", err=True, dim=True)
+
+    def close(self) -> None:
+        self.timer.cancel()
 
 
 @click.command("report")
@@ -70,26 +100,35 @@ def report_cmd(
     from rlprobe_patch.report.diagnosis import choose_floor
     from rlprobe_patch.report.render import diagnosis_lines, next_steps, plots, render_html, summary_lines
 
-    inputs = classify(list(paths))
-    if inputs.compares:
-        require("matplotlib", "report (its layer plot)")  # the token plots are drawn without it
-    batches, pairs, notes = read_inputs(inputs, python)
-    floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
-    sampling = None
-    if replay_script and Path(replay_script).is_file():
-        sampling, why_not = run_sampling(Path(replay_script), python)
-        notes += [why_not] if why_not else []
-    report = build(batches, pairs, limits, floor, replay_script, sampling)
-    report["inputs"] = {
-        "captures": [str(p) for p in inputs.captures],
-        "slime": [str(p) for p in inputs.slime],
-        "compare": [str(p) for p in inputs.compares],
-    }
-    report["notes"] = notes
-    if report["tokens"]:
-        report["replay"] = replay(batches, report, top, output, replay_script, data)
-    text, line = encode(report)
-    written = write_outputs(text, render_html(report, plots(report), top), output)
+    progress = _Progress()
+    try:
+        inputs = classify(list(paths))
+        if inputs.compares:
+            require("matplotlib", "report (its layer plot)")  # the token plots are drawn without it
+        progress(f"reading {len(inputs.captures)} capture(s), {len(inputs.slime)} slime dump(s), "
+                 f"{len(inputs.compares)} compare CSV(s)")  # fmt: skip
+        batches, pairs, notes = read_inputs(inputs, python)
+        floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
+        sampling = None
+        if replay_script and Path(replay_script).is_file():
+            sampling, why_not = run_sampling(Path(replay_script), python)
+            notes += [why_not] if why_not else []
+        tokens = sum(int(b.mask.sum()) for b in batches)
+        progress(f"the figures and the diagnosis of {tokens} response token(s) in {len(batches)} step(s)")
+        report = build(batches, pairs, limits, floor, replay_script, sampling)
+        report["inputs"] = {
+            "captures": [str(p) for p in inputs.captures],
+            "slime": [str(p) for p in inputs.slime],
+            "compare": [str(p) for p in inputs.compares],
+        }
+        report["notes"] = notes
+        if report["tokens"]:
+            report["replay"] = replay(batches, report, top, output, replay_script, data)
+        progress(f"the plots, report.html and report.json in {output}")
+        text, line = encode(report)
+        written = write_outputs(text, render_html(report, plots(report), top), output)
+    finally:
+        progress.close()
     out.emit_encoded(with_entry(line, "written", written))  # the requests can be many: encoded once, on one line
     for line in summary_lines(report, top):
         out.line(line)

@@ -180,16 +180,20 @@ def _layers(layers: dict[str, Any]) -> str:
             color=_COLOURS[k % len(_COLOURS)],
             label=pair["label"],
             zorder=2 + k,
+            gid=f"layers-pair-{k}",
         )
         first = next((i for i, m in enumerate(pair["modules"]) if m["diverges"]), None)
         if first is not None and first not in firsts:
             firsts.add(first)
-            ax.axvline(first + 1, color="red", linestyle="--", linewidth=0.9, alpha=0.7, zorder=1)
+            ax.axvline(first + 1, color="red", linestyle="--", linewidth=0.9, alpha=0.7, zorder=1,
+                       gid=f"layers-first-divergence-{first + 1}")  # fmt: skip
     longest = max(pairs, key=lambda p: len(p["modules"]))
     names = short_names([m["module"] for m in longest["modules"]])
     if len(names) <= _NAMED_MODULES:
         ax.set_xticks(range(1, len(names) + 1), [f"{i} {n}" for i, n in enumerate(names, start=1)], rotation=40,
                       ha="right", rotation_mode="anchor", fontsize=7)  # fmt: skip
+        for i, label in enumerate(ax.get_xticklabels(), start=1):
+            label.set_gid(f"layers-xtick-{i}")
     ax.set_xlabel("module, in forward order (numbered as in the tables below)")
     ax.set_ylabel("|max diff|" if statistics else "cosine")
     legend = fig.legend(loc="outside right upper", fontsize=7, title="run / pair (request id)", title_fontsize=7)
