@@ -21,7 +21,7 @@ class _Progress:
     def __init__(self, after: float = 3.0) -> None:
         self.start = time.monotonic()
         self.phase = "starting"
-        self.late = False
+        self.late = after <= 0  # said from the start
         self.timer = threading.Timer(after, self._late)
         self.timer.daemon = True
         self.timer.start()
