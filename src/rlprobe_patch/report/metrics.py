@@ -454,15 +454,20 @@ class Profiles:
             below += p >= edge
         bins = below.astype(np.intp)
         # kept as the report has always placed it: a probability too large for `int64(p * 10)` (a log-prob above
-        # 41, overflowing to INT64_MIN on x86) in the second tenth
-        bins[p * 10.0 >= 2.0**63] = 1
+        # 41, overflowing to INT64_MIN on x86) in the second tenth; p * 10 >= 2^63 needs p > 9.2e17, so only those
+        # are multiplied
+        big = np.flatnonzero(p > 9.2e17)
+        if big.size:
+            bins[big[p[big] * 10.0 >= 2.0**63]] = 1
         self.prob_sum_dlogp += np.bincount(bins, weights=dlogp, minlength=10)
         self.prob_sum_dp += np.bincount(bins, weights=dp, minlength=10)
         self.prob_count += np.bincount(bins, minlength=10)
         # the decade: ceil(-log10 p) - 1 from the log-prob itself (p = 0.1 in the first), p >= 1 in the first,
         # p = 0 in the last
-        decade = np.ceil(tokens.rollout * (-1.0 / math.log(10.0))) - 1.0
-        decades = np.clip(decade, 0, self.DECADES).astype(np.intp)
+        decade = tokens.rollout * (-1.0 / math.log(10.0))  # one array, each step in place
+        np.ceil(decade, out=decade)
+        decade -= 1.0
+        decades = np.clip(decade, 0, self.DECADES, out=decade).astype(np.intp)
         size = self.DECADES + 1
         self.decade_sum_dlogp += np.bincount(decades, weights=dlogp, minlength=size)
         self.decade_sum_dp += np.bincount(decades, weights=dp, minlength=size)
