@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,16 +130,16 @@ def run_tokens(batches: list[TokenBatch]) -> Tokens:
     return Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
 
 
-def token_report(batches: list[TokenBatch], run: Tokens | None = None) -> dict[str, Any]:
+def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Executor | None = None) -> dict[str, Any]:
     """Per step, per request and over the run; each step's figures are computed over its slice of the run's
-    arrays (`run`, else `run_tokens(batches)`)."""
+    arrays (`run`, else `run_tokens(batches)`), in `pool`'s threads where given."""
     run = run if run is not None else run_tokens(batches)
     # the run's figures first: their scratch arrays are freed before the per-token values only the steps use
     # are made, and reuse the same memory
     overall: dict[str, Any] = tokens_debug_metrics(run)
     overall.update(tokens_offpolicy_metrics(run))
     scale = tokens_scale_metrics(run)
-    steps, requests, profiles = _per_step(batches, run)
+    steps, requests, profiles = _per_step(batches, run, pool)
     tokens, dlogp = run.size, run.abs_dlogp
     ranked = sorted(
         (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
@@ -168,40 +169,44 @@ def token_report(batches: list[TokenBatch], run: Tokens | None = None) -> dict[s
     }
 
 
-def _per_step(batches: list[TokenBatch], run: Tokens) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles]:
-    """Each step's metrics, its requests' figures, and the profiles over every step."""
+def _per_step(
+    batches: list[TokenBatch], run: Tokens, pool: Executor | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles]:
+    """Each step's metrics, its requests' figures, and the profiles over every step (each step's taken apart, in
+    `pool` where given, and gathered in the steps' order)."""
     steps = []
     requests: list[dict[str, Any]] = []
     profiles = Profiles()
-    for b, tokens in zip(batches, run.part_list()):
-        metrics: dict[str, Any] = tokens_debug_metrics(tokens)
-        metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
-        steps.append(
-            {
-                "step": b.step,
-                "kind": b.kind,
-                "path": b.path,
-                "samples": b.samples,
-                "tokens": tokens.size,
-                "metrics": metrics,
-                "scale": tokens_scale_metrics(tokens),
-            }
-        )
-        profiles.add_tokens(tokens)
-        dataset_index = b.dataset_index.tolist() if b.dataset_index is not None else [None] * b.samples
-        for i, (row, request_id, index, prompt_length) in enumerate(
-            zip(tokens_per_request(tokens), b.request_ids, dataset_index, b.prompt_lengths.tolist())
-        ):
-            row.update(
-                request_id=request_id,
-                step=b.step,
-                kind=b.kind,
-                row=i,
-                dataset_index=index,
-                prompt_length=prompt_length,
-            )
-            requests.append(row)
+    for step, rows, counts in (pool.map if pool else map)(_step_figures, batches, run.part_list()):
+        steps.append(step)
+        requests += rows
+        profiles.add_counts(counts)
     return steps, requests, profiles
+
+
+def _step_figures(b: TokenBatch, tokens: Tokens) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """One step's metrics, its requests' figures, and its share of the profiles."""
+    metrics: dict[str, Any] = tokens_debug_metrics(tokens)
+    metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
+    step = {
+        "step": b.step,
+        "kind": b.kind,
+        "path": b.path,
+        "samples": b.samples,
+        "tokens": tokens.size,
+        "metrics": metrics,
+        "scale": tokens_scale_metrics(tokens),
+    }
+    counts = Profiles.count(tokens)
+    dataset_index = b.dataset_index.tolist() if b.dataset_index is not None else [None] * b.samples
+    rows = tokens_per_request(tokens)
+    for i, (row, request_id, index, prompt_length) in enumerate(
+        zip(rows, b.request_ids, dataset_index, b.prompt_lengths.tolist())
+    ):
+        row.update(
+            request_id=request_id, step=b.step, kind=b.kind, row=i, dataset_index=index, prompt_length=prompt_length
+        )
+    return step, rows, counts
 
 
 def check_thresholds(report: dict[str, Any], limits: dict[str, float | None]) -> list[dict[str, Any]]:
@@ -268,8 +273,9 @@ def _tokens_and_diagnosis(
     script: str | None,
     sampling: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The token figures and the diagnosis, over the same valid tokens, side by side: the diagnosis in a second
-    thread (numpy releases the interpreter's lock in its loops, so the two share the machine's cores)."""
+    """The token figures and the diagnosis, over the same valid tokens, side by side in two threads: the diagnosis
+    in one, the steps' figures in both once it is done (numpy releases the interpreter's lock in its loops, so the
+    threads share the machine's cores; every figure is the one a single thread computes)."""
     # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
     from concurrent.futures import ThreadPoolExecutor
 
@@ -282,9 +288,9 @@ def _tokens_and_diagnosis(
     # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more
     # than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last bits with
     # the machine's number of cores
-    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=1) as pool:
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=2) as pool:
         diagnosis = pool.submit(diagnose, batches, layers, floor, script, sampling, parts)
-        tokens = token_report(batches, run)
+        tokens = token_report(batches, run, pool)
         return tokens, diagnosis.result()
 
 

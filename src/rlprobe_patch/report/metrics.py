@@ -126,6 +126,12 @@ class Tokens:
             self._cache["parts"] = list(self.parts())
         return self._cache["parts"]  # type: ignore[no-any-return]
 
+    def memo(self, key: Any, make: Any) -> Any:
+        """`make()`, computed once for these tokens under `key` (a figure several callers derive alike)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
     def _get(self, name: str) -> Any:
         if name not in self._cache:
             if self._whole is not None and (name in _PER_TOKEN or name in _PER_ROW):
@@ -433,24 +439,19 @@ class Profiles:
         self.add_tokens(Tokens.of(rollout, training, mask))
 
     def add_tokens(self, tokens: Tokens) -> None:
+        self.add_counts(self.count(tokens))
+
+    @classmethod
+    def count(cls, tokens: Tokens) -> dict[str, Any]:
+        """One batch's sums and counts, to `add_counts` in the batches' order (each batch's may be taken at the same
+        time as another's: a sum over the batches is then still added up in their order)."""
         positions, dlogp, dp = tokens.position, tokens.abs_dlogp, tokens.abs_dp
         length = int(tokens.counts.max()) if tokens.size else 0  # a row of n tokens has positions 0 .. n - 1
-        if length > self.position_count.size:
-            grow = length - self.position_count.size
-            self.position_sum_dlogp = np.concatenate([self.position_sum_dlogp, np.zeros(grow)])
-            self.position_sum_dp = np.concatenate([self.position_sum_dp, np.zeros(grow)])
-            self.position_count = np.concatenate([self.position_count, np.zeros(grow, dtype=np.int64)])
-        size = self.position_count.size
-        self.position_sum_dlogp += np.bincount(positions, weights=dlogp, minlength=size)
-        self.position_sum_dp += np.bincount(positions, weights=dp, minlength=size)
-        # the tokens at position k: the rows of more than k tokens
-        rows_of_at_least = np.bincount(tokens.counts, minlength=size + 1)[::-1].cumsum()[::-1]
-        self.position_count += rows_of_at_least[1 : size + 1]
         # the tenth each probability falls in (PROB_EDGES[b] <= p < PROB_EDGES[b + 1], p >= 1 in the last):
         # the number of inner edges at or below it (NaN: none)
         p = tokens.p_rollout
         below = np.zeros(p.size, dtype=np.int8)
-        for edge in self.PROB_EDGES[1:-1]:
+        for edge in cls.PROB_EDGES[1:-1]:
             below += p >= edge
         bins = below.astype(np.intp)
         # kept as the report has always placed it: a probability too large for `int64(p * 10)` (a log-prob above
@@ -459,19 +460,37 @@ class Profiles:
         big = np.flatnonzero(p > 9.2e17)
         if big.size:
             bins[big[p[big] * 10.0 >= 2.0**63]] = 1
-        self.prob_sum_dlogp += np.bincount(bins, weights=dlogp, minlength=10)
-        self.prob_sum_dp += np.bincount(bins, weights=dp, minlength=10)
-        self.prob_count += np.bincount(bins, minlength=10)
         # the decade: ceil(-log10 p) - 1 from the log-prob itself (p = 0.1 in the first), p >= 1 in the first,
         # p = 0 in the last
         decade = tokens.rollout * (-1.0 / math.log(10.0))  # one array, each step in place
         np.ceil(decade, out=decade)
         decade -= 1.0
-        decades = np.clip(decade, 0, self.DECADES, out=decade).astype(np.intp)
-        size = self.DECADES + 1
-        self.decade_sum_dlogp += np.bincount(decades, weights=dlogp, minlength=size)
-        self.decade_sum_dp += np.bincount(decades, weights=dp, minlength=size)
-        self.decade_count += np.bincount(decades, minlength=size)
+        decades = np.clip(decade, 0, cls.DECADES, out=decade).astype(np.intp)
+        size = cls.DECADES + 1
+        return {
+            "position_sum_dlogp": np.bincount(positions, weights=dlogp, minlength=length),
+            "position_sum_dp": np.bincount(positions, weights=dp, minlength=length),
+            # the tokens at position k: the rows of more than k tokens
+            "position_count": np.bincount(tokens.counts, minlength=length + 1)[::-1].cumsum()[::-1][1 : length + 1],
+            "prob_sum_dlogp": np.bincount(bins, weights=dlogp, minlength=10),
+            "prob_sum_dp": np.bincount(bins, weights=dp, minlength=10),
+            "prob_count": np.bincount(bins, minlength=10),
+            "decade_sum_dlogp": np.bincount(decades, weights=dlogp, minlength=size),
+            "decade_sum_dp": np.bincount(decades, weights=dp, minlength=size),
+            "decade_count": np.bincount(decades, minlength=size),
+        }
+
+    def add_counts(self, counts: dict[str, Any]) -> None:
+        """`count`'s sums and counts added to these (the positions' grown to the longest response so far)."""
+        length = counts["position_count"].size
+        if length > self.position_count.size:
+            grow = length - self.position_count.size
+            self.position_sum_dlogp = np.concatenate([self.position_sum_dlogp, np.zeros(grow)])
+            self.position_sum_dp = np.concatenate([self.position_sum_dp, np.zeros(grow)])
+            self.position_count = np.concatenate([self.position_count, np.zeros(grow, dtype=np.int64)])
+        # a shorter batch's sums go into the first positions (adding its zeros past them changed nothing)
+        for name, value in counts.items():
+            getattr(self, name)[: value.size] += value
 
     def by_position(self, buckets: int = 50) -> list[dict[str, Any]]:
         """Mean |dlogp|, |dp| per range of positions (at most `buckets` ranges)."""
