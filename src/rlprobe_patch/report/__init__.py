@@ -9,7 +9,9 @@ Above `workflow` (it reads slime's dumps through `workflow.slime_dumps`' finder 
 - `metrics.py`: verl's debug and off-policy metrics re-implemented in numpy, per-request figures,
   the difference by position and by probability;
 - `build.py`: the inputs sorted and read, the report's document, the thresholds, the replay files;
+- `diagnosis.py`, `verdict.py`: the causes ranked against a noise floor; the verdict by verl's guidance;
 - `render.py`: report.html (SVG plots drawn from the aggregates, embedded) and the text summary;
+- `svgplot.py`: the token plots' small SVG charts (matplotlib draws the layer plot);
 - `write_outputs` (here): report.json and report.html, each whole or not at all.
 
 numpy is the `report` extra; it is imported when the command runs.
