@@ -111,7 +111,8 @@ var seen = {
   diagnosis_steps: [].slice.call(d.querySelectorAll('table.diagnosis-steps tbody tr')).map(function (r) {
     var c = r.querySelectorAll('td'); return {step: c[0].textContent, within: c[2].textContent}; }),
   step_states: [].slice.call(d.querySelectorAll('table.steps tbody tr')).map(function (r) {
-    return r.querySelectorAll('td')[4].textContent; }),
+    var c = r.querySelectorAll('td'); return [c[4].textContent, c[5].textContent]; }),
+  verdict_from: (d.getElementById('verdict-from') || {}).textContent,
   worst_heading: d.getElementById('worst-heading').textContent,
   histogram_x: texts('#histogram-xticks0 text'), histogram_y: texts('#histogram-yticks0 text'),
   histogram_legend: texts('#histogram-legend text'),
@@ -135,25 +136,10 @@ def test_report_html_in_headless_chromium(tmp_path: Path) -> None:
     """Issue 35, item 8: the real demo's page as a real browser lays it out: the verdict, full request ids,
     pair headings naming run, request and steps, each plot drawn, the layer plot's legend beside its axes (not
     over the curves), |dlogp| and |dp| on axes of their own, and a "what next" section; a screenshot kept."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    # Not a skip: this test exists to open the page in a real browser (.ci/run installs it).
-    assert chromium is not None, "Debian's chromium is not installed: apt-get install -y chromium"
     demo = TESTS / "data" / "demo-consistency-vllm"
     code, out = cli_json("report", demo / "capture", demo / "compare", "-o", tmp_path / "out", "--top", "10")
     assert code == ExitCode.VERIFY_FAILED and out["verdict"]["state"] == "fail"
-    page = tmp_path / "out" / "report.html"
-    checker = tmp_path / "check.html"
-    checker.write_text(
-        "<html><body><iframe id='r' src='" + page.as_uri() + "' style='width:1400px;height:6000px'></iframe>"
-        "<script>document.getElementById('r').onload=function(){" + _CHECK + "};</script></body></html>"
-    )
-    base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
-            "--virtual-time-budget=10000"]  # fmt: skip
-    dom = subprocess.run([*base, "--dump-dom", checker.as_uri()], capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    start = dom.stdout.index('<pre id="result">') + len('<pre id="result">')
-    text = dom.stdout[start : dom.stdout.index("</pre>", start)]
-    seen = json.loads(text.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+    seen = _seen_in_chromium(tmp_path / "out" / "report.html", tmp_path)
     # histogram, by position, layers; every request's probability lies in one decade: said, not a one-bar chart
     assert [f["id"] for f in seen["figures"]] == ["plot-histogram", "plot-by_position", "plot-layers"], seen
     assert all(f["width"] > 300 and f["height"] > 150 for f in seen["figures"]), seen["figures"]
@@ -173,8 +159,53 @@ def test_report_html_in_headless_chromium(tmp_path: Path) -> None:
     assert seen["page_width"] <= 1400  # nothing wider than the window: no table or plot cut off at the right
     _what_a_person_sees(seen, out)
     shot = tmp_path / "report.png"
-    subprocess.run([*base, f"--screenshot={shot}", "--window-size=1400,3000", page.as_uri()], timeout=120, check=True)
+    page = (tmp_path / "out" / "report.html").as_uri()
+    subprocess.run([*_chromium(), f"--screenshot={shot}", "--window-size=1400,3000", page], timeout=120, check=True)
     assert shot.stat().st_size > 10_000  # kept in the test's tmp folder
+
+
+def _chromium() -> list[str]:
+    """Headless Chromium's command line. Not a skip when it is missing: these tests exist to open the page in a
+    real browser (.ci/run installs it)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium is not None, "Debian's chromium is not installed: apt-get install -y chromium"
+    return [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+            "--virtual-time-budget=10000"]  # fmt: skip
+
+
+def _seen_in_chromium(page: Path, tmp_path: Path) -> dict:
+    """What `_CHECK` reads of `page` as headless Chromium lays it out."""
+    checker = tmp_path / "check.html"
+    checker.write_text(
+        "<html><body><iframe id='r' src='" + page.as_uri() + "' style='width:1400px;height:6000px'></iframe>"
+        "<script>document.getElementById('r').onload=function(){" + _CHECK + "};</script></body></html>"
+    )
+    dom = subprocess.run([*_chromium(), "--dump-dom", checker.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    start = dom.stdout.index('<pre id="result">') + len('<pre id="result">')
+    text = dom.stdout[start : dom.stdout.index("</pre>", start)]
+    seen: dict = json.loads(text.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+    return seen
+
+
+def test_stale_report_in_headless_chromium(tmp_path: Path) -> None:
+    """Issue 42, item 8, on the real stale-weights demo (tests/data/demo-consistency-vllm-stale): the verdict is
+    FAIL (the layer compare) while verl's number grades both steps ok; the page must not show every step as ok
+    under that headline, and it names the top cause."""
+    demo = TESTS / "data" / "demo-consistency-vllm-stale"
+    code, out = cli_json(
+        "report", demo / "capture", demo / "compare", "--baseline", demo / "capture-floor", "-o", tmp_path / "out"
+    )
+    assert code == ExitCode.VERIFY_FAILED and out["verdict"]["state"] == "fail"
+    assert [s["state"] for s in out["verdict"]["steps"]] == ["ok", "ok"]  # what the page showed alone
+    seen = _seen_in_chromium(tmp_path / "out" / "report.html", tmp_path)
+    assert seen["verdict"] == "Verdict: FAIL"
+    assert seen["top_cause"].startswith("Top cause (diagnosis): stale-weights "), seen["top_cause"]
+    # each step by verl's number and against the measured floor: step 2 (the stale rollout) is out of it
+    assert seen["step_states"][0] == ["ok", "within"], seen["step_states"]
+    assert seen["step_states"][1][0] == "ok" and seen["step_states"][1][1].startswith("out, "), seen["step_states"]
+    assert seen["page_width"] <= 1400
+    assert seen["verdict_from"] == "FAIL from the layer compare (4 of 8 pairs)", seen["verdict_from"]
 
 
 def _what_a_person_sees(seen: dict, out: dict) -> None:
@@ -188,7 +219,8 @@ def _what_a_person_sees(seen: dict, out: dict) -> None:
     assert len(seen["causes"]) == 6 and all(c["align"] == "left" for c in seen["causes"]), seen["causes"]
     assert not [c for c in seen["causes"] if c["evidence"].startswith("step 1:")], seen["causes"]
     # a FAIL headline over steps that are not all ok
-    assert seen["verdict"] == "Verdict: FAIL" and set(seen["step_states"]) != {"ok"}, seen["step_states"]
+    assert seen["verdict"] == "Verdict: FAIL" and seen["step_states"][1] == ["fail", "out, 1.66x"]
+    assert seen["verdict_from"] == "FAIL from step 2, the layer compare (4 of 8 pairs)", seen["verdict_from"]
     # the histogram's log axes: labels present, distinct, several per axis; each step drawn apart, in the legend
     for axis in (seen["histogram_x"], seen["histogram_y"]):
         assert len(axis) >= 3 and len(set(axis)) == len(axis) and all(axis), axis

@@ -237,7 +237,20 @@ def _fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
+class _State(str):
+    """A state word in a cell, coloured by its class (`ok`, `warn`, `fail`)."""
+
+    def __new__(cls, text: str, css: str) -> _State:
+        state = super().__new__(cls, text)
+        state.css = css
+        return state
+
+    css: str
+
+
 def _cell(value: Any) -> str:
+    if isinstance(value, _State):
+        return f"<td class='text {html.escape(value.css)}'>{_fmt(value)}</td>"
     if isinstance(value, _Raw):
         return f"<td class='id'>{value}</td>"
     if isinstance(value, str):  # words read from the left; numbers line up on the right
@@ -246,7 +259,8 @@ def _cell(value: Any) -> str:
 
 
 def _table(headers: list[str], rows: list[list[Any]], css: str = "") -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    # verl's long metric names may break after an underscore: a table as wide as the page, not wider
+    head = "".join(f"<th>{html.escape(h).replace('_', '_<wbr>')}</th>" for h in headers)
     body = "".join("<tr>" + "".join(map(_cell, row)) + "</tr>" for row in rows)
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
@@ -300,6 +314,12 @@ def _verdict_html(report: dict[str, Any]) -> list[str]:
         + ("" if judged.get("decides_exit", True) else "; the threshold options given decide the exit code")
         + "</p><ul>",
     ]
+    sources = [f"step {s['step']}" for s in judged["steps"] if s["state"] == state]
+    layers = report.get("layers")
+    if layers and layers["disagreeing_pairs"] and state == "fail":
+        sources.append(f"the layer compare ({len(layers['disagreeing_pairs'])} of {len(layers['pairs'])} pairs)")
+    if state in ("warn", "fail") and sources:
+        parts.insert(1, f"<p id='verdict-from'>{html.escape(state.upper())} from {html.escape(', '.join(sources))}</p>")
     parts += [f"<li>{html.escape(reason)}</li>" for reason in judged["reasons"]]
     parts.append("</ul>")
     diagnosis = report.get("diagnosis")
@@ -313,8 +333,26 @@ def _verdict_html(report: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdict: dict[str, Any]) -> list[str]:
+def _floor_state(step: dict[str, Any] | None, floor: dict[str, Any]) -> _State | None:
+    """A step against the diagnosis's noise floor: within, or out and how far (its mean |dlogp| over the limit)."""
+    if step is None:
+        return None
+    if step["within_floor"]:
+        return _State("within", "ok")
+    return _State(f"out, {step['mean_abs_dlogp'] / floor['mean_limit']:.3g}x", "fail")
+
+
+def _tokens_html(
+    tokens: dict[str, Any],
+    images: dict[str, str],
+    top: int,
+    verdict: dict[str, Any],
+    diagnosis: dict[str, Any] | None = None,
+) -> list[str]:
     graded = {(s["step"], s["kind"]): s for s in (verdict or {}).get("steps", [])}
+    # each step against the noise floor too: verl's number can grade every step ok under a FAIL that the layer
+    # compare or the log-probs found (a stale rollout: its steps ok by verl's number, out of the measured floor)
+    judged = {(s["step"], s["kind"]): s for s in (diagnosis or {}).get("steps", [])}
     parts = [
         f"<h2>Tokens</h2><p id='token-count'>{tokens['samples']} request(s), {tokens['tokens']} response "
         f"token(s), {tokens['empty_responses']} empty response(s), {len(tokens['steps'])} step(s)</p>",
@@ -330,14 +368,17 @@ def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdi
                 s["kind"],
                 s["samples"],
                 s["tokens"],
-                g.get("state"),
+                _State(g["state"], g["state"]) if g.get("state") else None,
+                _floor_state(judged.get((s["step"], s["kind"])), diagnosis["floor"]) if diagnosis else None,
                 *(s["metrics"].get(k) for k in _STEP_KEYS),
                 scale.get("probs_diff_mean_ceiling"),
                 scale.get("mean_abs_dlogp"),
                 scale.get("token_multiplicative_error"),
             ]
         )
-    headers = ["step", "source", "samples", "tokens", "verdict", *(k.split("/")[-1] for k in _STEP_KEYS)]
+    floor = "measured" if diagnosis and diagnosis["floor"]["measured"] else "fixed gate"
+    headers = ["step", "source", "samples", "tokens", "by verl's number", f"noise floor ({floor})"]
+    headers += [k.split("/")[-1] for k in _STEP_KEYS]
     headers += ["most diff_mean could be", "mean |dlogp|", "mean exp(|dlogp|)"]
     parts.append(_table(headers, rows, "steps"))
     parts.append(
@@ -635,7 +676,7 @@ def render_html(report: dict[str, Any], images: dict[str, str], top: int) -> str
     if report.get("diagnosis"):
         parts += _diagnosis_html(report["diagnosis"])
     if report.get("tokens"):
-        parts += _tokens_html(report["tokens"], images, top, report.get("verdict") or {})
+        parts += _tokens_html(report["tokens"], images, top, report.get("verdict") or {}, report.get("diagnosis"))
     if report.get("layers"):
         parts += _layers_html(report["layers"], images)
     parts += _next_html(report)
