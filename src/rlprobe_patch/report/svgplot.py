@@ -82,16 +82,17 @@ def _linear_ticks(low: float, high: float) -> list[tuple[float, str]]:
     step = _nice_step(low, high)
     count = round((high - low) / step)
     values = [low + i * step for i in range(count + 1)]
-    return [(v, _number(v, step)) for v in values]
+    fixed = step >= 1e-3 and max(abs(low), abs(high)) < 1e6  # one notation on an axis
+    return [(v, _number(v, step, fixed)) for v in values]
 
 
-def _number(value: float, step: float) -> str:
+def _number(value: float, step: float, fixed: bool) -> str:
     if abs(value) < step / 1e6:
         return "0"
-    if step >= 1e-3 and abs(value) < 1e6:
+    if fixed:
         decimals = max(0, -math.floor(math.log10(step) + 1e-9))
         return f"{value:.{decimals + (1 if round(step / 10.0**-decimals, 6) % 1 else 0)}f}"
-    return f"{value:.2g}"
+    return f"{value:.3g}"
 
 
 def _log_ticks(low: float, high: float) -> list[tuple[float, str]]:
