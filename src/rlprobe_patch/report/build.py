@@ -130,32 +130,40 @@ def run_tokens(batches: list[TokenBatch]) -> Tokens:
     return Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
 
 
+_LEVELS = (0.5, 0.9, 0.99, 0.999, 1.0)  # the |dlogp| quantiles report.json gives
+
+
 def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Executor | None = None) -> dict[str, Any]:
     """Per step, per request and over the run; each step's figures are computed over its slice of the run's
-    arrays (`run`, else `run_tokens(batches)`), in `pool`'s threads where given."""
+    arrays (`run`, else `run_tokens(batches)`). With `pool`, the run's figures, its |dlogp| distribution and the
+    steps' figures are taken side by side in its threads (each the same computation as alone)."""
     run = run if run is not None else run_tokens(batches)
-    # the run's figures first: their scratch arrays are freed before the per-token values only the steps use
-    # are made, and reuse the same memory
-    overall: dict[str, Any] = tokens_debug_metrics(run)
-    overall.update(tokens_offpolicy_metrics(run))
-    scale = tokens_scale_metrics(run)
-    steps, requests, profiles = _per_step(batches, run, pool)
-    tokens, dlogp = run.size, run.abs_dlogp
+    if pool is None:
+        overall: dict[str, Any] = tokens_debug_metrics(run)
+        overall.update(tokens_offpolicy_metrics(run))
+        scale = tokens_scale_metrics(run)
+        steps, requests, profiles = _per_step(batches, run)
+        distribution = _distribution(run)
+    else:
+        run.make("abs_dp", "abs_dlogp", "k3_terms")  # each once, before the threads read them
+        scale_later, distribution_later = pool.submit(tokens_scale_metrics, run), pool.submit(_distribution, run)
+        overall = tokens_debug_metrics(run)
+        overall.update(tokens_offpolicy_metrics(run))
+        steps, requests, profiles = _per_step(batches, run, pool)
+        scale, distribution = scale_later.result(), distribution_later.result()
+    quantile_values, histogram = distribution
     ranked = sorted(
         (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
     )
     for rank, r in enumerate(ranked, start=1):
         r["rank"] = rank
-    levels = (0.5, 0.9, 0.99, 0.999, 1.0)
-    ends = np.cumsum([0] + [s["tokens"] for s in steps]).tolist()
-    histogram = dlogp_histogram(dlogp, parts=[slice(a, b) for a, b in itertools.pairwise(ends)])
     # each step's counts over the run's bins (the page tells the steps apart)
     histogram["steps"] = [
         {"step": s["step"], "kind": s["kind"], **part} for s, part in zip(steps, histogram.pop("parts"))
     ]
     return {
         "samples": len(requests),
-        "tokens": tokens,
+        "tokens": run.size,
         "empty_responses": sum(1 for r in requests if not r["tokens"]),
         "overall": overall,
         "scale": scale,
@@ -164,9 +172,17 @@ def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Exe
         "by_position": profiles.by_position(),
         "by_probability": profiles.by_probability(),
         "by_probability_decade": profiles.by_probability_decade(),
-        "abs_dlogp_quantiles": dict(zip(map(str, levels), quantiles(dlogp, levels))) if dlogp.size else {},
+        "abs_dlogp_quantiles": dict(zip(map(str, _LEVELS), quantile_values)) if run.size else {},
         "abs_dlogp_histogram": histogram,
     }
+
+
+def _distribution(run: Tokens) -> tuple[list[float], dict[str, Any]]:
+    """|dlogp|'s quantiles over the run, and its histogram with each step's counts (`parts`)."""
+    dlogp = run.abs_dlogp
+    ends = np.cumsum([0] + [part.size for part in run.part_list()]).tolist()
+    histogram = dlogp_histogram(dlogp, parts=[slice(a, b) for a, b in itertools.pairwise(ends)])
+    return (quantiles(dlogp, _LEVELS) if dlogp.size else []), histogram
 
 
 def _per_step(
@@ -283,8 +299,7 @@ def _tokens_and_diagnosis(
 
     run = run_tokens(batches)
     parts = run.part_list()
-    # the per-token values both read, made once before the two start (each part slices the run's)
-    run.abs_dlogp, run.p_rollout  # noqa: B018
+    run.make("abs_dlogp", "p_rollout")  # the per-token values both read, once before the two start (parts slice them)
     # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more
     # than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last bits with
     # the machine's number of cores

@@ -126,6 +126,11 @@ class Tokens:
             self._cache["parts"] = list(self.parts())
         return self._cache["parts"]  # type: ignore[no-any-return]
 
+    def make(self, *names: str) -> None:
+        """Compute the per-token values `names` now (threads that read them later then find them made)."""
+        for name in names:
+            self._get(name)
+
     def memo(self, key: Any, make: Any) -> Any:
         """`make()`, computed once for these tokens under `key` (a figure several callers derive alike)."""
         if key not in self._cache:
