@@ -16,30 +16,45 @@ from rlprobe_patch.errors import ExitCode
 
 class _Progress:
     """What the report is doing, on stderr, once it has run `after` seconds (a report over a whole run: minutes of
-    captures); a report that ends sooner says nothing. stdout stays the report's text or JSON."""
+    captures), and again every `every` seconds of one long phase; a report that ends sooner says nothing. A
+    `detail` (the captures read so far) is said at most every 2 seconds. stdout stays the report's text or JSON."""
 
-    def __init__(self, after: float = 3.0) -> None:
+    def __init__(self, after: float = 3.0, every: float = 10.0) -> None:
         self.start = time.monotonic()
         self.phase = "starting"
         self.late = after <= 0  # said from the start
-        self.timer = threading.Timer(after, self._late)
-        self.timer.daemon = True
-        self.timer.start()
+        self.said_at = 0.0
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, args=(after, every), daemon=True).start()
 
     def __call__(self, phase: str) -> None:
         self.phase = phase
         if self.late:
             self._say()
 
-    def _late(self) -> None:
-        self.late = True
-        self._say()
+    def detail(self, text: str) -> None:
+        self.phase = text
+        if self.late and time.monotonic() - self.said_at >= 2.0:
+            self._say()
+
+    def _watch(self, after: float, every: float) -> None:
+        if not self.late:
+            if self.done.wait(after):
+                return
+            self.late = True
+            self._say()
+        while not self.done.wait(every):
+            if time.monotonic() - self.said_at >= every:
+                self._say()
 
     def _say(self) -> None:
-        click.secho(f"... report: {self.phase} ({time.monotonic() - self.start:.0f} s so far)", err=True, dim=True)
+        with self.lock:
+            self.said_at = time.monotonic()
+            click.secho(f"... report: {self.phase} ({self.said_at - self.start:.0f} s so far)", err=True, dim=True)
 
     def close(self) -> None:
-        self.timer.cancel()
+        self.done.set()
 
 
 @click.command("report")
@@ -107,7 +122,7 @@ def report_cmd(
             require("matplotlib", "report (its layer plot)")  # the token plots are drawn without it
         progress(f"reading {len(inputs.captures)} capture(s), {len(inputs.slime)} slime dump(s), "
                  f"{len(inputs.compares)} compare CSV(s)")  # fmt: skip
-        batches, pairs, notes = read_inputs(inputs, python)
+        batches, pairs, notes = read_inputs(inputs, python, progress.detail)
         floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
         sampling = None
         if replay_script and Path(replay_script).is_file():

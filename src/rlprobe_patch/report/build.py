@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,8 +110,15 @@ def read_baseline(path: Path) -> list[TokenBatch]:
     return batches
 
 
-def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], list[PairCompare], list[str]]:
-    batches = [read_capture(p) for p in inputs.captures]
+def read_inputs(
+    inputs: Inputs, python: str | None, progress: Callable[[str], None] | None = None
+) -> tuple[list[TokenBatch], list[PairCompare], list[str]]:
+    """The inputs read and checked; `progress` is told each capture read (a run's captures can take a minute)."""
+    batches = []
+    for done, path in enumerate(inputs.captures, start=1):
+        batches.append(read_capture(path))
+        if progress is not None:
+            progress(f"reading captures: {done} of {len(inputs.captures)}")
     notes: list[str] = []
     if inputs.slime:
         # imported here: the slime reader brings the workflow's interpreter probe (subprocess and all),
