@@ -7,7 +7,8 @@ Writes the captures once with `write_capture` (the format's one writer) into a t
 until the largest size is reached; each smaller size is the first steps of the same run (linked, not
 written again). For each size it then times (a) `read_capture` on every file and (b) the whole report
 (`rlprobe-patch report --json`: read, metrics, the diagnosis, the plots, report.html and report.json) in a
-fresh process each, with its peak resident memory (ru_maxrss). The two are run in turn `--repeat` times; the
+fresh process each, with its CPU time (user and system: the report's threads can take more of it than
+its wall time) and its peak resident memory (ru_maxrss). The two are run in turn `--repeat` times; the
 fastest of each is kept (a machine shared with other jobs slows single runs by tens of per cent), and the
 load average is printed before and after. The package's bytecode is compiled first, as an installed
 package's is (`PYTHONDONTWRITEBYTECODE=1` would otherwise make every report process compile rlprobe_patch's
@@ -46,8 +47,9 @@ else:  # the command as `rlprobe-patch report` runs it (click's own main, no tes
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):  # the command exits with its code
         main(["report", sys.argv[2], "-o", sys.argv[3], "--json"])
     tokens = json.loads(out.getvalue())["tokens"]["tokens"]
-print(json.dumps({"seconds": time.perf_counter() - t, "tokens": tokens,
-                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"seconds": time.perf_counter() - t, "tokens": tokens, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                  "peak_mib": usage.ru_maxrss / 1024}))
 """
 
 
@@ -103,8 +105,10 @@ def main() -> None:
             runs = measure(folder, Path(tmp) / f"out-{size}", args.repeat)
             runs["files"] = len(list(folder.iterdir()))
             result[str(size)] = runs
-            print(f"{runs['report']['tokens']} tokens ({runs['files']} steps): load {runs['load']['seconds']:.3f} s, "
-                  f"report {runs['report']['seconds']:.3f} s, ratio {runs['ratio']:.2f}x", file=sys.stderr)  # fmt: skip
+            load, report = runs["load"], runs["report"]
+            print(f"{report['tokens']} tokens ({runs['files']} steps): load {load['seconds']:.3f} s, report "
+                  f"{report['seconds']:.3f} s, ratio {runs['ratio']:.2f}x (CPU time of the fastest: "
+                  f"{load['cpu_seconds']:.2f} s, {report['cpu_seconds']:.2f} s)", file=sys.stderr)  # fmt: skip
         result["load_average_after"] = os.getloadavg()
         print(json.dumps(result, indent=1))
 
