@@ -45,3 +45,20 @@ def test_the_comparison_sees_a_last_bit() -> None:
     assert _differences({"a": [next_up, 2, {"b": 1.0}], "c": "x"}, pinned) == [f".a[0]: {next_up!r}, pinned 0.1"]
     assert _differences({"a": [0.1, 2, {"b": 1}], "c": "x"}, pinned) == [".a[2].b: 1, pinned 1.0"]
     assert _differences({"a": [0.1, 2], "c": "x"}, pinned) == [".a: 2 entries, pinned 3"]
+
+
+def test_threads_compute_what_one_thread_does(tmp_path: Path) -> None:
+    """The report takes its figures in threads: every one equal to the single thread's, to the bit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from report_numbers import write_captures
+
+    from rlprobe_patch.report.build import classify, read_inputs, run_tokens, token_report
+
+    write_captures(tmp_path)
+    batches = read_inputs(classify([tmp_path]), None)[0]
+    alone = token_report(batches)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        side_by_side = token_report(batches, run_tokens(batches), pool)
+    assert json.dumps(side_by_side) == json.dumps(alone)
+    assert len(alone["steps"]) == 3 and alone["tokens"] > 20_000
