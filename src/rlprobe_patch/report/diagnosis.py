@@ -202,7 +202,7 @@ def _onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
     """Per request with a token out of the floor, its first such position; and how often a token from there on
     is back within the floor (the chance that a prefix token looks clean although the request has parted).
     Found once per step (three causes read them)."""
-    return tokens.memo(("onsets", floor.token_limit), lambda: _find_onsets(tokens, floor))  # type: ignore[no-any-return]
+    return tokens.memo(("onsets", floor.token_limit), lambda: _find_onsets(tokens, floor))
 
 
 def _find_onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:

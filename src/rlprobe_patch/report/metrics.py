@@ -27,13 +27,14 @@ never over the padding, and no Python loop runs per token.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+_T = TypeVar("_T")
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -131,11 +132,11 @@ class Tokens:
         for name in names:
             self._get(name)
 
-    def memo(self, key: Any, make: Any) -> Any:
+    def memo(self, key: Any, make: Callable[[], _T]) -> _T:
         """`make()`, computed once for these tokens under `key` (a figure several callers derive alike)."""
         if key not in self._cache:
             self._cache[key] = make()
-        return self._cache[key]
+        return self._cache[key]  # type: ignore[no-any-return]
 
     def _get(self, name: str) -> Any:
         if name not in self._cache:
