@@ -130,6 +130,9 @@ FACT_KEYS: dict[str, tuple[str, ...]] = {
     "max_prompt_length": ("data.max_prompt_length",),
     "max_response_length": ("data.max_response_length",),
     "calculate_log_probs": (f"{ROLLOUT}.calculate_log_probs",),
+    # PPO's clip range, for the report's share of tokens the train-vs-rollout gap alone would clip
+    "clip_ratio_low": (f"{ACTOR}.clip_ratio_low",),
+    "clip_ratio_high": (f"{ACTOR}.clip_ratio_high",),
 }
 # Engine facts where no engine section holds the key: FSDP / VeOmni have no TP or PP.
 ENGINE_FACT_DEFAULT = {"actor_tp": 1, "actor_pp": 1, "actor_ep": 1, "ref_tp": 1, "ref_pp": 1}

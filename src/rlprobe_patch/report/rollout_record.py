@@ -102,7 +102,8 @@ def parse_record(where: str, line: str) -> RolloutRecord:
         data = json.loads(line)  # a JSONDecodeError for text that is not JSON
     except (json.JSONDecodeError, RecursionError) as exc:
         raise RefusedError(
-            f"{where}: not JSON ({getattr(exc, 'msg', 'nested too deep')})", hint="a line cut short (a process killed while writing?)"
+            f"{where}: not JSON ({getattr(exc, 'msg', 'nested too deep')})",
+            hint="a line cut short (a process killed while writing?)",
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise RefusedError(f"{where}: not an {FORMAT} record (no format '{FORMAT}')")
