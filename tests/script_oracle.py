@@ -3,9 +3,10 @@
 Each script runs under `bash` with every launcher on PATH (`python3`, `uv`, `torchrun`, `ray`,
 ...) replaced by a recorder that writes its argv and exits, in a temporary verl checkout
 (`examples/` and `verl/` linked in, the way users run `bash examples/x/run.sh` from the repo
-root), `env -i`, a temporary HOME, no network. Each recorded verl launch (`-m verl.X` or a path
-to a file of the verl package with `@hydra.main`) is then parsed by Hydra's own argument parser
-and composed with `hydra.compose` against the release's own config. Nothing from rlprobe_patch
+root, or from the folder an example says to run it in), `env -i`, a temporary HOME, no network.
+Each recorded verl launch (`-m verl.X`, a path to a file of the verl package with `@hydra.main`,
+or such a file in the folder the run is in) is then parsed by Hydra's own argument parser and
+composed with `hydra.compose` against the release's own config. Nothing from rlprobe_patch
 is used here except the wheel download helper.
 """
 
@@ -147,12 +148,16 @@ def run_script(corpus: str, script: Path, root: Path) -> Truth:
     return truth
 
 
-def run_in_checkout(checkout: Path, rel: str, root: Path, configs: list[Any] | None = None) -> Truth:
+def run_in_checkout(
+    checkout: Path, rel: str, root: Path, configs: list[Any] | None = None, *, workdir: str = ""
+) -> Truth:
     """bash `rel` from the root of `checkout` (a folder holding `examples/` and `verl/`), launchers recorded.
 
     `configs`, when given, receives the composed config of each launch that composes (in the
     order of `Truth.launches`; None for one that does not), for checks on any key without a
-    second compose."""
+    second compose. `workdir` (relative to the checkout) is the folder bash runs in instead of the
+    root (`cd examples/split_placement && bash run_deepseek7b_llm.sh`, as that example's README says)."""
+    run_dir = checkout / workdir
     with tempfile.TemporaryDirectory(prefix="oracle-run-") as tmp:
         work = Path(tmp)
         home, bin_dir = work / "home", work / "bin"
@@ -169,7 +174,7 @@ def run_in_checkout(checkout: Path, rel: str, root: Path, configs: list[Any] | N
         env["BASH_FUNC_ulimit%%"] = '() { builtin ulimit "$@" 2>/dev/null || return 0; }'
         try:
             proc = subprocess.run(
-                ["bash", rel], cwd=checkout, env=env, stdin=subprocess.DEVNULL,
+                ["bash", os.path.relpath(checkout / rel, run_dir)], cwd=run_dir, env=env, stdin=subprocess.DEVNULL,
                 capture_output=True, timeout=SCRIPT_TIMEOUT_S, check=False,
             )  # fmt: skip
             exit_code: int | None = proc.returncode
@@ -179,9 +184,9 @@ def run_in_checkout(checkout: Path, rel: str, root: Path, configs: list[Any] | N
         calls = _read_record(record.read_bytes())
         with _HYDRA:
             launches = []
-            for entry, args in _verl_launches(calls, root):
+            for entry, args in _verl_launches(calls, root, run_dir):
                 holder: list[Any] = []
-                launches.append(_compose(entry, args, root, checkout, keep=holder))
+                launches.append(_compose(entry, args, root, run_dir, keep=holder))
                 if configs is not None:
                     configs.append(holder[0] if holder else None)
     tail = "\n".join(stderr.splitlines()[-5:]).replace(tmp, "/oracle-tmp")
@@ -265,12 +270,14 @@ def _hydra_main(path: Path) -> tuple[str, str] | None:
     return kwargs.get("config_path", ""), kwargs.get("config_name", "")
 
 
-def _entry_path(token: str, root: Path) -> Path | None:
-    """The file in the release tree a module name or a path names."""
+def _entry_path(token: str, root: Path, cwd: Path | None = None) -> Path | None:
+    """The file in the release tree a module name or a path names; a path outside the verl package, the
+    file it names from `cwd` (the folder the run is in), where there is one."""
     if token.endswith(".py"):
         parts = Path(token).parts
         if "verl" not in parts:
-            return None
+            beside = cwd / token if cwd is not None else None
+            return beside if beside is not None and beside.is_file() else None
         start = len(parts) - 1 - parts[::-1].index("verl")
         return root.joinpath(*parts[start:])
     if token.startswith("verl."):
@@ -278,15 +285,16 @@ def _entry_path(token: str, root: Path) -> Path | None:
     return None
 
 
-def _verl_launches(calls: list[list[str]], root: Path) -> Iterator[tuple[str, list[str]]]:
-    """(entry, Hydra argv) of every recorded call that starts a verl `@hydra.main` entry point."""
+def _verl_launches(calls: list[list[str]], root: Path, cwd: Path) -> Iterator[tuple[str, list[str]]]:
+    """(entry, Hydra argv) of every recorded call that starts a verl `@hydra.main` entry point (a file of
+    the verl package, or a file in `cwd`, the folder the run is in, such as an example's own entry point)."""
     for argv in calls:
         for i, token in enumerate(argv):
             entry = argv[i + 1] if token == "-m" and i + 1 < len(argv) else token
             rest = argv[i + 2 :] if token == "-m" else argv[i + 1 :]
             if token != "-m" and not token.endswith(".py"):
                 continue
-            path = _entry_path(entry, root)
+            path = _entry_path(entry, root, cwd)
             if path is not None and _hydra_main(path) is not None:
                 yield entry, rest
                 break
@@ -323,7 +331,7 @@ def _compose(entry: str, args: list[str], root: Path, cwd: Path, keep: list[Any]
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 
-    path = _entry_path(entry, root)
+    path = _entry_path(entry, root, cwd)
     assert path is not None
     main = _hydra_main(path)
     assert main is not None

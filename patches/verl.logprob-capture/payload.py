@@ -7,8 +7,18 @@ request id (`verl.request-id`'s), the dataset index, prompt and response lengths
 token ids, `rollout_log_probs`, `old_log_probs`, the response mask and `ref_log_prob` where the
 batch holds it, and the rollout's sampling settings (`temperature`, `top_p`, `top_k` and
 `logprobs_mode` of `actor_rollout_ref.rollout`, as the run's config holds them, defaults included) for the report's
-diagnosis. The file is the capture format of `rlprobe-patch report` (written with numpy only, in
-`_RlprobeLogprobCapture`). Off, each hook reads the kept switches (an `import sys`
+diagnosis. Revision 3 adds the training side's half of the identity check: `prompt_ids`, the prompt
+token ids the training forward scored (the prompt columns of the batch's `input_ids`, else `prompts`,
+each row's valid tokens by the attention mask, verl's left padding removed, left-aligned, 0 after), and
+`provenance`, what computed each side as the run's composed config sets it, verl's defaults included:
+`verl_version` (the trainer's), `training_strategy` (`actor.strategy`), `training_dtype` (the dtype the
+actor's log-prob forward computes in, as verl decides it: FSDP `fsdp_config.mixed_precision.param_dtype`,
+bf16 where unset, on the engine workers of verl 0.8.0+; bfloat16 on the engine workers before 0.8.0,
+whose forward autocasts to bfloat16; the legacy workers' autocast dtype `fsdp_config.dtype`, bfloat16 by
+default; Megatron `megatron.dtype`, bfloat16 by default; none for another strategy), `rollout_name` and
+`rollout_dtype` (`actor_rollout_ref.rollout.dtype`, bfloat16 by default), each dtype by its torch name
+(`bfloat16`, `float16`, `float32`). The file is the capture format of `rlprobe-patch report` (written
+with numpy only, in `_RlprobeLogprobCapture`). Off, each hook reads the kept switches (an `import sys`
 and one `sys.modules` lookup: 1.3 to 3.6 us per training step, `bench/capture_offpath.py`);
 nothing else is imported and no TransferQueue call is made.
 
@@ -21,8 +31,10 @@ from the rows' tags (`prompt_len`), and leaves out the rows verl tagged `is_padd
 padding rows copy a real row's fields, its request id included). The rest comes from the same
 TransferQueue rows (`tq.kv_batch_get` on the batch's keys, one read per field, made only when
 the capture is on): `extra_fields` (the request id `verl.request-id` keeps there), `index` (the
-dataset index) and `raw_prompt`. A field the rows lack, or a read that fails, leaves that column
-empty (said once per process on stderr) and never fails the step. `ref_log_prob` is not captured
+dataset index), `raw_prompt` and `input_ids` (the rows' unpadded prompt and response, what the actor
+scores: each row's first `prompt_len` are its `prompt_ids`). A field the rows lack, or a read that fails,
+leaves that column out (said once per process on stderr) and never fails the step; so does a
+`prompt_ids` or `provenance` the batch or the config cannot give. `ref_log_prob` is not captured
 there: the V1 trainer computes it after `_compute_old_log_prob`.
 """
 
@@ -55,9 +67,11 @@ class _RlprobeLogprobCapture:
         prompt_width = tensors["attention_mask"].shape[-1] - responses.shape[-1]
         rows = responses.shape[0]
         request_ids, dataset_index, raw_prompts = self._rlprobe_non_tensor_columns(batch.non_tensor_batch, rows)
+        prompt_mask = host("attention_mask")[:, :prompt_width]
         arrays = {
             "request_ids": request_ids,
-            "prompt_lengths": host("attention_mask")[:, :prompt_width].sum(axis=-1),
+            "prompt_lengths": prompt_mask.sum(axis=-1),
+            "prompt_ids": self._rlprobe_prompt_ids(tensors, host, prompt_mask),
             "responses": responses,
             "response_mask": host("response_mask"),
             "rollout_log_probs": host("rollout_log_probs"),
@@ -67,6 +81,7 @@ class _RlprobeLogprobCapture:
             "raw_prompts": raw_prompts,
             "source": f"verl {type(trainer).__name__}",
             "sampling": self._rlprobe_sampling(trainer),
+            "provenance": self._rlprobe_provenance(trainer),
         }
         self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, np.ones(rows, dtype=bool))
 
@@ -95,7 +110,8 @@ class _RlprobeLogprobCapture:
         # verl's own padding rows (upsample_batch_to_divisible_size) are tagged; they are no request.
         keep = np.array([not tag.get("is_padding", False) for tag in tags], dtype=bool)
         prompt_lengths = np.array([int(tag.get("prompt_len", -1)) for tag in tags], dtype=np.int64)
-        non_tensor = self._rlprobe_kv_columns(batch, ("extra_fields", "index", "raw_prompt"), rows)
+        non_tensor = self._rlprobe_kv_columns(batch, ("extra_fields", "index", "raw_prompt", "input_ids"), rows)
+        prompt_ids = self._rlprobe_kv_prompt_ids(non_tensor.pop("input_ids", None), prompt_lengths, host)
         extra = non_tensor.pop("extra_fields", None)
         if extra is not None:
             non_tensor["request_id"] = [e.get("request_id") if isinstance(e, dict) else None for e in extra]
@@ -103,6 +119,7 @@ class _RlprobeLogprobCapture:
         arrays = {
             "request_ids": request_ids,
             "prompt_lengths": prompt_lengths,
+            "prompt_ids": prompt_ids,
             "responses": host(tensors["responses"]),
             "response_mask": host(tensors["response_mask"]),
             "rollout_log_probs": host(tensors["rollout_log_probs"]),
@@ -112,6 +129,7 @@ class _RlprobeLogprobCapture:
             "raw_prompts": raw_prompts,
             "source": f"verl {type(trainer).__name__}",
             "sampling": self._rlprobe_sampling(trainer),
+            "provenance": self._rlprobe_provenance(trainer),
         }
         self._rlprobe_write_logprobs(capture["dir"], trainer.global_steps, arrays, keep)
 
@@ -136,31 +154,135 @@ class _RlprobeLogprobCapture:
         # {field: one value per row} of the batch's TransferQueue rows, one read per field. A field
         # the rows lack (TransferQueue raises) or a failed read is left out, said once per process:
         # the capture must never fail a training step for a column it could not read.
-        import sys
-
         import transfer_queue as tq
 
         columns = {}
-        unread = self._rlprobe_run_capture().setdefault("unread", set())
         for field in fields:
             try:
                 got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[field])
-                # A NonTensorStack, a list or an array, depending on the storage: one value per row.
+                # A NonTensorStack, a list or an array (a jagged tensor: one per row), depending on the storage.
                 values = [v.data if type(v).__name__ == "NonTensorData" else v for v in list(got[field])]
                 if len(values) != rows:
                     raise ValueError(f"{len(values)} values for {rows} rows")
             except Exception as exc:
-                if field not in unread:
-                    unread.add(field)
-                    print(
-                        f"rlprobe-patch: MISMATCH_ON: the capture reads no {field!r} from TransferQueue "
-                        f"({type(exc).__name__}: {exc}); that column stays empty",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                self._rlprobe_unread(field, "TransferQueue", exc)
                 continue
             columns[field] = values
         return columns
+
+    def _rlprobe_unread(self, column, where, exc):
+        # A column the capture could not read: said once per process on stderr, and the step goes on
+        # without it (the capture must never fail a training step for a column it could not read).
+        import sys
+
+        unread = self._rlprobe_run_capture().setdefault("unread", set())
+        if column not in unread:
+            unread.add(column)
+            print(
+                f"rlprobe-patch: MISMATCH_ON: the capture reads no {column!r} from {where} "
+                f"({type(exc).__name__}: {exc}); that column stays empty",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _rlprobe_prompt_ids(self, tensors, host, prompt_mask):
+        # The prompt ids the training forward scored: the prompt columns of `input_ids` (else `prompts`),
+        # each row's valid tokens (attention mask 1: verl pads prompts on the left) moved to the left, 0
+        # after them, as wide as the longest prompt. None where the batch holds neither.
+        import numpy as np
+
+        try:
+            key = "input_ids" if "input_ids" in tensors.keys() else "prompts"
+            if key not in tensors.keys():
+                return None
+            ids = host(key)[:, : prompt_mask.shape[-1]]
+            valid = prompt_mask.astype(bool)
+            # a stable sort of "not valid" keeps the valid tokens in their order, first
+            ids = np.take_along_axis(ids, np.argsort(~valid, axis=1, kind="stable"), axis=1)
+            lengths = valid.sum(axis=1)
+            ids[np.arange(ids.shape[1])[None, :] >= lengths[:, None]] = 0
+            return ids[:, : int(lengths.max(initial=0))]
+        except Exception as exc:
+            self._rlprobe_unread("prompt_ids", "the batch", exc)
+            return None
+
+    def _rlprobe_kv_prompt_ids(self, input_ids, prompt_lengths, host):
+        # The V1 trainer's prompt ids: each row's `input_ids` as stored in TransferQueue (prompt then
+        # response, no padding; what the actor scores), its first `prompt_len` (the row's tag), left-aligned.
+        import numpy as np
+
+        if input_ids is None:
+            return None
+        try:
+            out = np.zeros((len(input_ids), int(prompt_lengths.max(initial=0))), dtype=np.int64)
+            for i, (row, length) in enumerate(zip(input_ids, prompt_lengths)):
+                row = np.asarray(host(row)).reshape(-1)
+                if not 0 <= length <= row.shape[0]:
+                    raise ValueError(f"row {i}: prompt_len {length}, {row.shape[0]} input ids")
+                out[i, :length] = row[:length]
+            return out
+        except Exception as exc:
+            self._rlprobe_unread("prompt_ids", "the rows' input_ids and prompt_len tags", exc)
+            return None
+
+    def _rlprobe_provenance(self, trainer):
+        # What computed each side, as the run's composed config sets it (verl's defaults included): JSON
+        # text of scalars; a key that cannot be read is left out (said once), None where none can be.
+        import json
+        import sys
+
+        provenance = {}
+        verl = sys.modules.get("verl")
+        if getattr(verl, "__version__", None):
+            provenance["verl_version"] = str(verl.__version__)
+        found = {}
+        try:
+            found["training_strategy"], found["training_dtype"] = self._rlprobe_training_dtype(trainer.config)
+        except Exception as exc:
+            self._rlprobe_unread("training_dtype", "the config", exc)
+        try:
+            rollout = trainer.config.actor_rollout_ref.rollout
+            found["rollout_name"], dtype = rollout.get("name", None), rollout.get("dtype", None)
+            found["rollout_dtype"] = None if dtype is None else self._rlprobe_dtype(dtype)
+        except Exception as exc:
+            self._rlprobe_unread("rollout_dtype", "the config", exc)
+        provenance.update({key: str(value) for key, value in found.items() if value is not None})
+        return json.dumps(provenance) if provenance else None
+
+    def _rlprobe_training_dtype(self, config):
+        # (the actor's strategy, the dtype its log-prob forward computes in), as verl decides it from the
+        # config: FSDP (fsdp, fsdp2): the engine workers (verl 0.8.0+: trainer.use_legacy_worker_impl
+        # is gone) autocast to fsdp_config.mixed_precision.param_dtype (bf16 where unset); before 0.8.0 the
+        # engine workers (use_legacy_worker_impl=disable, 0.7.x) autocast to bfloat16 whatever it says, and
+        # the legacy workers (0.6.x always) to fsdp_config.dtype (bfloat16 where absent, as in 0.6.0),
+        # the param dtype where that is float32 (autocast does nothing then). Megatron: megatron.dtype
+        # (bfloat16 where absent, as in 0.6.0). Another strategy: no dtype.
+        import importlib.util
+
+        actor = config.actor_rollout_ref.actor
+        strategy = actor.get("strategy", None)
+        if strategy == "megatron":
+            return strategy, self._rlprobe_dtype(actor.megatron.get("dtype", None) or "bfloat16")
+        if strategy not in ("fsdp", "fsdp2"):
+            return strategy, None
+        fsdp = actor.fsdp_config
+        mixed = fsdp.get("mixed_precision", None)
+        param = mixed.get("param_dtype", "bf16") if mixed is not None else None
+        legacy = config.trainer.get("use_legacy_worker_impl", None)
+        if legacy is None:
+            return strategy, self._rlprobe_dtype(param or "bf16")
+        if legacy == "disable" and importlib.util.find_spec("verl.workers.engine_workers") is not None:
+            return strategy, "bfloat16"
+        autocast = self._rlprobe_dtype(fsdp.get("dtype", None) or "bfloat16")
+        return strategy, self._rlprobe_dtype(param or fsdp.get("dtype")) if autocast == "float32" else autocast
+
+    def _rlprobe_dtype(self, value):
+        # verl's and the engines' names of a dtype (PrecisionType's, vLLM's "half" / "float") as torch
+        # names it; any other value (vLLM's "auto") as written.
+        names = {"bfloat16": ("bf16", "bfloat16"), "float16": ("fp16", "float16", "16", "half")}
+        names["float32"] = ("fp32", "float32", "32", "float")
+        text = str(value).strip().lower().removeprefix("torch.")
+        return next((name for name, aliases in names.items() if text in aliases), str(value))
 
     def _rlprobe_capture_precondition(self, trainer):
         # With MISMATCH_ON, refuse a run whose batches will hold no two log-probs to compare, at
@@ -206,6 +328,10 @@ class _RlprobeLogprobCapture:
                 out[key] = np.asarray(arrays[key], dtype=dtype)[keep]
         if arrays.get("sampling") is not None:
             out["sampling"] = np.array(arrays["sampling"])
+        if arrays.get("prompt_ids") is not None:
+            out["prompt_ids"] = np.asarray(arrays["prompt_ids"], dtype=np.int64)[keep]
+        if arrays.get("provenance") is not None:
+            out["provenance"] = np.array(arrays["provenance"])
         if arrays.get("raw_prompts") is not None:
             out["raw_prompts"] = np.array([str(p) for p in arrays["raw_prompts"]], dtype=str)[keep]
         os.makedirs(directory, exist_ok=True)

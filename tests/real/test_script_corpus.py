@@ -7,6 +7,7 @@ parser and compose against the release's config); none of our reader is involved
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,31 +29,37 @@ def detect_json(script: str, root: str, *extra: str) -> dict:
     return json.loads(result.stdout)
 
 
-READ_FROM_CHECKOUT = "read as run from the verl checkout holding --verl-root and the script"
+READ_FROM_CHECKOUT = "read as run from "
 
 
-def checkout(corpus: str, root: Path, where: Path) -> Path:
-    """A verl checkout as users run the examples from (`bash examples/...` at its root), as the oracle did."""
+def checkout(corpus: str, root: Path, where: Path, own_verl: bool = False) -> Path:
+    """A verl checkout as users run the examples from (`bash examples/...` at its root), as the oracle did;
+    `own_verl`: with a `verl/` of its own (a clone), not --verl-root's package."""
     repo = where / "verl"
     repo.mkdir()
     (repo / "examples").symlink_to(EXAMPLES / corpus / "examples")
-    (repo / "verl").symlink_to(root / "verl")
+    if own_verl:
+        shutil.copytree(root / "verl", repo / "verl")
+    else:
+        (repo / "verl").symlink_to(root / "verl")
     return repo
 
 
 @pytest.mark.skipif(not EXAMPLES.is_dir(), reason="../shared/upstream/verl-examples is not beside the repository")
-@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+@pytest.mark.parametrize("where", ["checkout", "elsewhere", "clone"])
 @pytest.mark.parametrize("corpus", sorted(CORPORA))
 def test_detect_agrees_with_bash_and_hydra(
     corpus: str, where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 29, item 5: the score holds run from the checkout (`bash examples/...` there), from another
     directory (the script's checkout holds --verl-root's package: read as run from there, as verl's examples
-    are; where that happened, also with `--cwd` naming the checkout)."""
+    are; where that happened, also with `--cwd` naming the checkout). Issue 42, item 9: and from another
+    directory where the checkout is a clone with its own `verl/` (--verl-root elsewhere): what the script
+    names under `$(pwd)` is read from the checkout above it that holds it."""
     root = verl_root(CORPORA[corpus])
     truths = [t for t in corpus_truth(corpus) if t.composes]
     assert truths, f"no script of {corpus} composes"
-    repo = checkout(corpus, root, tmp_path)
+    repo = checkout(corpus, root, tmp_path, own_verl=where == "clone")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(repo if where == "checkout" else elsewhere)
@@ -63,11 +70,12 @@ def test_detect_agrees_with_bash_and_hydra(
         script = f"examples/{truth.script}" if where == "checkout" else str(repo / "examples" / truth.script)
         out = detect_json(script, str(root))
         facts = out.get("facts", {})
-        if any(READ_FROM_CHECKOUT in n for n in out["notices"]):
-            assert where == "elsewhere", (truth.script, out["notices"])
+        if any(n.startswith(READ_FROM_CHECKOUT) for n in out["notices"]):
+            assert where != "checkout", (truth.script, out["notices"])
             resolved_there.append(truth.script)
             with_cwd = detect_json(script, str(root), "--cwd", str(repo))
-            assert with_cwd["facts"] == facts and not any(READ_FROM_CHECKOUT in n for n in with_cwd["notices"])
+            assert with_cwd["facts"] == facts, (truth.script, with_cwd)
+            assert not any(n.startswith(READ_FROM_CHECKOUT) for n in with_cwd["notices"]), with_cwd["notices"]
         expected = truth.main.facts  # type: ignore[union-attr]
         wrong = [
             f"{key}: detect {facts.get(key, {}).get('value')!r} (from {facts.get(key, {}).get('source')}), "

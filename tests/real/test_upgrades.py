@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import VLLM_ASCEND_MEMBERS, changed_catalogue, package_wheel, snapshot, unpack, verl_wheel
 
-from rlprobe_patch.catalogue.patches import get_patch
+from rlprobe_patch.catalogue.patches import get_patch, patches_dir
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.fsio import sha256
 
@@ -273,6 +273,77 @@ def test_upgrade_stops_on_an_edit_and_merges_it(tmp_path: Path, envs) -> None:
         assert engine.read_bytes() == zf.read(ENGINE) + b"\n# my own note, kept across upgrades\n"
     assert {k: v for k, v in snapshot(root).items() if k != ENGINE} == {
         k: v for k, v in pristine.items() if k != ENGINE
+    }
+
+
+# -- verl.logprob-capture revision 2 -> 3 (issue 41): a real tree patched by the revision before -----
+CAPTURE = "verl.logprob-capture"
+CAPTURE_R2 = Path(__file__).resolve().parents[1] / "data" / "logprob-capture-r2"
+V1_TRAINER = "verl/trainer/ppo/v1/trainer_base.py"
+
+
+@pytest.fixture
+def catalogue_capture_r2(tmp_path: Path) -> Path:
+    """The catalogue with `verl.logprob-capture` as revision 2 was (its payload and patch.toml, kept in
+    tests/data/logprob-capture-r2/): what trees patched before revision 3 hold."""
+    dest = tmp_path / "catalogue-capture-r2"
+    shutil.copytree(patches_dir(), dest, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copyfile(CAPTURE_R2 / "payload.py.txt", dest / CAPTURE / "payload.py")
+    shutil.copyfile(CAPTURE_R2 / "patch.toml", dest / CAPTURE / "patch.toml")
+    return dest
+
+
+def test_logprob_capture_r2_tree_upgrades_to_r3_keeping_an_edit(tmp_path: Path, envs, catalogue_capture_r2) -> None:
+    env, _ = envs
+    env_r2 = {**env, "RLPROBE_PATCH_CATALOGUE": str(catalogue_capture_r2)}
+    args = ("--backend", "fsdp", "--mode", "consistency", "--worker-impl", "engine")
+    want = reference(tmp_path, "0.9.1", env, *args)
+    root = tmp_path / "tree"
+    root.mkdir()
+    install(root, "0.9.1")
+    pristine = snapshot(root)
+    assert run("apply", "--verl-root", root, *args, env=env_r2).returncode == 0
+    # exactly what revision 2 wrote (its pinned hashes, kept beside its payload)
+    pinned = json.loads((CAPTURE_R2 / "patched-bytes.json").read_text())["verl 0.9.1 consistency"]
+    assert {rel: h for rel, (h, _) in snapshot(root).items() if pristine.get(rel, (None,))[0] != h} == pinned
+
+    code, out = run_json("status", "--verl-root", root, env=env)
+    assert code == ExitCode.OK
+    found = states(out)
+    assert (found[CAPTURE]["state"], found[CAPTURE]["recorded_revision"], found[CAPTURE]["revision"]) == (
+        "outdated",
+        2,
+        3,
+    )
+    (record,) = json.loads((root / ".rlprobe-patch" / "ledger.json").read_text())["records"]
+    others = [p["id"] for p in record["patches"] if p["id"] != CAPTURE]
+    assert others and {found[i]["state"] for i in others} == {"applied"}  # the rest of the set is unchanged
+    code, out = run_json("verify", "--verl-root", root, env=env)
+    assert code == ExitCode.OK, [c for c in out["trees"][0]["checks"] if not c["ok"]]
+    assert any("applied r2, current r3" in c["detail"] for c in out["trees"][0]["checks"] if c["warning"])
+
+    trainer = root / V1_TRAINER
+    note = b"# my own note, kept across upgrades\n"  # at the top: the capture's class ends the file
+    trainer.write_bytes(note + trainer.read_bytes())
+    proc = run("apply", "--verl-root", root, *args, env=env)
+    assert proc.returncode == ExitCode.REVERT_BLOCKED and "--merge" in proc.stderr, proc.stderr
+    proc = run("apply", "--verl-root", root, *args, "--merge", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "upgraded r2 -> r3" in proc.stdout and "kept your edits" in proc.stdout, proc.stdout
+    upgraded = snapshot(root)
+    assert {k: v for k, v in upgraded.items() if k != V1_TRAINER} == {k: v for k, v in want.items() if k != V1_TRAINER}
+    # the edit kept on revision 3's bytes
+    assert trainer.read_bytes().startswith(note) and sha256(trainer.read_bytes()[len(note) :]) == want[V1_TRAINER][0]
+    assert "_rlprobe_kv_prompt_ids" in trainer.read_text()
+    code, out = run_json("verify", "--verl-root", root, env=env)
+    assert code == ExitCode.OK, [c for c in out["trees"][0]["checks"] if not c["ok"]]
+    assert not any("current r3" in c["detail"] for c in out["trees"][0]["checks"])
+
+    assert run("revert", "--verl-root", root, env=env).returncode == 0
+    with zipfile.ZipFile(verl_wheel("0.9.1")) as zf:
+        assert trainer.read_bytes() == note + zf.read(V1_TRAINER)
+    assert {k: v for k, v in snapshot(root).items() if k != V1_TRAINER} == {
+        k: v for k, v in pristine.items() if k != V1_TRAINER
     }
 
 

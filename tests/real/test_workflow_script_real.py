@@ -83,17 +83,22 @@ MULTITURN = SHARED / "upstream/verl-examples/v0.6.1/examples/sglang_multiturn/ru
 @pytest.mark.skipif(not MULTITURN.is_file(), reason="../shared/upstream is not beside the repository")
 def test_detect_refuses_when_both_backends_are_unknown(real_tree, tmp_path: Path, monkeypatch) -> None:
     """Issue 29: verl's own multi-turn example names its config folder relative to the checkout it runs
-    from; run from elsewhere, Hydra finds no config and neither backend is known: exit 3 (it was 0), the
-    last line says so, `ok: false` in JSON; the report with Hydra's error is still printed."""
+    from; a copy outside any checkout, run from elsewhere: Hydra finds no config and neither backend is
+    known: exit 3 (it was 0), the last line says so, `ok: false` in JSON; the report with Hydra's error is
+    still printed. (Inside a checkout that holds the folder, it is read from there: issue 42,
+    tests/real/test_detect_elsewhere.py.)"""
     root = real_tree("0.6.1")
+    alone = tmp_path / "alone" / MULTITURN.name
+    alone.parent.mkdir()
+    shutil.copy(MULTITURN, alone)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    result = cli("detect", str(MULTITURN), "--verl-root", str(root))
+    result = cli("detect", str(alone), "--verl-root", str(root))
     assert result.exit_code == ExitCode.REFUSED, result.stdout
     assert "train backend: unknown" in result.stdout and "Primary config directory not found" in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("refused: neither the training nor the rollout backend")
-    code, out = cli_json("detect", MULTITURN, "--verl-root", root)
+    code, out = cli_json("detect", alone, "--verl-root", root)
     assert code == ExitCode.REFUSED and out["ok"] is False
     assert (out["train_backend"], out["rollout_backend"]) == ("unknown", "unknown")
 
@@ -275,10 +280,12 @@ def test_launches_from_another_directory(real_tree, tmp_path: Path, monkeypatch)
     """Issue 29, item 5: v0.6.1's multi-turn examples name their config folder from `$(pwd)` and their YAMLs
     `hydra.searchpath: [file://verl/trainer/config]`, both relative to the checkout verl runs from.
     - Run from elsewhere, the script inside a checkout holding --verl-root's package: read as run from that
-      checkout, with a notice; the facts are bash + Hydra's run from there.
+      checkout (the folder above the script that holds the config folder, issue 42), with a notice; the
+      facts are bash + Hydra's run from there.
     - `--cwd DIR` where DIR holds the examples but not verl/: the config folder resolves, the searchpath does
       not; it is resolved from --verl-root's checkout, and the notice says so.
-    - Nothing resolves: `script` says to name the directory (--cwd), not to fix an override."""
+    - Nothing resolves (a copy of the script outside any checkout): `script` says to name the directory
+      (--cwd), not to fix an override."""
     root = real_tree("0.6.1")
     rel = "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"
     repo = tmp_path / "verl"
@@ -293,7 +300,7 @@ def test_launches_from_another_directory(real_tree, tmp_path: Path, monkeypatch)
     code, out = cli_json("detect", repo / "examples" / rel, "--verl-root", root)
     assert code == ExitCode.OK, out
     assert {k: out["facts"][k]["value"] for k in truth.facts} == truth.facts
-    assert any(n.startswith(f"read as run from the verl checkout holding --verl-root and the script ({repo})")
+    assert any(n.startswith(f"read as run from {repo}: the script names the config folder examples/")
                for n in out["notices"]), out["notices"]  # fmt: skip
     no_verl = tmp_path / "examples-only"
     no_verl.mkdir()
@@ -303,7 +310,10 @@ def test_launches_from_another_directory(real_tree, tmp_path: Path, monkeypatch)
     assert {k: out["facts"][k]["value"] for k in truth.facts} == truth.facts
     assert any("hydra.searchpath file://verl/trainer/config" in n and f"--verl-root ({root})" in n
                for n in out["notices"]), out["notices"]  # fmt: skip
-    args = ("script", V061 / rel, "--mode", "training", "--training-config", "/t.json", "-o", elsewhere / "x.sh")
+    alone = tmp_path / "alone" / "run.sh"
+    alone.parent.mkdir()
+    shutil.copy(V061 / rel, alone)
+    args = ("script", alone, "--mode", "training", "--training-config", "/t.json", "-o", elsewhere / "x.sh")
     code, out = cli_json(*args, "--verl-root", root)
     assert code == ExitCode.REFUSED, out
     assert "--cwd DIR" in out["hint"] and "fix the override" not in out["hint"], out

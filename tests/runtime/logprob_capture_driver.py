@@ -1,10 +1,12 @@
 """Runs in the verl test venv: `verl.logprob-capture`'s inserted code, taken from the patched
 `ray_trainer.py` (the V0 trainer), on verl's own `DataProto` with real torch tensors.
 
-Real: verl (its `DataProto`, `calculate_debug_metrics`), torch, numpy; the inserted class
-`_RlprobeLogprobCapture` and the hook line as the patch wrote them into the installed file.
-Stand-in: the trainer object (`global_steps`, `config`). The V1 trainer's capture runs against a
-real TransferQueue: tests/runtime/logprob_capture_tq_driver.py.
+Real: verl (its `DataProto`, `calculate_debug_metrics`), torch, numpy; the run's config, composed by
+Hydra from verl's own `ppo_trainer.yaml` with a launch's overrides (`composed_config`); the inserted
+class `_RlprobeLogprobCapture` and the hook line as the patch wrote them into the installed file.
+Stand-ins: the trainer object (`global_steps`, `config`); the batches' token ids and log-probs (left
+padded prompts, `input_ids` the prompt then the response, as verl's rollout builds them). The V1
+trainer's capture runs against a real TransferQueue: tests/runtime/logprob_capture_tq_driver.py.
 Writes `result.json` and the captures under `--out`.
 """
 
@@ -45,6 +47,26 @@ def inserted(path: Path, method: str) -> tuple[type, str]:
     return namespace["_RlprobeLogprobCapture"], hook
 
 
+def composed_config(overrides: list[str], name: str = "ppo_trainer") -> Any:
+    """verl's own config as `python -m verl.trainer.main_ppo` composes it (Hydra), with a launch's overrides."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(verl_file("trainer", "config")), version_base=None):
+        return compose(config_name=name, overrides=overrides)
+
+
+def config_dtypes(config: Any) -> dict[str, Any]:
+    """The dtype keys the composed config holds (None where absent), for the test to compare."""
+    keys = (
+        "actor_rollout_ref.actor.strategy",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
+        "actor_rollout_ref.actor.megatron.dtype",
+        "actor_rollout_ref.rollout.name",
+        "actor_rollout_ref.rollout.dtype",
+    )
+    return {key: OmegaConf.select(config, key, default=None) for key in keys}
+
+
 def make_batch(rows: int, prompt: int, width: int, seed: int) -> Any:
     from verl import DataProto
 
@@ -55,9 +77,13 @@ def make_batch(rows: int, prompt: int, width: int, seed: int) -> Any:
     prompt_mask = (torch.arange(prompt)[None, :] >= (prompt - prompt_lens)[:, None]).long()  # left padded
     rollout = -torch.rand(rows, width, generator=g) * 3
     old = rollout + torch.randn(rows, width, generator=g) * 0.05
+    # the padding positions hold ids too (verl's pad id; any id here): the attention mask says what counts
+    prompts = torch.randint(1, 1000, (rows, prompt), generator=g)
+    responses = torch.randint(0, 1000, (rows, width), generator=g)
     tensors = {
-        "prompts": torch.randint(0, 1000, (rows, prompt), generator=g),
-        "responses": torch.randint(0, 1000, (rows, width), generator=g),
+        "prompts": prompts,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "responses": responses,
         "response_mask": response_mask,
         "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
         "rollout_log_probs": rollout.to(torch.bfloat16).float(),
@@ -76,21 +102,30 @@ def run(out: Path) -> dict[str, Any]:
     from verl.utils.debug.metrics import calculate_debug_metrics
 
     result: dict[str, Any] = {}
-    # the rollout's config as verl ships it (its rollout.yaml), with a temperature a run overrides
-    rollout = OmegaConf.load(verl_file("trainer", "config", "rollout", "rollout.yaml"))
-    rollout.temperature = 0.7
-    config = OmegaConf.create({"algorithm": {"rollout_correction": None}, "actor_rollout_ref": {"rollout": rollout}})
+    # the run's config: step 1 a launch that sets both sides' dtypes, step 2 verl's defaults
+    launch = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.calculate_log_probs=True"]
+    launch.append("actor_rollout_ref.rollout.temperature=0.7")
+    dtypes = [
+        "actor_rollout_ref.rollout.dtype=float16",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+    ]
+    configs = {1: composed_config([*launch, *dtypes]), 2: composed_config(launch)}
+    result["config_dtypes"] = {step: config_dtypes(config) for step, config in configs.items()}
     os.environ["MISMATCH_ON"] = "1"
     os.environ["MISMATCH_DIR"] = str(out / "captures")
 
     # V0: the hook line after `if "rollout_log_probs" in batch.batch.keys(): ...calculate_debug_metrics(batch)`.
     capture, hook = inserted(verl_file("trainer", "ppo", "ray_trainer.py"), "def fit")
     result["v0_hook"] = hook
-    trainer = types.SimpleNamespace(global_steps=1, config=config)
+    trainer = types.SimpleNamespace(global_steps=1, config=configs[1])
     capture()._rlprobe_capture_precondition(trainer)
+    result["v0_prompts"] = {}
     for step, rows in ((1, 5), (2, 3)):
-        trainer.global_steps = step
+        trainer.global_steps, trainer.config = step, configs[step]
         batch = make_batch(rows, prompt=6, width=8, seed=step)
+        # what the capture's prompt_ids must hold: each row's prompt where the attention mask is 1
+        prompt_mask = batch.batch["attention_mask"][:, :6].bool()
+        result["v0_prompts"][step] = [batch.batch["prompts"][i][prompt_mask[i]].tolist() for i in range(rows)]
         result[f"v0_step{step}_metrics"] = {k: float(v) for k, v in calculate_debug_metrics(batch).items()}
         exec(hook, {"_RlprobeLogprobCapture": capture}, {"self": trainer, "batch": batch})
 

@@ -17,6 +17,10 @@ installed, patched `trainer_base.py` by syntax tree and executed as written (the
 lines in it), with verl's own `DataProto`, `response_from_nested`, `agg_loss` and
 `calculate_debug_metrics`.
 
+The run's config is verl's own, composed by Hydra from its `ppo_trainer.yaml` (step 2: FSDP, with a
+launch's dtypes) and `ppo_megatron_trainer.yaml` (step 3: Megatron), as
+tests/runtime/logprob_capture_driver.py composes it.
+
 Stand-ins: the trainer object (`config`, `global_steps`); its actor worker group, whose
 `compute_log_prob` writes the fields the actor writes (`log_probs` and `entropy`, nested over
 prompt and response, shifted by one token as the engine gives them) into TransferQueue, from
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from logprob_capture_driver import composed_config, config_dtypes
 from transferqueue_driver import trainer_base_path
 
 EOS = 2
@@ -208,21 +213,27 @@ def run(out: Path) -> dict[str, Any]:
     exec(compile(ast.Module(body=[capture_class, method], type_ignores=[]), str(path), "exec"), namespace)
     compute_old_log_prob = namespace["_compute_old_log_prob"]
 
-    def config(bypass: bool) -> Any:
-        return OmegaConf.create(
-            {
-                "algorithm": {"rollout_correction": {"bypass_mode": True} if bypass else None},
-                "actor_rollout_ref": {
-                    "rollout": {"calculate_log_probs": True, "temperature": 1.0},
-                    "actor": {"loss_agg_mode": "token-mean", "loss_scale_factor": None},
-                },
-            }
-        )
+    launch = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.calculate_log_probs=True"]
+    configs = {
+        # FSDP with both sides' dtypes set by the launch
+        "fsdp": composed_config(
+            [
+                *launch,
+                "actor_rollout_ref.rollout.dtype=float16",
+                "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+            ]
+        ),
+        # Megatron with its dtype set, the rollout's left at verl's default
+        "megatron": composed_config(
+            [*launch, "actor_rollout_ref.actor.megatron.dtype=float16"], "ppo_megatron_trainer"
+        ),
+        "bypass": composed_config([*launch, "algorithm.rollout_correction.bypass_mode=True"]),
+    }
 
     class Trainer:  # stand-in: what _compute_old_log_prob and the capture read of the trainer
-        def __init__(self, step: int, bypass: bool = False) -> None:
+        def __init__(self, step: int, config: str) -> None:
             self.global_steps = step
-            self.config = config(bypass)
+            self.config = configs[config]
             self.actor_rollout_wg = ActorWorkerGroup(transfer_queue)
 
     def batch_of(step: int, rows: list[dict[str, Any]], order: list[int]) -> Any:
@@ -272,6 +283,7 @@ def run(out: Path) -> dict[str, Any]:
             "dataset_index": [s["index"] for s in real],
             "raw_prompts": [json.dumps(s["raw_prompt"]) for s in real] if "raw_prompt" in real[0] else None,
             "prompt_lengths": [s["prompt_len"] for s in real],
+            "prompt_ids": [(torch.arange(s["prompt_len"]) + 1000 * (s["n"] + 1)).tolist() for s in real],
             "responses": [(torch.arange(s["response_len"]) + 1000 * (s["n"] + 1) + 500).tolist() for s in real],
             "rollout": [s["rollout"] for s in real],
             "training": [[v - drift(j) for j, v in enumerate(s["rollout"])] for s in real],
@@ -284,27 +296,30 @@ def run(out: Path) -> dict[str, Any]:
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     transfer_queue.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
     hooks = [ast.unparse(s) for s in method.body if "_RlprobeLogprobCapture" in ast.unparse(s)]
-    result: dict[str, Any] = {"hooks": hooks}
+    result: dict[str, Any] = {"hooks": hooks, "config_dtypes": {k: config_dtypes(c) for k, c in configs.items()}}
     try:
         # Step 1, capture off: the trainer's own calls only, no file.
         rows = samples(1, 3, raw_prompt=True)
         batch = batch_of(1, rows, [0, 1, 2])
-        result["off"] = step_once(Trainer(1), batch, capture_on=False)
+        result["off"] = step_once(Trainer(1, "fsdp"), batch, capture_on=False)
         result["files_after_off"] = sorted(p.name for p in (out / "captures").glob("*"))
 
         # Step 2: 3 rows in a balanced order, one padding row of verl's.
         rows = samples(2, 3, raw_prompt=True)
         batch = batch_of(2, rows, [2, 0, 1])
-        result["step2"] = {**step_once(Trainer(2), batch, capture_on=True), "expected": expected(batch, rows)}
+        result["step2"] = {**step_once(Trainer(2, "fsdp"), batch, capture_on=True), "expected": expected(batch, rows)}
 
         # Step 3: 5 rows, 3 padding rows; a row the rollout sent without verl.request-id, and a
-        # dataset without raw_prompt (TransferQueue has no such field: that column stays empty).
+        # dataset without raw_prompt (TransferQueue has no such field: that column stays empty); Megatron.
         rows = samples(3, 5, raw_prompt=False, no_request_id=(3,))
         batch = batch_of(3, rows, [4, 1, 3, 0, 2])
-        result["step3"] = {**step_once(Trainer(3), batch, capture_on=True), "expected": expected(batch, rows)}
+        result["step3"] = {
+            **step_once(Trainer(3, "megatron"), batch, capture_on=True),
+            "expected": expected(batch, rows),
+        }
 
         # Bypass mode with the capture on: refused at the top of the method, before any TransferQueue call.
-        result["bypass"] = step_once(Trainer(4, bypass=True), batch, capture_on=True)
+        result["bypass"] = step_once(Trainer(4, "bypass"), batch, capture_on=True)
     finally:
         transfer_queue.close()
         ray.shutdown()

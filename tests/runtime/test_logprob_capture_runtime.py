@@ -9,6 +9,9 @@ what it wrote.
   (0.1.11, on a local Ray instance), on rows stacked as verl's agent loop stacks them and verl's own
   padding rows; verl 0.9.1 patched by `apply --python --mode consistency` in the TransferQueue venv
   (tests/runtime/logprob_capture_tq_driver.py says what is a stand-in).
+
+Both with verl 0.9.1's config as Hydra composes it: the capture's prompt ids must be the prompt tokens
+the batch carried (left padding removed) and its provenance the config's dtypes.
 """
 
 from __future__ import annotations
@@ -55,6 +58,25 @@ def test_capture_in_the_patched_v0_trainer_then_report(tmp_path: Path) -> None:
     assert step1.ref is not None and step1.raw_prompts is not None
     # the rollout's settings from verl's own rollout.yaml (0.9.1: processed log-probs by default), T overridden
     assert step1.sampling == {"temperature": 0.7, "top_p": 1, "top_k": -1, "logprobs_mode": "processed_logprobs"}
+    # the prompt each row's forward scored: the batch's prompt tokens, verl's left padding removed
+    step2 = read_capture(captures / "step-000002.rlprobe-logprobs.npz")
+    for step, read in (("1", step1), ("2", step2)):
+        assert [read.prompt(i).tolist() for i in range(read.samples)] == result["v0_prompts"][step], step
+        assert read.prompt_ids is not None and read.prompt_ids.shape[1] == max(read.prompt_lengths)
+    # what computed each side, as verl 0.9.1's composed config sets it: the launch's dtypes (step 1),
+    # verl's defaults (step 2: mixed_precision unset, the FSDP engine computes in bf16; rollout.yaml's bfloat16)
+    assert result["config_dtypes"]["1"] == {
+        "actor_rollout_ref.actor.strategy": "fsdp",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "fp32",
+        "actor_rollout_ref.actor.megatron.dtype": None,
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.dtype": "float16",
+    }
+    assert result["config_dtypes"]["2"]["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] is None
+    assert result["config_dtypes"]["2"]["actor_rollout_ref.rollout.dtype"] == "bfloat16"
+    sides = {"verl_version": "0.9.1", "training_strategy": "fsdp", "rollout_name": "vllm"}
+    assert step1.provenance == {**sides, "training_dtype": "float32", "rollout_dtype": "float16"}
+    assert step2.provenance == {**sides, "training_dtype": "bfloat16", "rollout_dtype": "bfloat16"}
     assert "holds no rollout_log_probs" in result["no_rollout_error"]
     assert "bypass_mode=True" in result["bypass_error"]
 
@@ -98,8 +120,8 @@ def test_capture_in_the_patched_v1_trainer_on_real_transferqueue_rows(tmp_path: 
         run, expected = result[step], result[step]["expected"]
         assert run["error"] is None and run["returned_keys"] == expected["keys"], step
         assert expected["padding"] == padding and sum(k.startswith("pad") for k in expected["keys"]) == padding
-        # On: one read per field (extra_fields, index, raw_prompt), after the trainer's own two calls.
-        assert run["calls"] == ["trainer:kv_batch_get", "trainer:kv_batch_put", *["capture:kv_batch_get"] * 3], step
+        # On: one read per field (extra_fields, index, raw_prompt, input_ids), after the trainer's own two calls.
+        assert run["calls"] == ["trainer:kv_batch_get", "trainer:kv_batch_put", *["capture:kv_batch_get"] * 4], step
         assert run["metrics"]["training/rollout_probs_diff_max"] > 0  # verl's own number on the same rows
 
         read = read_capture(captures / f"step-00000{step[-1]}.rlprobe-logprobs.npz")
@@ -110,7 +132,10 @@ def test_capture_in_the_patched_v1_trainer_on_real_transferqueue_rows(tmp_path: 
         assert read.dataset_index is not None and read.dataset_index.tolist() == expected["dataset_index"], step
         assert read.prompt_lengths.tolist() == expected["prompt_lengths"], step
         assert read.ref is None  # the V1 trainer computes ref_log_prob after _compute_old_log_prob
-        assert read.sampling == {"temperature": 1.0}  # the one sampling key the trainer's config sets
+        # verl 0.9.1's composed config: rollout.yaml's sampling defaults
+        assert read.sampling == {"temperature": 1.0, "top_p": 1, "top_k": -1, "logprobs_mode": "processed_logprobs"}
+        # the prompt each row's forward scored: the first prompt_len of the row's input_ids in TransferQueue
+        assert [read.prompt(i).tolist() for i in range(read.samples)] == expected["prompt_ids"], step
         for i, tokens in enumerate(expected["responses"]):
             width = len(tokens)
             assert read.mask[i].sum() == width and read.responses[i, :width].tolist() == tokens, (step, i)
@@ -120,6 +145,29 @@ def test_capture_in_the_patched_v1_trainer_on_real_transferqueue_rows(tmp_path: 
             assert read.raw_prompts is None, step
         else:
             assert read.raw_prompts == expected["raw_prompts"], step
+    # What computed each side, as verl 0.9.1's composed config sets it: step 2 FSDP with the launch's
+    # dtypes (mixed_precision.param_dtype fp32, rollout float16), step 3 Megatron (megatron.dtype float16,
+    # the rollout at rollout.yaml's bfloat16).
+    dtypes = result["config_dtypes"]
+    assert dtypes["fsdp"]["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == "fp32"
+    assert dtypes["fsdp"]["actor_rollout_ref.rollout.dtype"] == "float16"
+    assert dtypes["megatron"]["actor_rollout_ref.actor.strategy"] == "megatron"
+    assert dtypes["megatron"]["actor_rollout_ref.actor.megatron.dtype"] == "float16"
+    assert dtypes["megatron"]["actor_rollout_ref.rollout.dtype"] == "bfloat16"
+    sides = {"verl_version": "0.9.1", "rollout_name": "vllm"}
+    step2, step3 = (read_capture(captures / f"step-00000{s}.rlprobe-logprobs.npz") for s in (2, 3))
+    assert step2.provenance == {
+        **sides,
+        "training_strategy": "fsdp",
+        "training_dtype": "float32",
+        "rollout_dtype": "float16",
+    }
+    assert step3.provenance == {
+        **sides,
+        "training_strategy": "megatron",
+        "training_dtype": "float16",
+        "rollout_dtype": "bfloat16",
+    }
     # Step 3: one row was sent without verl.request-id (empty there), and the rows have no raw_prompt.
     assert result["step3"]["expected"]["request_ids"].count("") == 1
     assert result["step3"]["expected"]["raw_prompts"] is None

@@ -109,9 +109,11 @@ var seen = {
     var c = r.querySelectorAll('td'); return {cause: c[1].textContent, evidence: c[4].textContent,
       align: getComputedStyle(c[4]).textAlign}; }),
   diagnosis_steps: [].slice.call(d.querySelectorAll('table.diagnosis-steps tbody tr')).map(function (r) {
-    var c = r.querySelectorAll('td'); return {step: c[0].textContent, within: c[2].textContent}; }),
+    var c = r.querySelectorAll('td'), w = column('table.diagnosis-steps', 'within the floor');
+    return {step: c[0].textContent, within: c[w].textContent}; }),
   step_states: [].slice.call(d.querySelectorAll('table.steps tbody tr')).map(function (r) {
-    var c = r.querySelectorAll('td'); return [c[4].textContent, c[5].textContent]; }),
+    var c = r.querySelectorAll('td');
+    return [c[column('table.steps', "by verl's number")].textContent, c[column('table.steps', 'noise floor')].textContent]; }),
   verdict_from: (d.getElementById('verdict-from') || {}).textContent,
   worst_heading: d.getElementById('worst-heading').textContent,
   histogram_x: texts('#histogram-xticks0 text'), histogram_y: texts('#histogram-yticks0 text'),
@@ -125,6 +127,9 @@ var seen = {
   module_rows: [].slice.call(d.querySelectorAll('table.modules tbody tr')).map(function (r) {
     return r.textContent; })
 };
+function column(table, heading) {  // a column's index by the start of its heading (columns come and go)
+  var hs = [].slice.call(d.querySelectorAll(table + ' thead th')).map(function (e) { return e.textContent; });
+  return hs.findIndex(function (h) { return h.indexOf(heading) === 0; }); }
 function texts(selector) { return [].slice.call(d.querySelectorAll(selector)).map(function (e) {
   return e.textContent.trim(); }); }
 var out = document.createElement('pre'); out.id = 'result'; out.textContent = JSON.stringify(seen);
@@ -197,13 +202,12 @@ def test_stale_report_in_headless_chromium(tmp_path: Path) -> None:
         "report", demo / "capture", demo / "compare", "--baseline", demo / "capture-floor", "-o", tmp_path / "out"
     )
     assert code == ExitCode.VERIFY_FAILED and out["verdict"]["state"] == "fail"
-    assert [s["state"] for s in out["verdict"]["steps"]] == ["ok", "ok"]  # what the page showed alone
     seen = _seen_in_chromium(tmp_path / "out" / "report.html", tmp_path)
     assert seen["verdict"] == "Verdict: FAIL"
     assert seen["top_cause"].startswith("Top cause (diagnosis): stale-weights "), seen["top_cause"]
     # each step by verl's number and against the measured floor: step 2 (the stale rollout) is out of it
     assert seen["step_states"][0] == ["ok", "within"], seen["step_states"]
-    assert seen["step_states"][1][0] == "ok" and seen["step_states"][1][1].startswith("out, "), seen["step_states"]
+    assert seen["step_states"][1][1].startswith("out, "), seen["step_states"]
     assert seen["page_width"] <= 1400
     assert seen["verdict_from"] == "FAIL from the layer compare (4 of 8 pairs)", seen["verdict_from"]
 
@@ -216,7 +220,8 @@ def _what_a_person_sees(seen: dict, out: dict) -> None:
     # no cause cites the clean step (within the floor) while a step is out of it; long evidence reads from the left
     within = {s["step"] for s in seen["diagnosis_steps"] if s["within"] == "yes"}
     assert within == {"1"} and len(seen["diagnosis_steps"]) == 2, seen["diagnosis_steps"]
-    assert len(seen["causes"]) == 6 and all(c["align"] == "left" for c in seen["causes"]), seen["causes"]
+    assert len(seen["causes"]) == len(out["diagnosis"]["causes"]) > 1, seen["causes"]
+    assert all(c["align"] == "left" for c in seen["causes"]), seen["causes"]
     assert not [c for c in seen["causes"] if c["evidence"].startswith("step 1:")], seen["causes"]
     # a FAIL headline over steps that are not all ok
     assert seen["verdict"] == "Verdict: FAIL" and seen["step_states"][1] == ["fail", "out, 1.66x"]

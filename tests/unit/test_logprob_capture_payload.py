@@ -3,12 +3,16 @@
 What the payload writes (numpy only: it cannot import rlprobe-patch in a user's tree) is read
 by `report.capture_format.read_capture`, the one definition of the format; the switches are
 read by the shared reader; off, the batch is not touched and TransferQueue is not called. The
-V1 capture's reads run here on a stand-in `transfer_queue` module. The same code on verl's real
+V1 capture's reads run here on a stand-in `transfer_queue` module. Revision 3's pieces: the prompt
+ids the forward scored (left padding removed, left-aligned; from `input_ids`, else `prompts`, else
+left out) and the provenance's dtypes, each rule of `_rlprobe_training_dtype` on a stand-in config
+(each release's composed config: tests/real/test_logprob_capture_real.py). The same code on verl's real
 DataProto and a real TransferQueue: tests/runtime/test_logprob_capture_runtime.py.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
@@ -53,15 +57,21 @@ class Untouchable:
         raise AssertionError(f"the batch was touched ({name}) with the capture off")
 
 
+@pytest.fixture(scope="module")
+def payload_code() -> Any:
+    """The payload as the codemod inserts it (shared parts spliced), compiled once per module."""
+    code = Payload(PAYLOAD).module.code.replace("from _shared.switches import Switches\n", "")
+    return compile(code, str(PAYLOAD), "exec")
+
+
 @pytest.fixture
-def capture(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The inserted class `_RlprobeLogprobCapture`, as the codemod inserts it (shared parts spliced)."""
+def capture(monkeypatch: pytest.MonkeyPatch, payload_code: Any) -> Any:
+    """The inserted class `_RlprobeLogprobCapture`, fresh for each test."""
     monkeypatch.delitem(sys.modules, "_rlprobe_patch_capture", raising=False)
     for name in ("MISMATCH_ON", "MISMATCH_DIR", "PROMPTS_ONLY"):
         monkeypatch.delenv(name, raising=False)
     namespace: dict[str, Any] = {}
-    code = Payload(PAYLOAD).module.code.replace("from _shared.switches import Switches\n", "")
-    exec(compile(code, str(PAYLOAD), "exec"), namespace)
+    exec(payload_code, namespace)
     return namespace["_RlprobeLogprobCapture"]
 
 
@@ -70,8 +80,13 @@ def _batch(rows: int = 3, prompt: int = 4, width: int = 5, ref: bool = True) -> 
     lengths = np.array([5, 2, 0][:rows])
     mask = np.arange(width)[None, :] < lengths[:, None]
     attention = np.concatenate([np.arange(prompt)[None, :] >= np.array([0, 1, 3][:rows])[:, None], mask], axis=1)
+    # verl pads prompts on the left; the padding positions hold ids too (any id: the mask says what counts)
+    prompts = rng.integers(1, 1000, (rows, prompt))
+    responses = rng.integers(0, 1000, (rows, width))
     tensors = {
-        "responses": FakeTensor(rng.integers(0, 1000, (rows, width))),
+        "prompts": FakeTensor(prompts),
+        "input_ids": FakeTensor(np.concatenate([prompts, responses], axis=1)),
+        "responses": FakeTensor(responses),
         "response_mask": FakeTensor(mask.astype(np.int64)),
         "attention_mask": FakeTensor(attention.astype(np.int64)),
         "rollout_log_probs": FakeTensor(-rng.random((rows, width)).astype(np.float32)),
@@ -115,6 +130,53 @@ def test_what_the_payload_writes_is_a_capture_read_capture_reads(
     assert read.raw_prompts is not None and read.raw_prompts[0] == '[{"role": "user", "content": "q0"}]'
     assert read.sampling == {"temperature": 0.7, "top_p": 0.9, "logprobs_mode": "processed_logprobs"}
     assert [p.name for p in (tmp_path / "caps").iterdir()] == [path.name]  # no temporary file left
+    # the prompt each row's forward scored: its valid prompt tokens (left padding removed), left-aligned
+    assert read.prompt_ids is not None and read.prompt_ids.shape == (3, 4)
+    assert [read.prompt(i).tolist() for i in range(3)] == valid_prompts(batch)
+    assert (read.prompt_ids[1, 3:] == 0).all() and (read.prompt_ids[2, 1:] == 0).all()
+
+
+def valid_prompts(batch: Any) -> list[list[int]]:
+    """Each row's prompt tokens where the attention mask is 1, computed here by boolean indexing."""
+    prompts = batch.batch["prompts"].array
+    mask = batch.batch["attention_mask"].array[:, : prompts.shape[1]].astype(bool)
+    return [prompts[i][mask[i]].tolist() for i in range(len(prompts))]
+
+
+def _written(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: Any, trainer: Any = None) -> Any:
+    monkeypatch.setenv("MISMATCH_ON", "1")
+    monkeypatch.setenv("MISMATCH_DIR", str(tmp_path))
+    capture()._rlprobe_capture_logprobs(trainer or types.SimpleNamespace(global_steps=5), batch)
+    return read_capture(tmp_path / "step-000005.rlprobe-logprobs.npz")
+
+
+def test_prompt_ids_are_what_the_forward_scored(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`input_ids`' prompt columns, not `prompts`, where the two differ: the forward scores input_ids."""
+    batch = _batch()
+    scored = batch.batch["input_ids"].array.copy()
+    scored[0, 2] = 4242  # a token the trainer saw and the rollout's prompt did not
+    batch.batch["input_ids"] = FakeTensor(scored)
+    read = _written(capture, tmp_path, monkeypatch, batch)
+    expected = valid_prompts(batch)
+    expected[0][2] = 4242
+    assert [read.prompt(i).tolist() for i in range(3)] == expected
+
+
+def test_prompt_ids_from_prompts_or_left_out(
+    capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = _batch()
+    del batch.batch["input_ids"]
+    read = _written(capture, tmp_path, monkeypatch, batch)
+    assert [read.prompt(i).tolist() for i in range(3)] == valid_prompts(batch)
+    del batch.batch["prompts"]  # neither: no prompt_ids column, the step still written
+    read = _written(capture, tmp_path, monkeypatch, batch)
+    assert read.prompt_ids is None and read.samples == 3
+    batch.batch["prompts"] = "not a tensor"  # unreadable: left out, said once
+    for _ in range(2):
+        read = _written(capture, tmp_path, monkeypatch, batch)
+        assert read.prompt_ids is None and read.samples == 3
+    assert capsys.readouterr().err.count("the capture reads no 'prompt_ids' from the batch (AttributeError") == 1
 
 
 class FakeTransferQueue(types.ModuleType):
@@ -153,8 +215,14 @@ def _stored_rows(meta: KVBatchMeta, raw_prompt: bool = True) -> dict[str, dict[s
         row: dict[str, Any] = {"extra_fields": {"request_id": f"req-{n}", "max_global_steps": 1}, "index": 40 + n}
         if raw_prompt:
             row["raw_prompt"] = [{"role": "user", "content": f"q{n}"}]
+        # prompt then response, unpadded (a row of a jagged tensor): its first prompt_len are the prompt
+        row["input_ids"] = FakeTensor(stored_prompt(n, meta.tags[i]["prompt_len"]) + [900 + n] * 3)
         rows[key] = row
     return rows
+
+
+def stored_prompt(n: int, length: int) -> list[int]:
+    return [100 * (n + 1) + j for j in range(length)]
 
 
 def test_v1_rows_from_transferqueue_padding_is_no_request(
@@ -174,8 +242,28 @@ def test_v1_rows_from_transferqueue_padding_is_no_request(
     assert read.request_ids == ["req-0", "req-2"]
     assert read.dataset_index is not None and read.dataset_index.tolist() == [40, 42]
     assert read.raw_prompts == ['[{"role": "user", "content": "q0"}]', '[{"role": "user", "content": "q2"}]']
+    assert read.prompt_ids is not None and read.prompt_ids.shape == (2, 4)
+    assert [read.prompt(i).tolist() for i in range(2)] == [stored_prompt(0, 4), stored_prompt(2, 1)]
     # One read per field, on the batch's keys and partition.
-    assert tq.calls == [("train", ("extra_fields",)), ("train", ("index",)), ("train", ("raw_prompt",))]
+    fields = ("extra_fields", "index", "raw_prompt", "input_ids")
+    assert tq.calls == [("train", (field,)) for field in fields]
+
+
+def test_v1_prompt_ids_left_out_where_a_tag_disagrees(
+    capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MISMATCH_ON", "1")
+    monkeypatch.setenv("MISMATCH_DIR", str(tmp_path))
+    meta = KVBatchMeta([{"prompt_len": 4}, {"prompt_len": 3}, {"prompt_len": 1}])
+    rows = _stored_rows(meta)
+    rows["uid1_0_0"]["input_ids"] = FakeTensor([7, 7])  # shorter than its prompt_len tag
+    monkeypatch.setitem(sys.modules, "transfer_queue", FakeTransferQueue(rows))
+    capture()._rlprobe_capture_kv_logprobs(types.SimpleNamespace(global_steps=1), meta, _batch(ref=False))
+    read = read_capture(tmp_path / "step-000001.rlprobe-logprobs.npz")
+    assert read.prompt_ids is None and read.request_ids == ["req-0", "req-1", "req-2"]
+    err = capsys.readouterr().err
+    assert "the capture reads no 'prompt_ids' from the rows' input_ids and prompt_len tags" in err
+    assert "row 1: prompt_len 3, 2 input ids" in err
 
 
 def test_v1_a_field_not_read_leaves_its_column_empty(
@@ -185,18 +273,23 @@ def test_v1_a_field_not_read_leaves_its_column_empty(
     monkeypatch.setenv("MISMATCH_DIR", str(tmp_path))
     meta = KVBatchMeta([{"prompt_len": 4}, {"prompt_len": 3}, {"prompt_len": 1}])
     rows = _stored_rows(meta, raw_prompt=False)  # a dataset without raw_prompt
+    for row in rows.values():
+        del row["input_ids"]  # and rows without input_ids (no prompt_ids then)
     rows["uid1_0_0"]["extra_fields"] = {}  # a rollout that did not keep the request id
     monkeypatch.setitem(sys.modules, "transfer_queue", FakeTransferQueue(rows, broken=("index",)))
     for step in (1, 2):
         capture()._rlprobe_capture_kv_logprobs(types.SimpleNamespace(global_steps=step), meta, _batch(ref=False))
     read = read_capture(tmp_path / "step-000002.rlprobe-logprobs.npz")
     assert read.sampling is None  # a trainer without a readable config: no settings, and the step still written
+    assert read.provenance is None
     assert read.request_ids == ["req-0", "", "req-2"]
-    assert read.dataset_index is None and read.raw_prompts is None
+    assert read.dataset_index is None and read.raw_prompts is None and read.prompt_ids is None
     err = capsys.readouterr().err
     # Said once per process and field, naming what went wrong; the steps still wrote their files.
     assert err.count("the capture reads no 'index' from TransferQueue (ConnectionError: storage unit gone)") == 1
     assert err.count("the capture reads no 'raw_prompt' from TransferQueue (RuntimeError") == 1
+    assert err.count("the capture reads no 'input_ids' from TransferQueue (RuntimeError") == 1
+    assert err.count("the capture reads no 'training_dtype' from the config (AttributeError") == 1
 
 
 def test_off_the_batch_is_not_touched(capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,8 +313,14 @@ def test_no_rollout_log_probs_fails_loudly(capture: Any, tmp_path: Path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
-class Config(dict):  # what the precondition reads of verl's DictConfig: attributes and .get
-    __getattr__ = dict.__getitem__
+class Config(dict):
+    """What the capture reads of verl's DictConfig: attributes (AttributeError where absent) and .get."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 @pytest.mark.parametrize(
@@ -259,3 +358,92 @@ def test_a_truncated_capture_is_refused_by_name(capture: Any, tmp_path: Path, mo
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(RefusedError, match=str(path)):
         read_capture(path)
+
+
+@pytest.fixture
+def verl_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A stand-in `verl` package (its version, and whether `verl.workers.engine_workers` exists: the
+    engine workers appear in 0.7.0), for the provenance's reading of the run's release."""
+
+    def make(version: str, engine_workers: bool) -> None:
+        workers = tmp_path / f"verl-{version}" / "verl" / "workers"
+        workers.mkdir(parents=True)
+        if engine_workers:
+            (workers / "engine_workers.py").write_text("")
+        verl = types.ModuleType("verl")
+        verl.__path__ = [str(workers.parent)]
+        verl.__version__ = version  # type: ignore[attr-defined]
+        package = types.ModuleType("verl.workers")
+        package.__path__ = [str(workers)]
+        monkeypatch.setitem(sys.modules, "verl", verl)
+        monkeypatch.setitem(sys.modules, "verl.workers", package)
+        monkeypatch.delitem(sys.modules, "verl.workers.engine_workers", raising=False)
+
+    return make
+
+
+def run_config(strategy: str = "fsdp", legacy: str | None = None, rollout_dtype: Any = "bfloat16", **actor: Any) -> Any:
+    """The parts of verl's composed config the provenance reads (attributes and .get, as a DictConfig)."""
+    trainer = Config() if legacy is None else Config(use_legacy_worker_impl=legacy)
+    rollout = Config(name="vllm", dtype=rollout_dtype)
+    return Config(trainer=trainer, actor_rollout_ref=Config(actor=Config(strategy=strategy, **actor), rollout=rollout))
+
+
+MIXED_FP32 = Config(param_dtype="fp32")
+
+
+@pytest.mark.parametrize(
+    ("version", "config", "training_dtype"),
+    [
+        # the engine workers of 0.8.0+ (no use_legacy_worker_impl): autocast to mixed_precision's param dtype
+        ("0.9.1", run_config(fsdp_config=Config(dtype="bfloat16")), "bfloat16"),
+        ("0.9.1", run_config(fsdp_config=Config(dtype="bfloat16", mixed_precision=MIXED_FP32)), "float32"),
+        ("0.8.0", run_config(fsdp_config=Config(dtype="float16", mixed_precision=Config())), "bfloat16"),
+        # the legacy workers: autocast to fsdp_config.dtype whatever the param dtype; float32 does nothing
+        (
+            "0.7.1",
+            run_config(legacy="auto", fsdp_config=Config(dtype="float16", mixed_precision=MIXED_FP32)),
+            "float16",
+        ),
+        ("0.6.1", run_config(legacy="auto", fsdp_config=Config(dtype="float32")), "float32"),
+        ("0.6.1", run_config(legacy="auto", fsdp_config=Config(dtype="fp32", mixed_precision=Config())), "bfloat16"),
+        ("0.6.0", run_config(legacy="auto", fsdp_config=Config(mixed_precision=MIXED_FP32)), "bfloat16"),
+        # disable: the engine workers from 0.7.0 (autocast to bfloat16 before 0.8.0); 0.6.x has none
+        (
+            "0.7.0",
+            run_config(legacy="disable", fsdp_config=Config(dtype="float16", mixed_precision=MIXED_FP32)),
+            "bfloat16",
+        ),
+        ("0.6.1", run_config(legacy="disable", fsdp_config=Config(dtype="float16")), "float16"),
+        # Megatron: megatron.dtype, bfloat16 where the release has no such key (0.6.0)
+        ("0.9.1", run_config("megatron", megatron=Config(dtype="float16")), "float16"),
+        ("0.6.0", run_config("megatron", legacy="auto", megatron=Config()), "bfloat16"),
+        # a strategy whose dtype the capture does not know: none said
+        ("0.9.1", run_config("veomni"), None),
+    ],
+)
+def test_provenance_training_dtype_as_verl_decides(
+    capture: Any, verl_package: Any, version: str, config: Any, training_dtype: str | None
+) -> None:
+    from packaging.version import Version
+
+    verl_package(version, engine_workers=Version(version) >= Version("0.7.0"))
+    provenance = json.loads(capture()._rlprobe_provenance(types.SimpleNamespace(config=config)))
+    strategy = config.actor_rollout_ref.actor.strategy
+    expected = {"verl_version": version, "training_strategy": strategy, "rollout_name": "vllm"}
+    expected |= {"rollout_dtype": "bfloat16"} | ({"training_dtype": training_dtype} if training_dtype else {})
+    assert provenance == expected
+
+
+@pytest.mark.parametrize(
+    ("written", "name"), [("bf16", "bfloat16"), ("half", "float16"), ("float", "float32"), ("auto", "auto")]
+)
+def test_provenance_names_a_dtype_as_torch_does(
+    capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verl_package: Any, written: str, name: str
+) -> None:
+    verl_package("0.9.1", engine_workers=True)
+    config = run_config(rollout_dtype=written, fsdp_config=Config(mixed_precision=Config(param_dtype=written)))
+    trainer = types.SimpleNamespace(global_steps=5, config=Config(config, algorithm=Config()))
+    read = _written(capture, tmp_path, monkeypatch, _batch(), trainer)
+    assert read.provenance is not None
+    assert (read.provenance["training_dtype"], read.provenance["rollout_dtype"]) == (name, name)

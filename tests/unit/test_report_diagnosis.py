@@ -19,7 +19,7 @@ import pytest
 
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.report.build import run_sampling
+from rlprobe_patch.report.build import run_settings
 from rlprobe_patch.report.capture_format import TokenBatch, read_capture
 from rlprobe_patch.report.diagnosis import TITLES, Floor, _onsets, choose_floor, diagnose, measure_floor
 from rlprobe_patch.report.layers import layer_summary, read_compare_csv

@@ -32,6 +32,15 @@ SNIPPETS = {
         python3 -m verl.trainer.main_ppo "${@:2}" s1=${V:2} s2=${V:1:3} s3=${V: -3} s4=${V:1:-2} \\
             "${A[@]:1:2}" "${A[@]: -1}" p.q=${@:3:1}
     """,
+    "slices with no argument left (issue 42, verl's trtllm examples)": """
+        TP=${1:-4}
+        A=(a.b=1)
+        python3 -m verl.trainer.main_ppo tp=$TP "${@:2}" "${A[@]:1}" "${@}" "${A[@]:5:1}" "${@:1}" "${@:-d=1}"
+    """,
+    "slices past the arguments given (issue 42)": """
+        set -- only
+        python3 -m verl.trainer.main_ppo "${@:2}" "x=${@:2}" "${@:3}"'' "${*:2}" "${@:1}"
+    """,
     "arrays and defaults": """
         BACKEND=${BACKEND:-vllm}
         TP=${TP:=2}

@@ -10,7 +10,7 @@ from packaging.version import Version
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.cli.output import Out, command, require
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.demo.vllm_consistency import PLANTS
+from rlprobe_patch.demo.vllm_consistency import DEFAULT_PLANT, PLANTS
 from rlprobe_patch.errors import ExitCode, UsageError
 
 
@@ -27,8 +27,8 @@ from rlprobe_patch.errors import ExitCode, UsageError
     "--consistency",
     is_flag=True,
     help="Instead: the consistency chain end to end on the CPU (verl's FSDP engine and the real vLLM engine "
-    "dump the same tiny model; check-dump --compare pairs them by request id; a flipped weight must disagree; "
-    "rlprobe-patch report writes report.html).",
+    "run the same real model, SmolLM2-135M-Instruct from the package index; check-dump --compare pairs their "
+    "dumps by request id; rlprobe-patch report diagnoses each planted cause).",
 )
 @click.option(
     "--rollout",
@@ -43,12 +43,13 @@ from rlprobe_patch.errors import ExitCode, UsageError
     "plants",
     multiple=True,
     type=click.Choice([*PLANTS, "all"]),
-    show_default="flip",
-    help="With --consistency (vLLM rollout): the cause a rollout run of its own plants, repeatable (`all`: every "
-    "one in turn, one report each): one weight's sign flipped (broken-layer), log-probs sampled at temperature 0.7 "
-    "that the training side scores at 1 (logprob-kind), one response token changed before the training side "
-    "scores it (token-mismatch), every weight one optimizer step behind (stale-weights), or nothing (another "
-    "sample: precision-noise). The report's diagnosis must rank the planted cause first.",
+    show_default=DEFAULT_PLANT,
+    help="With --consistency (vLLM rollout): a cause to plant, repeatable (`all`: every one, one report each): "
+    "one layer's computation broken (broken-layer), the rollout's weights one optimizer step behind (stale-weights), "
+    "the training side scoring without the chat template (template) or with one response token changed (token: "
+    "token-mismatch), a bfloat16 rollout against a float32 trainer (compute-dtype), log-probs at temperature 0.7 "
+    "scored at 1 (logprob-kind), top_p 0.8 renormalised log-probs (sampler-support), or nothing (another sample: "
+    "precision-noise). The report's diagnosis must rank the planted cause first.",
 )
 @click.option(
     "--vllm-python",
@@ -106,7 +107,7 @@ def demo_cmd(
 
 
 def _plants(given: tuple[str, ...]) -> tuple[str, ...]:
-    """`--plant` as given, in the order given and once each; `all` for every plant; flip without one."""
+    """`--plant` as given, in the order given and once each; `all` for every plant; the default without one."""
     if "all" in given:
         return tuple(PLANTS)
-    return tuple(dict.fromkeys(given)) or ("flip",)
+    return tuple(dict.fromkeys(given)) or (DEFAULT_PLANT,)

@@ -12,7 +12,7 @@ from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.workflow.derive import framework_of, verl_tree_of
-from rlprobe_patch.workflow.detect import detect_script, found_trees
+from rlprobe_patch.workflow.detect import detect_script, found_trees, refusal_hint
 
 
 def reading_json(s: Any) -> dict[str, Any]:
@@ -66,9 +66,11 @@ def detect_cmd(
     s = d.script
     # nothing to collect from: neither backend is known (no verl launch read, or Hydra refused it)
     known = d.train_backend != "unknown" or d.rollout_backend != "unknown"
+    hint = "" if known else refusal_hint(s)
     out.emit(
         {
             "ok": known,
+            **({"hint": hint} if hint else {}),
             "script": str(script),
             "mode": d.mode,
             "scores": d.scores,
@@ -129,8 +131,8 @@ def detect_cmd(
         _print_trees(out, trees)
     if not known:
         out.line(
-            "refused: neither the training nor the rollout backend could be read from the script "
-            "(see the lines above; --env / --arg give what it reads from its environment)",
+            f"refused: neither the training nor the rollout backend could be read from the script "
+            f"(see the lines above; {hint})",
             fg="red",
             bold=True,
         )

@@ -111,7 +111,15 @@ def report_cmd(
     """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
     require("numpy", "report")
     from rlprobe_patch.report import encode, with_entry, write_outputs
-    from rlprobe_patch.report.build import build, classify, read_baseline, read_inputs, replay, run_sampling
+    from rlprobe_patch.report.build import (
+        build,
+        classify,
+        read_baseline,
+        read_evidence,
+        read_inputs,
+        replay,
+        run_settings,
+    )
     from rlprobe_patch.report.diagnosis import choose_floor
     from rlprobe_patch.report.render import diagnosis_lines, next_steps, plots, render_html, summary_lines
 
@@ -123,18 +131,22 @@ def report_cmd(
         progress(f"reading {len(inputs.captures)} capture(s), {len(inputs.slime)} slime dump(s), "
                  f"{len(inputs.compares)} compare CSV(s)")  # fmt: skip
         batches, pairs, notes = read_inputs(inputs, python, progress.detail)
+        evidence = read_evidence(inputs)
         floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
-        sampling = None
-        if replay_script and Path(replay_script).is_file():
-            sampling, why_not = run_sampling(Path(replay_script), python)
-            notes += [why_not] if why_not else []
+        script = Path(replay_script) if replay_script and Path(replay_script).is_file() else None
+        settings = run_settings(script, python)
+        notes += [settings.note] if settings.note else []
         tokens = sum(int(b.mask.sum()) for b in batches)
         progress(f"the figures and the diagnosis of {tokens} response token(s) in {len(batches)} step(s)")
-        report = build(batches, pairs, limits, floor, replay_script, sampling)
+        report = build(batches, pairs, limits, floor, replay_script, settings.sampling, evidence, settings.clip)
+        if report.get("diagnosis") and report["diagnosis"].get("clip"):
+            report["diagnosis"]["clip"]["source"] = settings.clip_source
         report["inputs"] = {
             "captures": [str(p) for p in inputs.captures],
             "slime": [str(p) for p in inputs.slime],
             "compare": [str(p) for p in inputs.compares],
+            "records": [str(p) for p in inputs.records],
+            "weights": [str(p) for p in inputs.weights],
         }
         report["notes"] = notes
         if report["tokens"]:

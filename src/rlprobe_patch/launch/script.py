@@ -11,6 +11,7 @@ the catalogue, marked as assumed. Every setting keeps where it came from.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ from typing import Any
 from rlprobe_patch.catalogue.trees import Tree
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.launch import hydra_compose, slime_args
-from rlprobe_patch.launch.commands import launches
-from rlprobe_patch.launch.model import Override, Script, Setting, YamlFile, arg_source
+from rlprobe_patch.launch.commands import Launch, launches
+from rlprobe_patch.launch.model import Override, RunPath, Script, Setting, YamlFile, arg_source
 from rlprobe_patch.launch.shell import Field, read_shell
 
 _OVERRIDE = re.compile(r"^(~|\+\+|\+)?([A-Za-z_][\w\-]*(?:[./@][\w\-]+)*)(?:=(.*))?$", re.S)
@@ -76,25 +77,79 @@ def read_script(
 ) -> Script:
     """Read `path` as bash and Hydra would. `args` are the script's arguments, `env` the caller's,
     `extra` overrides added after the launch's own (`script --set`), `cwd` the directory it is run
-    from (default: this process's), `python` the interpreter that answers its import probes."""
+    from (default: this process's), `python` the interpreter that answers its import probes.
+
+    Without `cwd`, a launch that names its entry point or its config folder relative to the folder it
+    runs in (`python3 main_ppo_split.py`, `--config-path=$(pwd)/examples/...`) where they are not is read
+    as run from the folder of or above the script that holds them, and `Script.notes` says which."""
     path = Path(path)
-    script = _read_script(path, args, env, verl_root, release, extra, cwd, python)
+
+    def read(folder: Path | None) -> Script:
+        return _read_script(path, args, env, verl_root, release, extra, folder, python)
+
+    script = read(cwd)
+    start = (cwd or Path.cwd()).absolute()
+    folder = _run_folder(path, start, script.missing_in_cwd) if cwd is None and script.missing_in_cwd else None
+    if folder is not None:  # what verl does run from there, Hydra's errors included
+        there = read(folder)
+        there.notes.append(_assumed_folder_note(path, start, folder, script.missing_in_cwd))
+        return there
+    if script.missing_in_cwd:
+        named = _named(script.missing_in_cwd, start)
+        where = f"--cwd {start}" if cwd is not None else f"{start}, nor in a folder of or above the script"
+        script.cwd_hint = (
+            f"the script names {named} relative to the folder it runs in: not found from {where}; "
+            "say where it runs with --cwd DIR"
+        )
+        script.notes.append(script.cwd_hint)
     composed = script.composed
     if cwd is not None or verl_root is None or composed is None or not composed.errors:
         return script
     checkout = _checkout_of(path, verl_root)
-    if checkout is None or checkout == Path.cwd().absolute():
+    if checkout is None or checkout == start:
         return script
     # run from elsewhere, verl's examples name their config relative to the checkout they run from
-    there = _read_script(path, args, env, verl_root, release, extra, checkout, python)
+    there = read(checkout)
     if there.composed is None or there.composed.errors:
         return script
-    there.composed.searchpath_note = (
+    there.notes.append(
         f"read as run from the verl checkout holding --verl-root and the script ({checkout}): run from "
-        f"{Path.cwd().absolute()}, Hydra cannot compose it ({composed.errors[0]}). verl reads it the same way only "
+        f"{start}, Hydra cannot compose it ({composed.errors[0]}). verl reads it the same way only "
         f"when run from there: cd {checkout} before the launch (or say where it runs with --cwd DIR)"
     )
     return there
+
+
+def _run_folder(path: Path, start: Path, missing: list[RunPath]) -> Path | None:
+    """The nearest folder of or above the script (other than `start`) that holds every path the launch
+    names relative to `start`; None when there is none, or a path is not relative to `start`."""
+    relative = []
+    for item in missing:
+        if not item.path.is_relative_to(start):
+            return None
+        relative.append(item.path.relative_to(start))
+    script_folder = Path(os.path.normpath(path.absolute().parent))
+    for folder in (script_folder, *script_folder.parents):
+        if folder != start and all((folder / rel).exists() for rel in relative):
+            return folder
+    return None
+
+
+def _named(missing: list[RunPath], start: Path) -> str:
+    return ", ".join(
+        f"{m.what} {m.path.relative_to(start) if m.path.is_relative_to(start) else m.path} ({m.source})"
+        for m in missing
+    )
+
+
+def _assumed_folder_note(path: Path, start: Path, folder: Path, missing: list[RunPath]) -> str:
+    own = folder == Path(os.path.normpath(path.absolute().parent))
+    holder = "the script's own folder" if own else "a folder above the script"
+    return (
+        f"read as run from {folder}: the script names {_named(missing, start)} relative to the folder it runs in, "
+        f"not found from {start}; {holder} holds {'it' if len(missing) == 1 else 'them'}. It runs the same way "
+        f"only from there: cd {folder} before the launch (or say where it runs with --cwd DIR)"
+    )
 
 
 def _checkout_of(path: Path, verl_root: Path) -> Path | None:
@@ -146,6 +201,7 @@ def _read_script(
         script.env[name] = Setting(name, value.text, arg_source(value))
     script.overrides = _overrides_of(script, launch.args)
     hydra_args = [_hydra_arg(f) for f in launch.args]
+    script.missing_in_cwd = _missing_in_cwd(launch, hydra_args)
     cwd = launch.run.cwd
     if verl_root is not None:
         script.composed = hydra_compose.compose_launch(verl_root, launch.entry, hydra_args, cwd=cwd, release=release)
@@ -158,6 +214,22 @@ def _read_script(
         script.composed = hydra_compose.compose_launch(None, launch.entry, hydra_args, cwd=cwd, release=release)
         _facts_from_settings(script)
     return script
+
+
+def _missing_in_cwd(launch: Launch, hydra_args: list[hydra_compose.Arg]) -> list[RunPath]:
+    """What the launch names relative to the folder it runs in that is not there: a file entry point
+    outside the verl package (`python3 main_ppo_split.py`; one inside it is read from the tree's) and an
+    absolute `--config-path` (as `$(pwd)/examples/...` gives; a relative one is relative to the entry
+    point's file, as Hydra reads it)."""
+    missing = []
+    if not launch.module and "verl" not in Path(launch.entry).parts:
+        entry = Path(os.path.normpath(launch.run.cwd / launch.entry))
+        if not entry.is_file():
+            missing.append(RunPath("the entry point", entry, launch.source))
+    config_path = hydra_compose.parse_hydra_args(hydra_args).config_path
+    if config_path is not None and os.path.isabs(config_path.text) and not Path(config_path.text).is_dir():
+        missing.append(RunPath("the config folder", Path(os.path.normpath(config_path.text)), config_path.source))
+    return missing
 
 
 def read_run_facts(

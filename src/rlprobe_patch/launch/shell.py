@@ -822,7 +822,7 @@ class _Evaluator:
 
     def segs(self, node: Any, quoted: bool) -> list[_Seg]:
         kind = node.type
-        if kind in ("word", "number", "extglob_pattern", "regex"):
+        if kind in ("word", "number", "extglob_pattern", "regex", "variable_name"):  # a name: `${V:-a=b}`'s `a`
             text = node.text.decode()
             if not quoted:
                 text = re.sub(r"\\(.)", r"\1", text, flags=re.S)
@@ -1182,8 +1182,17 @@ def _opaque(text: str) -> str:
 
 
 def _is_at(node: Any) -> bool:
-    text = node.text.decode()
-    return bool(re.fullmatch(r"\$@|\$\{@\}|\$\{[A-Za-z_]\w*\[@\]\}", text))
+    """`$@`, `${@...}`, `${A[@]...}` (slices and defaults included): inside quotes, one word per item, so
+    none where there is none (`"${@:2}"` with one argument), as bash gives; `"$*"` is always one word."""
+    if node.type not in ("simple_expansion", "expansion"):
+        return False
+    head = next((c for c in node.children if c.type not in ("$", "${")), None)
+    if head is None:
+        return False
+    if head.type == "special_variable_name":
+        return bool(head.text == b"@")
+    index = head.child_by_field_name("index") if head.type == "subscript" else None
+    return index is not None and index.text == b"@"
 
 
 def _first_line(node: Any) -> str:

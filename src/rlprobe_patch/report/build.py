@@ -20,6 +20,7 @@ from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
 from rlprobe_patch.report.diagnosis import Floor, choose_floor, diagnose
+from rlprobe_patch.report.identity import StepIdentity, check_step, index_records, weights_for_step
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import (
     Profiles,
@@ -31,7 +32,11 @@ from rlprobe_patch.report.metrics import (
     tokens_per_request,
     tokens_scale_metrics,
 )
-from rlprobe_patch.report.verdict import verdict
+from rlprobe_patch.report.rollout_record import SUFFIX as RECORD_SUFFIX
+from rlprobe_patch.report.rollout_record import RolloutRecord, read_records
+from rlprobe_patch.report.verdict import grade_steps, verdict
+from rlprobe_patch.report.weights import SUFFIX as WEIGHTS_SUFFIX
+from rlprobe_patch.report.weights import Weights, read_weights
 
 REPORT_FORMAT = "rlprobe-report"
 REPORT_VERSION = 1
@@ -52,6 +57,39 @@ class Inputs:
     captures: list[Path] = field(default_factory=list)
     slime: list[Path] = field(default_factory=list)
     compares: list[Path] = field(default_factory=list)
+    records: list[Path] = field(default_factory=list)  # the rollout engine's (*.rlprobe-rollout.jsonl)
+    weights: list[Path] = field(default_factory=list)  # weight fingerprints (*.rlprobe-weights.json)
+
+
+@dataclass
+class Evidence:
+    """What the report reads besides the log-probs: the engine's records and both sides' weight fingerprints."""
+
+    records: list[RolloutRecord] = field(default_factory=list)
+    training_weights: list[Weights] = field(default_factory=list)
+    rollout_weights: list[Weights] = field(default_factory=list)
+
+    def identities(self, batches: list[TokenBatch]) -> dict[int, StepIdentity]:
+        """Each batch's identity check (by its index), where records or fingerprints exist."""
+        if not self.records and not self.rollout_weights:
+            return {}
+        by_id = index_records(self.records)
+        found = {}
+        for index, batch in enumerate(batches):
+            identity = check_step(batch, by_id)
+            identity.weights = weights_for_step(batch.step, self.training_weights, self.rollout_weights)
+            found[index] = identity
+        return found
+
+
+def read_evidence(inputs: Inputs) -> Evidence:
+    evidence = Evidence()
+    for path in inputs.records:
+        evidence.records += read_records(path)
+    for path in inputs.weights:
+        weights = read_weights(path)
+        (evidence.training_weights if weights.side == "training" else evidence.rollout_weights).append(weights)
+    return evidence
 
 
 def classify(paths: list[Path]) -> Inputs:
@@ -62,8 +100,14 @@ def classify(paths: list[Path]) -> Inputs:
             found.captures += sorted(path.rglob(f"*{SUFFIX}"))
             found.slime += sorted(p for p in path.rglob("*.pt") if p.is_file())
             found.compares += compare_files([path])
+            found.records += sorted(p for p in path.rglob(f"*{RECORD_SUFFIX}") if p.is_file())
+            found.weights += sorted(p for p in path.rglob(f"*{WEIGHTS_SUFFIX}") if p.is_file())
         elif path.is_file():
-            if path.name.endswith(".npz"):
+            if path.name.endswith(RECORD_SUFFIX):
+                found.records.append(path)
+            elif path.name.endswith(WEIGHTS_SUFFIX):
+                found.weights.append(path)
+            elif path.name.endswith(".npz"):
                 found.captures.append(path)
             elif path.suffix == ".pt":
                 found.slime.append(path)
@@ -71,7 +115,8 @@ def classify(paths: list[Path]) -> Inputs:
                 found.compares.append(path)
             else:
                 raise RefusedError(
-                    f"{path}: neither a capture (*{SUFFIX}), a slime debug dump (*.pt) nor an msprobe compare CSV"
+                    f"{path}: neither a capture (*{SUFFIX}), a slime debug dump (*.pt), an msprobe compare CSV, a "
+                    f"rollout record (*{RECORD_SUFFIX}) nor weight fingerprints (*{WEIGHTS_SUFFIX})"
                 )
         else:
             raise RefusedError(f"{path}: no such file or directory")
@@ -84,19 +129,64 @@ def classify(paths: list[Path]) -> Inputs:
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "logprobs_mode")  # under actor_rollout_ref.rollout.
+CLIP_KEYS = ("clip_ratio_low", "clip_ratio_high")  # under actor_rollout_ref.actor., verl's facts of the same names
 
 
-def run_sampling(script: Path, python: str | None = None) -> tuple[dict[str, Any] | None, str]:
-    """The rollout's sampling settings the launch script sets (`SAMPLING_KEYS`), and a note where it cannot be read."""
+@dataclass
+class RunSettings:
+    """What the run's launch script sets that the diagnosis reads: the rollout's sampling, PPO's clip range."""
+
+    sampling: dict[str, Any] | None
+    clip: tuple[float, float]
+    clip_source: str
+    note: str = ""
+
+
+def _clip(values: list[Any]) -> tuple[float, float] | None:
+    try:
+        low, high = (float(v) for v in values)
+    except (TypeError, ValueError):
+        return None  # unset, or an interpolation the reader left unresolved
+    return low, high
+
+
+def default_clip() -> tuple[tuple[float, float], str]:
+    """verl's default clip range, from the newest tested release's defaults (patches/releases/verl.toml)."""
+    from packaging.version import Version
+
+    from rlprobe_patch.catalogue.releases import releases
+
+    verl = releases("verl")
+    newest = max(verl.tested, key=Version)
+    found = verl.defaults_for(newest)
+    defaults = found.defaults if found is not None else {}
+    clip = _clip([defaults.get(k) for k in CLIP_KEYS])
+    if clip is None:
+        raise RuntimeError(f"patches/releases/verl.toml: verl {newest}'s defaults lack {', '.join(CLIP_KEYS)}")
+    return clip, f"verl {newest}'s defaults (actor clip_ratio_low / clip_ratio_high)"
+
+
+def run_settings(script: Path | None, python: str | None = None) -> RunSettings:
+    """The rollout's sampling settings (`SAMPLING_KEYS`) and PPO's clip range the launch script sets (its release's
+    defaults where it leaves them), with a note where the script cannot be read; verl's defaults without one."""
+    clip, clip_source = default_clip()
+    if script is None:
+        return RunSettings(None, clip, clip_source)
     # imported here: the script reader (bash and Hydra) only where a script is given
     from rlprobe_patch.launch.script import read_script
 
     try:
         read = read_script(script, python=python)
     except RefusedError as exc:
-        return None, f"--replay-script {script}: its sampling settings not read ({exc.message})"
+        return RunSettings(None, clip, clip_source, f"--replay-script {script}: not read ({exc.message})")
     values = {k: read.value(f"actor_rollout_ref.rollout.{k}") for k in SAMPLING_KEYS}
-    return {"source": str(script), **{k: v for k, v in values.items() if v is not None}}, ""
+    sampling = {"source": str(script), **{k: v for k, v in values.items() if v is not None}}
+    facts = [read.facts.get(k) for k in CLIP_KEYS]
+    found = _clip([f.value if f is not None else None for f in facts])
+    if found is not None:
+        sources = sorted({f.source for f in facts if f is not None})
+        return RunSettings(sampling, found, f"{script} ({'; '.join(sources)})")
+    return RunSettings(sampling, clip, clip_source, f"--replay-script {script}: no clip range read; {clip_source}")
 
 
 def read_baseline(path: Path) -> list[TokenBatch]:
@@ -271,50 +361,48 @@ def build(
     floor: Floor | None = None,
     script: str | None = None,
     sampling: dict[str, Any] | None = None,
+    evidence: Evidence | None = None,
+    clip: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """The report's document; `floor` (else none measured) is the noise floor the diagnosis judges against."""
+    """The report's document; `floor` (else none measured) is the noise floor the diagnosis judges against,
+    `evidence` the engine's records and the weight fingerprints, `clip` the run's PPO clip range."""
+    run = run_tokens(batches)
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "format_version": REPORT_VERSION,
-        "tokens": None,
+        "tokens": _token_figures(batches, run) if batches else None,
         "layers": layer_summary(pairs) if pairs else None,
     }
+    grades = grade_steps(report)
     if batches:
-        report["tokens"], report["diagnosis"] = _tokens_and_diagnosis(
-            batches, report["layers"], floor or choose_floor(batches, [], None), script, sampling
-        )
+        floor = floor or choose_floor(batches, [], None)
+        # the verdict's step grades are in the batches' order (token_report keeps it)
+        by_batch = {index: grade["state"] for index, grade in enumerate(grades)}
+        identities = (evidence or Evidence()).identities(batches)
+        # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
+        from threadpoolctl import threadpool_limits
+
+        # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more
+        # than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last bits
+        # with the machine's number of cores
+        with threadpool_limits(limits=1, user_api="blas"):
+            report["diagnosis"] = diagnose(
+                batches, report["layers"], floor, script, sampling, identities, by_batch, clip, run.part_list()
+            )
     report["thresholds"] = check_thresholds(report, limits)
-    report["verdict"] = verdict(report)
+    report["verdict"] = verdict(report, grades)
     # the threshold options given decide the exit code; without any, the verdict does
     report["verdict"]["decides_exit"] = not report["thresholds"]
     return report
 
 
-def _tokens_and_diagnosis(
-    batches: list[TokenBatch],
-    layers: dict[str, Any] | None,
-    floor: Floor,
-    script: str | None,
-    sampling: dict[str, Any] | None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The token figures and the diagnosis, over the same valid tokens, side by side in two threads: the diagnosis
-    in one, the steps' figures in both once it is done (numpy releases the interpreter's lock in its loops, so the
-    threads share the machine's cores; every figure is the one a single thread computes)."""
-    # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
+def _token_figures(batches: list[TokenBatch], run: Tokens) -> dict[str, Any]:
+    """`token_report` in two threads (numpy releases the interpreter's lock in its loops, so they share the
+    machine's cores; every figure is the one a single thread computes)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from threadpoolctl import threadpool_limits
-
-    run = run_tokens(batches)
-    parts = run.part_list()
-    run.make("abs_dlogp", "p_rollout")  # the per-token values both read, once before the two start (parts slice them)
-    # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more
-    # than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last bits with
-    # the machine's number of cores
-    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=2) as pool:
-        diagnosis = pool.submit(diagnose, batches, layers, floor, script, sampling, parts)
-        tokens = token_report(batches, run, pool)
-        return tokens, diagnosis.result()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return token_report(batches, run, pool)
 
 
 def replay(

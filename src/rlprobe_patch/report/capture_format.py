@@ -23,10 +23,23 @@ it by hand. Version 1, the arrays (N samples, R the padded response width of the
 | `raw_prompts` | str, (N,) | optional: the raw prompt (a chat as JSON text, or the string) |
 | `source` | str, () | optional: who wrote it (`"verl RayPPOTrainer"`) |
 | `sampling` | str, () | optional: the rollout's sampling settings the run set, a JSON object of scalars |
+| `prompt_ids` | int64, (N, P) | optional: the prompt ids the training side scored (row i: prompt_lengths[i] of them) |
+| `provenance` | str, () | optional: what computed each side, as the writer knows it, a JSON object of scalars |
+| `prefill_log_probs` | float32, (N, R) | optional: the rollout engine's re-score of the same tokens as a prefill |
 
 `sampling` holds verl's `actor_rollout_ref.rollout` keys `temperature`, `top_p`, `top_k` and `logprobs_mode`
 as the run's config holds them, defaults included (`{"temperature": 0.7, "logprobs_mode":
 "processed_logprobs"}`): the report's diagnosis judges the log-probs' kind against them.
+
+`prompt_ids` is the training side's half of the identity check: the report joins it, request by request,
+with what the rollout engine itself recorded (`rollout_record.py`), so that a prompt the two sides saw
+differently (a chat template, a tokenization, a truncation) is named as such, never read as numerics.
+`provenance` says what computed each side where the writer knows it: `training_dtype` and
+`rollout_dtype` (`"float32"`, `"bfloat16"`, ...), as the run's config sets them; the engine's own record
+says what the rollout really ran. `prefill_log_probs` (the rollout engine re-scoring its own sampled
+tokens as a prefill, vLLM's `prompt_logprobs`) splits the gap in two: the trainer against the
+engine's prefill (two implementations of one computation), and the prefill against the decode that
+sampled the tokens (cache, batch, kernels).
 
 Files are named `step-<step:06d>.rlprobe-logprobs.npz` (`capture_name`) and written whole or not
 at all (a temporary file in the same folder, then a rename).
@@ -57,6 +70,7 @@ FORMAT = "rlprobe-logprobs"
 FORMAT_VERSION = 1
 SUFFIX = ".rlprobe-logprobs.npz"
 _PER_TOKEN = ("responses", "response_mask", "rollout_log_probs", "old_log_probs")
+_OPTIONAL_PER_TOKEN = ("ref_log_prob", "prefill_log_probs")
 _REQUIRED = ("format", "format_version", "step", "request_ids", "prompt_lengths", "response_lengths", *_PER_TOKEN)
 
 
@@ -80,6 +94,9 @@ def write_capture(
     keep: Any = None,
     source: str = "",
     sampling: dict[str, Any] | None = None,
+    prompt_ids: Any = None,
+    provenance: dict[str, Any] | None = None,
+    prefill_log_probs: Any = None,
 ) -> str:
     """Write one step's capture into `directory`; returns its path.
 
@@ -111,6 +128,12 @@ def write_capture(
         arrays["source"] = np.array(source)
     if sampling is not None:
         arrays["sampling"] = np.array(json.dumps(sampling))
+    if prompt_ids is not None:
+        arrays["prompt_ids"] = np.asarray(prompt_ids, dtype=np.int64)[rows]
+    if provenance is not None:
+        arrays["provenance"] = np.array(json.dumps(provenance))
+    if prefill_log_probs is not None:
+        arrays["prefill_log_probs"] = np.asarray(prefill_log_probs, dtype=np.float32)[rows]
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, capture_name(int(step)))
     fd, tmp = tempfile.mkstemp(prefix=".step-", suffix=".tmp", dir=directory)
@@ -148,6 +171,15 @@ class TokenBatch:
     raw_prompts: list[str] | None = None
     sampling: dict[str, Any] | None = None  # the rollout's settings the run wrote (`sampling`)
     source: str = ""  # who wrote it, as it says (`source`)
+    prompt_ids: IntArray | None = None  # (N, P): what the training side scored, row i's first prompt_lengths[i]
+    provenance: dict[str, Any] | None = None  # what computed each side (`provenance`)
+    prefill: FloatArray | None = None  # (N, R): the rollout engine's re-score as a prefill
+
+    def prompt(self, row: int) -> IntArray | None:
+        """The prompt token ids of `row` the training side scored, where the capture holds them."""
+        if self.prompt_ids is None:
+            return None
+        return self.prompt_ids[row, : int(self.prompt_lengths[row])]
 
     @property
     def samples(self) -> int:
@@ -212,7 +244,7 @@ def read_capture(path: Path) -> TokenBatch:
     shape = data["responses"].shape
     if len(shape) != 2 or shape[0] != n:
         raise RefusedError(f"{path}: responses has shape {shape}, expected ({n}, R)")
-    for key in (*_PER_TOKEN, *(k for k in ("ref_log_prob",) if k in data)):
+    for key in (*_PER_TOKEN, *(k for k in _OPTIONAL_PER_TOKEN if k in data)):
         if data[key].shape != shape:
             raise RefusedError(f"{path}: {key} has shape {data[key].shape}, responses {shape}")
     for key in ("prompt_lengths", "response_lengths", "dataset_index", "raw_prompts"):
@@ -221,6 +253,12 @@ def read_capture(path: Path) -> TokenBatch:
     mask = data["response_mask"].astype(bool)
     if not np.array_equal(mask.sum(axis=1), data["response_lengths"]):
         raise RefusedError(f"{path}: response_lengths disagree with response_mask")
+    if "prompt_ids" in data:
+        ids = data["prompt_ids"]
+        if ids.ndim != 2 or ids.shape[0] != n or ids.dtype.kind not in "iu":
+            raise RefusedError(f"{path}: prompt_ids has shape {ids.shape} ({ids.dtype}), expected ({n}, P) integers")
+        if n and int(data["prompt_lengths"].max()) > ids.shape[1]:
+            raise RefusedError(f"{path}: prompt_lengths reach past prompt_ids' width {ids.shape[1]}")
     return TokenBatch(
         path=str(path),
         kind="verl-capture",
@@ -234,17 +272,20 @@ def read_capture(path: Path) -> TokenBatch:
         ref=data["ref_log_prob"].astype(np.float64) if "ref_log_prob" in data else None,
         dataset_index=data["dataset_index"].astype(np.int64) if "dataset_index" in data else None,
         raw_prompts=[str(p) for p in data["raw_prompts"]] if "raw_prompts" in data else None,
-        sampling=_sampling(path, data["sampling"]) if "sampling" in data else None,
+        sampling=_settings(path, "sampling", data["sampling"]) if "sampling" in data else None,
         source=str(data["source"])[:200] if "source" in data and data["source"].shape == () else "",
+        prompt_ids=data["prompt_ids"].astype(np.int64) if "prompt_ids" in data else None,
+        provenance=_settings(path, "provenance", data["provenance"]) if "provenance" in data else None,
+        prefill=data["prefill_log_probs"].astype(np.float64) if "prefill_log_probs" in data else None,
     )
 
 
-SAMPLING_MAX = 4096  # characters of the `sampling` text: a few settings, not a document
+SAMPLING_MAX = 4096  # characters of the `sampling` (or `provenance`) text: a few settings, not a document
 
 
-def _sampling(path: Path, value: Any) -> dict[str, Any]:
-    """The `sampling` text: a JSON object of settings, each a number, a string, a bool or null (a capture is
-    untrusted input: anything else is refused, naming the file)."""
+def _settings(path: Path, key: str, value: Any) -> dict[str, Any]:
+    """The `sampling` or `provenance` text: a JSON object of settings, each a number, a string, a bool or null (a
+    capture is untrusted input: anything else is refused, naming the file)."""
     text = str(value) if value.shape == () and value.dtype.kind == "U" else None
     try:
         parsed = json.loads(text) if text is not None and len(text) <= SAMPLING_MAX else None
@@ -254,8 +295,8 @@ def _sampling(path: Path, value: Any) -> dict[str, Any]:
     if not isinstance(parsed, dict) or not all(isinstance(v, scalar) for v in parsed.values()):
         shown = repr(text[:80]) if text is not None else f"an array {value.dtype} {value.shape}"
         raise RefusedError(
-            f"{path}: sampling is not a JSON object of settings ({shown})",
-            hint=f"a capture's sampling is one string of at most {SAMPLING_MAX} characters, e.g. "
+            f"{path}: {key} is not a JSON object of settings ({shown})",
+            hint=f"a capture's {key} is one string of at most {SAMPLING_MAX} characters, e.g. "
             '\'{"temperature": 1.0, "logprobs_mode": "raw_logprobs"}\'',
         )
     return parsed

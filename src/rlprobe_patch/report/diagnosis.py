@@ -1,39 +1,40 @@
-"""The report's diagnosis: the causes of a train-vs-rollout gap, ranked by how well each one's signature fits.
+"""The report's diagnosis: the causes of a train-vs-rollout gap, ranked, identity first.
 
-Each cause is a signature over one step's tokens (d = log p_train - log p_rollout per token) and the
-layer compare, scored from 0 (no sign of it) to 1 (the pattern it leaves, fully); the causes and their
-signatures come from `docs/report.md` ("Diagnosis") and the survey behind it (vLLM's `logprobs_mode`,
-Miles's symptom table, "Taming the Tail", TIS):
+First the facts that are not numbers (`identity.py`): a request whose prompt or response ids differ between
+the sides (the capture against the rollout engine's own record) is `token-mismatch`, named with the first
+differing position, and leaves the numeric diagnosis; weight fingerprints from both sides name stale or
+half-synced tensors (`stale-weights`); the dtypes each side computed in and the sampling settings the
+engine applied come from the engine's record and the capture's provenance.
 
-- `logprob-kind`: the rollout's log-probs of another kind than the trainer's (raw where the trainer applies
-  temperature / top-k / top-p): d is systematic, a constant offset (about log T) or a slope in log p
-  (1/T - 1), not scatter. The fit: the share of sum(d^2) an affine fit d ~ a * log p_rollout + b explains,
-  less what it would explain of pure noise (2 of n tokens).
-- `token-mismatch`: a response token (or the template) differs between the sides from some position on:
-  a request agrees within the noise floor up to a position > 0 and not from there. The fit: the share of
-  the disagreeing requests with such a clean prefix.
-- `stale-weights`: the rollout runs weights (or a prefix cache) of an earlier update: every token differs
-  from the first; the layer compare's first common divergence is the model's first module (every weight
-  differs); over the steps the gap grows and resets.
-- `broken-layer`: one layer differs: every token differs from the first, and the layer compare's first
-  module out of msprobe's thresholds, common to every disagreeing pair, is inside the model.
-- `low-probability-tail`: the gap lives on unlikely tokens: the share of sum |d| from tokens of p < 0.1
-  above their share of the tokens (0 when every token is that unlikely: nothing to tell apart).
-- `precision-noise`: within the noise floor: bf16 or kernel rounding, not a bug.
+Then the numbers of the remaining tokens (d = log p_train - log p_rollout per token), against a noise floor
+measured on two implementations of the same computation (`--baseline`: the training side against the
+rollout engine, the same weights, nothing planted; never the rollout engine against itself alone, never
+tighter than the compute dtype resolves). A step within the floor is `precision-noise` and nothing else
+scores there. Out of it, each cause's signature is scored from 0 to 1:
 
-The noise floor is measured, not fixed: on a baseline capture (`--baseline`: the same engine run twice on
-the same batch, or batch 1 against batched) or on a step of the inputs known to run the same weights on
-both sides (`--floor-step`: the demo's step 1). A step leaves it when its mean |d| is above `FLOOR_FACTOR`
-times the floor's, a token when its |d| is above `FLOOR_FACTOR` times the floor's 99th percentile (each at
-least the float32 rounding of the log-probs). Without a measurement, NeMo-RL's fixed gate stands in, and
-the diagnosis says so. A cause other than `precision-noise` scores 0 on a step within the floor.
+- `compute-dtype`: the two sides computed in other dtypes (bf16 against fp32), as their records say;
+- `logprob-kind`: log-probs at another temperature than the trainer's (raw vs processed): d is a slope in
+  log p (T - 1), the settings say the temperatures differ, and the engine's own prefill re-score (raw) agrees
+  with the trainer where its decode output does not;
+- `sampler-support`: top-p / top-k renormalisation: processed log-probs over the kept tokens, the trainer
+  over the whole vocabulary: d = log S_t <= 0, one-signed, the kept mass (verl#6240);
+- `broken-layer`: the layer compare's first module out of the floor, common to every disagreeing pair, is
+  inside the model, the weights being the same;
+- `stale-weights` without fingerprints: that first module is the model's first (every weight differs), or
+  the gap grows from step to step and resets;
+- `token-mismatch` without records: requests agree up to a position > 0 and part from there;
+- `low-probability-tail`: the gap lives on unlikely tokens, where no cause above explains it;
+- `unexplained`: out of the floor, no signature fits.
+
+The verdict follows the same steps (`step_state`): a step within the floor is ok, one out of it at least a
+warning, one whose tokens differ a failure; the two never disagree on a step.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ import numpy as np
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
+from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors
 from rlprobe_patch.report.metrics import Tokens, quantiles
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
 
@@ -48,16 +50,33 @@ FLOOR_FACTOR = 4.0  # how far above the floor's spread a step or a token must be
 GROWTH = 1.25  # a step's gap above this times the step before's: it grew (not a fluctuation)
 SLOPE_SAID = 0.01  # a slope of d in log p below this is not worth a temperature in the evidence
 TAIL_P = 0.1  # "low-probability" tokens: rollout p below this
-FLOAT32_ULPS = 2.0  # the float32 rounding of a log-prob (the capture's dtype), in units in the last place
+ULPS = 2.0  # the rounding of a log-prob in its compute dtype, in units of that dtype's epsilon
+UNEXPLAINED = 0.4  # out of the floor with no cause scoring above it: unexplained ranks first
+ONE_SIGNED = 0.9  # the share of a gap's tokens on one side for it to be one-signed
+# the unit roundoff of each compute dtype a log-prob may have been computed in
+EPSILON = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
 
 TITLES = {
-    "logprob-kind": "log-probs of the wrong kind (raw vs processed: temperature / top-k / top-p)",
-    "token-mismatch": "token or chat-template mismatch",
-    "stale-weights": "stale weights or prefix cache after a weight update",
+    "token-mismatch": "token or chat-template mismatch: the sides scored other tokens",
+    "stale-weights": "stale or half-synced weights (or a stale prefix cache) after a weight update",
+    "compute-dtype": "another compute dtype on each side (bf16 against fp32)",
+    "logprob-kind": "log-probs at another temperature (raw vs processed)",
+    "sampler-support": "top-p / top-k renormalised log-probs (processed over the kept tokens, trainer over all)",
     "broken-layer": "a broken layer",
     "low-probability-tail": "low-probability tail",
-    "precision-noise": "precision noise only (bf16 / kernel), within the noise floor",
+    "unexplained": "above the noise floor, no known signature fits",
+    "precision-noise": "precision noise only, within the noise floor",
 }
+STRUCTURAL = ("token-mismatch", "stale-weights", "compute-dtype", "logprob-kind", "sampler-support", "broken-layer")
+
+
+def dtype_name(value: Any) -> str | None:
+    """A dtype as the records and configs write it (`torch.bfloat16`, `bf16`, `float32`), by its full name."""
+    if not isinstance(value, str) or not value:
+        return None
+    name = value.strip().lower().removeprefix("torch.")
+    return DTYPE_NAMES.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -72,12 +91,14 @@ class Floor:
     mean_abs_dlogp: float | None = None
     p99_abs_dlogp: float | None = None
     max_abs_dlogp: float | None = None
+    dtype: str = "float32"  # the coarsest dtype of the computations it measured
+    split: dict[str, float] | None = None  # trainer vs the engine's prefill, prefill vs decode (means)
 
 
 @dataclass
 class Cause:
     cause: str
-    score: float  # 0..1: the fit, or 0 on a step within the floor
+    score: float  # 0..1: the fit, or 0 where the step's facts rule it out
     fit: float  # 0..1: how well the step's numbers match the signature
     evidence: str
     title: str = ""
@@ -91,26 +112,61 @@ def _g(value: float) -> str:
     return f"{value:.3g}"
 
 
+def resolution(dtype: str, logp: Any) -> tuple[float, float]:
+    """What a log-prob computed in `dtype` resolves, for one token and for a mean: a few units of the dtype's
+    epsilon, relative to the log-probs' size (at least the float32 capture's own rounding)."""
+    eps = max(EPSILON.get(dtype, EPSILON["float32"]), EPSILON["float32"])
+    size = np.abs(logp)
+    largest = float(size.max()) if size.size else 1.0
+    typical = float(size.mean()) if size.size else 1.0
+    return ULPS * eps * max(1.0, largest), ULPS * eps * max(1.0, typical)
+
+
+def split_means(tokens: Tokens, prefill: Any) -> dict[str, float] | None:
+    """The three-way split where the engine's prefill re-score exists: mean |trainer - prefill| (two
+    implementations), mean |prefill - decode| (the engine against itself: cache, batch, kernels, the kind of
+    log-probs it returns), and the whole gap's."""
+    if prefill is None or not tokens.size:
+        return None
+    return {
+        "trainer_vs_prefill": float(np.abs(tokens.training - prefill).mean()),
+        "prefill_vs_decode": float(np.abs(prefill - tokens.rollout).mean()),
+        "trainer_vs_decode": float(tokens.abs_dlogp.mean()),
+    }
+
+
 def measure_floor(batches: list[TokenBatch], how: str) -> Floor:
     """The floor from `batches`, two computations of the same tokens that should agree (`how` says which)."""
     tokens = Tokens.join([(b.rollout, b.training, b.mask, None) for b in batches])
     if not tokens.size:
         return no_floor(f"{how} has no response token: no floor measured")
     d = tokens.abs_dlogp
-    # the log-probs are float32 in a capture: below a few units in the last place nothing can be told apart
-    resolution = FLOAT32_ULPS * float(np.spacing(np.float32(np.abs(tokens.rollout).max())))
+    dtype = _coarsest([d for b in batches for d in _dtypes(b.provenance)]) or "float32"
+    token_res, mean_res = resolution(dtype, tokens.rollout)
     mean, (p99,) = float(d.mean()), quantiles(d, (0.99,))
+    prefill = [b for b in batches if b.prefill is not None]
+    split = None
+    if prefill and len(prefill) == len(batches):
+        split = split_means(tokens, np.concatenate([b.prefill[b.mask] for b in batches]))  # type: ignore[index]
+    said = (
+        f"; trainer vs the engine's prefill {_g(split['trainer_vs_prefill'])}, prefill vs decode "
+        + _g(split["prefill_vs_decode"])
+        if split
+        else ""
+    )
     return Floor(
         measured=True,
-        how=f"{how}: {tokens.size} tokens, mean |dlogp| {_g(mean)}, 99th percentile {_g(p99)}; a step leaves it "
-        f"above {FLOOR_FACTOR:g}x the mean, a token above {FLOOR_FACTOR:g}x the 99th percentile (each at least "
-        f"{FLOAT32_ULPS:g} float32 ulps, {_g(resolution)})",
-        mean_limit=FLOOR_FACTOR * max(mean, resolution),
-        token_limit=FLOOR_FACTOR * max(p99, resolution),
+        how=f"{how}: {tokens.size} tokens, mean |dlogp| {_g(mean)}, 99th percentile {_g(p99)}{said}; a step leaves it "
+        f"above {FLOOR_FACTOR:g}x the mean, a token above {FLOOR_FACTOR:g}x the 99th percentile (each at least what "
+        f"{dtype} resolves: {_g(mean_res)} for a mean, {_g(token_res)} for a token)",
+        mean_limit=FLOOR_FACTOR * max(mean, mean_res),
+        token_limit=FLOOR_FACTOR * max(p99, token_res),
         tokens=tokens.size,
         mean_abs_dlogp=mean,
         p99_abs_dlogp=p99,
         max_abs_dlogp=float(d.max()),
+        dtype=dtype,
+        split=split,
     )
 
 
@@ -120,11 +176,21 @@ def no_floor(why: str) -> Floor:
     return Floor(
         measured=False,
         how=f"{why}; the fixed gate stands in: mean exp(|dlogp|) {TME_GATE} ({TME_SOURCE}), |dlogp| {_g(gate)} "
-        "(give --baseline CAPTURE, the same engine run twice on one batch, or --floor-step N, a step run with the "
-        "same weights on both sides, to measure it)",
+        "(give --baseline CAPTURE: the training side against the rollout engine on the same weights with nothing "
+        "planted, e.g. a clean step captured the same way; or --floor-step N, such a step of the inputs)",
         mean_limit=gate,
         token_limit=gate,
     )
+
+
+def _dtypes(provenance: dict[str, Any] | None) -> list[str]:
+    found = [dtype_name((provenance or {}).get(k)) for k in ("training_dtype", "rollout_dtype")]
+    return [d for d in found if d]
+
+
+def _coarsest(dtypes: list[str]) -> str | None:
+    known = [d for d in dtypes if d in EPSILON]
+    return max(known, key=EPSILON.__getitem__) if known else None
 
 
 def confirm_lines(cause: str, script: str | None) -> tuple[str, ...]:
@@ -137,215 +203,264 @@ def confirm_lines(cause: str, script: str | None) -> tuple[str, ...]:
     )
 
 
-# --- the signatures, one step each ---------------------------------------------------------------------
+# --- what one step brings -------------------------------------------------------------------------------
 
 
-def logprob_kind(tokens: Tokens, sampling: dict[str, Any] | None = None) -> Cause:
+@dataclass
+class Step:
+    """One step's evidence: its comparable tokens, what each side says it ran, the layer compare."""
+
+    batch: TokenBatch
+    tokens: Tokens  # the rows whose ids are the engine's (or unchecked)
+    floor: Floor
+    identity: StepIdentity | None = None
+    layers: LayerView | None = None
+    settings: dict[str, Any] | None = None  # the run's sampling settings (the capture's, else the script's)
+    guidance_ok: bool = True  # verl's guidance (where no floor is measured, it must agree for `within`)
+    prefill: Any = None  # the engine's re-score of the comparable tokens, where the capture holds it
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> float:
+        return float(self.tokens.abs_dlogp.mean()) if self.tokens.size else 0.0
+
+    @property
+    def within(self) -> bool:
+        return self.mean <= self.floor.mean_limit and (self.floor.measured or self.guidance_ok)
+
+    @property
+    def engine(self) -> dict[str, Any]:
+        return self.identity.engine if self.identity else {}
+
+    def setting(self, key: str) -> Any:
+        """What the engine applied (its record), else what the run's config set."""
+        if key in self.engine:
+            return self.engine[key]
+        return (self.settings or {}).get(key)
+
+    def dtypes(self) -> tuple[str | None, str | None]:
+        """(training, rollout) dtypes: the engine's record for the rollout, else the capture's provenance."""
+        provenance = self.batch.provenance or {}
+        rollout = dtype_name(self.engine.get("dtype")) or dtype_name(provenance.get("rollout_dtype"))
+        return dtype_name(provenance.get("training_dtype")), rollout
+
+
+# --- the signatures --------------------------------------------------------------------------------------
+
+
+def token_mismatch(step: Step) -> Cause:
+    identity = step.identity
+    if identity is not None and identity.checked:
+        if identity.differences:
+            return Cause("token-mismatch", 1.0, 1.0, identity.summary() + ": their numbers are left out")
+        return Cause("token-mismatch", 0.0, 0.0, identity.summary())
+    onsets, chance = _onsets(step.tokens, step.floor)
+    if not onsets:
+        return Cause("token-mismatch", 0.0, 0.0, "no request has a token out of the floor (no engine record joined)")
+    # a prefix of k tokens within the floor, less the chance of k such tokens in a request that differs throughout
+    fit = sum(1.0 - chance**k for k in onsets if k > 0) / len(onsets)
+    at = sorted({k for k in onsets if k > 0})
+    evidence = (
+        f"no engine record joined; {sum(k > 0 for k in onsets)} of {len(onsets)} disagreeing request(s) agree "
+        "within the floor up to a position > 0 and part from there"
+        + (f" (positions {', '.join(map(str, at[:8]))})" if at else "")
+        + f"; a token past its first is back within the floor {chance:.0%} of the time"
+    )
+    fit, evidence = _unsure(fit, evidence, step.floor)
+    depth, where = _divergence_depth(step.layers)
+    if depth:
+        return Cause("token-mismatch", 0.0, fit, f"{evidence}; but {where}: the inputs agree up to there")
+    return Cause("token-mismatch", fit, fit, evidence + "; a token changed on one side leaves the prefix equal")
+
+
+def stale_weights(step: Step) -> Cause:
+    weights = step.identity.weights if step.identity else None
+    if weights is not None and weights.comparable and weights.compared:
+        if weights.differing:
+            n, total = len(weights.differing), weights.compared
+            what = "stale weights: every tensor" if n == total else f"half-synced weights: {n} of {total} tensors"
+            return Cause(
+                "stale-weights",
+                1.0,
+                1.0,
+                f"{what} the engine holds differ from the training side's (by hash, {weights.rollout} against "
+                f"{weights.training}): {shown_tensors(weights.differing)}",
+            )
+        return Cause(
+            "stale-weights",
+            0.0,
+            0.0,
+            f"all {weights.compared} tensors the engine holds are the training side's, byte for byte "
+            f"({weights.training} against {weights.rollout})",
+        )
+    share, said = _first_token_share(step.tokens, step.floor)
+    if agree := _layers_agree(step.layers):
+        return Cause("stale-weights", 0.0, 0.0, f"{said}; but {agree}")
+    depth, where = _divergence_depth(step.layers)
+    note = f" ({weights.note})" if weights is not None and weights.note else ""
+    if depth is None:
+        return Cause(
+            "stale-weights",
+            share / 2,
+            share / 2,
+            f"{said}; {where}: the layer compare or fingerprints would tell{note}",
+        )
+    fit = share if depth == 0 else 0.0
+    return Cause(
+        "stale-weights", fit, fit, f"{said}; {where}" + ("" if depth == 0 else ": one layer, not every weight") + note
+    )
+
+
+def compute_dtype(step: Step) -> Cause:
+    training, rollout = step.dtypes()
+    if not training or not rollout:
+        missing = " and ".join(s for s, d in (("the training side's", training), ("the rollout's", rollout)) if not d)
+        return Cause(
+            "compute-dtype",
+            0.0,
+            0.0,
+            f"{missing} compute dtype unknown (the capture's provenance, verl.logprob-capture r3; the engine's record)",
+        )
+    if training == rollout:
+        return Cause("compute-dtype", 0.0, 0.0, f"both sides computed in {training}")
+    d = step.tokens.log_ratio
+    said = f"the training side computed in {training}, the rollout in {rollout}"
+    if d.size:
+        tail = step.tokens.p_rollout < TAIL_P
+        low = float(np.abs(d[tail]).mean()) if tail.any() else 0.0
+        high = float(np.abs(d[~tail]).mean()) if (~tail).any() else 0.0
+        said += f"; mean d {_g(float(d.mean()))}, mean |d| on tokens of p < {TAIL_P} {_g(low)} against {_g(high)} above"
+    # the other facts rule out what could look the same: the weights are the trainer's where fingerprints say so
+    return Cause("compute-dtype", 1.0, 1.0, said)
+
+
+def _affine(tokens: Tokens) -> tuple[float, float, float, float]:
+    """d ~ slope * log p_rollout + offset: (slope, offset, the share of sum(d^2) explained, the fit less chance)."""
     d, logp = tokens.log_ratio, tokens.rollout
     n, total = d.size, float(np.dot(d, d))
     if n < 3 or total == 0.0:
-        return Cause("logprob-kind", 0.0, 0.0, "too few tokens, or no difference, to fit")
+        return 0.0, 0.0, 0.0, 0.0
     design = np.column_stack([logp, np.ones(n)])
     (slope, offset), *_ = np.linalg.lstsq(design, d, rcond=None)
     residual = d - design @ np.array([slope, offset])
     explained = 1.0 - float(np.dot(residual, residual)) / total
     chance = 2.0 / n  # what two fitted numbers explain of pure noise on n tokens
-    fit = max(0.0, (explained - chance) / (1.0 - chance))
-    evidence = (
-        f"d = log p_train - log p_rollout ~ {_g(slope)} * log p_rollout {'-' if offset < 0 else '+'} {_g(abs(offset))} "
-        f"explains {explained:.0%} of "
-        f"sum(d^2) on {n} tokens ({chance:.0%} for noise): a constant offset {_g(offset)} = log {_g(math.exp(offset))}"
-    )
-    if abs(slope) >= SLOPE_SAID and slope > -1.0:
-        # within one context log p_1 = T log p_T + const: d = (T - 1) log p_T + const with the rollout's at T and the
-        # trainer's at 1, or d = (1/T - 1) log p_1 + const with the trainer's at T and the rollout's raw
-        evidence += (
-            f", and a slope {_g(slope)}: as if the rollout's log-probs were at temperature {_g(1.0 + slope)} and the "
-            f"trainer's at 1, or the trainer's at {_g(1.0 / (1.0 + slope))} and the rollout's raw"
-        )
-    fit, said = _against_sampling(fit, sampling)
-    return Cause("logprob-kind", fit, fit, f"{evidence}; {said}")
-
-
-# the values at which each logit processor is off; an unset key counts as off (verl's default in every tested release)
-SAMPLING_UNSET = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+    return float(slope), float(offset), explained, max(0.0, (explained - chance) / (1.0 - chance))
 
 
 def _number(value: Any) -> float | None:
     try:
         return float(value)
     except (TypeError, ValueError):
-        return None  # an interpolation the reader left unresolved, or no number
+        return None  # an interpolation the reader left unresolved, a "mixed: ..." value, or no number
 
 
-def _against_sampling(fit: float, sampling: dict[str, Any] | None) -> tuple[float, str]:
-    """The fit against the run's own settings: at T = 1 without top-k / top-p raw and processed log-probs are the
-    same (half the fit); raw log-probs with a processor on are the cause by configuration (at least half)."""
-    if sampling is None:
-        return fit, "the run's sampling settings are unknown (--replay-script RUN.sh reads them)"
-    shown = ", ".join(f"{k} {v}" for k, v in sampling.items() if k != "source")
-    said = f"{sampling['source']} sets {shown or 'none of temperature, top_p, top_k, logprobs_mode'}"
-    temperature, top_p, top_k = (_number(sampling.get(k, unset)) for k, unset in SAMPLING_UNSET.items())
-    if temperature is None or top_p is None or top_k is None:
-        return fit, f"{said} (not all as numbers: not judged)"
-    if temperature == 1.0 and top_p >= 1.0 and top_k <= 0:
-        return (
-            fit / 2,
-            f"{said}: at T = 1 without top-k / top-p, raw and processed log-probs are the same (half the fit)",
-        )
-    if sampling.get("logprobs_mode") == "raw_logprobs":
-        return max(fit, 0.5), f"{said}: raw log-probs while a logit processor is on (at least half the fit)"
-    return fit, said
+def _engine_split(step: Step) -> tuple[bool, str]:
+    """Whether the engine's own prefill re-score agrees with the trainer where its decode output does not: the
+    two implementations agree, the engine's decode log-probs are of another kind (or another computation)."""
+    split = split_means(step.tokens, step.prefill)
+    if split is None:
+        return False, ""
+    agree = split["trainer_vs_prefill"] <= step.floor.mean_limit < split["prefill_vs_decode"]
+    said = (
+        f"the engine's prefill re-score against the trainer: mean |d| {_g(split['trainer_vs_prefill'])}; against its "
+        f"own decode output: {_g(split['prefill_vs_decode'])}"
+    )
+    return agree, said + (": the two implementations agree, the decode output's log-probs differ" if agree else "")
 
 
-def _onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
-    """Per request with a token out of the floor, its first such position; and how often a token from there on
-    is back within the floor (the chance that a prefix token looks clean although the request has parted).
-    Found once per step (three causes read them)."""
-    return tokens.memo(("onsets", floor.token_limit), lambda: _find_onsets(tokens, floor))
-
-
-def _find_onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
-    out = np.flatnonzero(tokens.abs_dlogp > floor.token_limit)
-    rows = tokens.row[out]  # in row order: a row's first token out is where its row number changes
-    first = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if out.size else out
-    rows = rows[first]
-    onsets = tokens.position[out[first]]
-    after = int((tokens.counts[rows] - onsets).sum())  # the tokens from each onset to its row's end
-    back = after - out.size  # of them, those within the floor
-    return onsets.tolist(), back / after if after else 0.0
-
-
-def token_mismatch(tokens: Tokens, floor: Floor, layers: dict[str, Any] | None) -> Cause:
-    onsets, chance = _onsets(tokens, floor)
-    if not onsets:
-        return Cause("token-mismatch", 0.0, 0.0, "no request has a token out of the floor")
-    # a prefix of k tokens within the floor, less the chance of k such tokens in a request that differs throughout
-    fit = sum(1.0 - chance**k for k in onsets if k > 0) / len(onsets)
-    at = sorted({k for k in onsets if k > 0})
+def logprob_kind(step: Step) -> Cause:
+    slope, offset, explained, fit = _affine(step.tokens)
+    if not step.tokens.size:
+        return Cause("logprob-kind", 0.0, 0.0, "no comparable token")
     evidence = (
-        f"{sum(k > 0 for k in onsets)} of {len(onsets)} disagreeing request(s) agree within the floor "
-        "up to a position > 0 and part from there"
-        + (f" (positions {', '.join(map(str, at[:8]))})" if at else "")
-        + f"; a token past its first is back within the floor {chance:.0%} of the time"
+        f"d = log p_train - log p_rollout ~ {_g(slope)} * log p_rollout {'-' if offset < 0 else '+'} "
+        f"{_g(abs(offset))} explains {explained:.0%} of sum(d^2) on {step.tokens.size} tokens"
     )
-    fit, evidence = _unsure(fit, evidence, floor)
-    depth, where = _divergence_depth(layers)
-    if depth:
-        return Cause("token-mismatch", 0.0, fit, f"{evidence}; but {where}: the inputs agree up to there")
-    return Cause("token-mismatch", fit, fit, evidence + "; a token changed on one side leaves the prefix equal")
+    if abs(slope) >= SLOPE_SAID and slope > -1.0:
+        # within one context log p_1 = T log p_T + const: d = (T - 1) log p_T + const with the rollout's at T and the
+        # trainer's at 1, or d = (1/T - 1) log p_1 + const with the trainer's at T and the rollout's raw
+        evidence += (
+            f": a slope {_g(slope)}, as if the rollout's log-probs were at temperature {_g(1.0 + slope)} and the "
+            f"trainer's at 1, or the trainer's at {_g(1.0 / (1.0 + slope))} and the rollout's raw"
+        )
+    engine_split, split_said = _engine_split(step)
+    temperature, mode = _number(step.setting("temperature")), step.setting("logprobs_mode")
+    trained = _number((step.batch.provenance or {}).get("training_temperature"))
+    source = step.engine.get("source") or (step.settings or {}).get("source") or "the run's settings"
+    if temperature is None or mode is None:
+        fit, said = (fit / 2, "the rollout's temperature or log-probs mode is unknown (half the fit)")
+    else:
+        # the temperature the rollout's log-probs are at, and the trainer's (the run's temperature: verl scores at it)
+        rollout_t = temperature if str(mode).startswith("processed") else 1.0
+        trainer_t = trained if trained is not None else temperature
+        said = f"{source}: temperature {_g(temperature)}, {mode}; the trainer scores at {_g(trainer_t)}"
+        if rollout_t == trainer_t:
+            fit, said = fit / 4, said + ": the same temperature on both sides rules it out (a quarter of the fit)"
+        else:
+            expected = rollout_t / trainer_t - 1.0
+            agrees = slope * expected > 0
+            if agrees:
+                fit = max(fit, 0.9 if engine_split or not split_said else 0.75)
+            said += (
+                f": log-probs at temperature {_g(rollout_t)} against {_g(trainer_t)}, a slope of {_g(expected)} "
+                + ("expected and found" if agrees else f"expected, {_g(slope)} found")
+            )
+    parts = [evidence, said] + ([split_said] if split_said else [])
+    return Cause("logprob-kind", fit, fit, "; ".join(parts))
 
 
-def _first_token_share(tokens: Tokens, floor: Floor) -> tuple[float, str]:
-    onsets, _ = _onsets(tokens, floor)
-    if not onsets:
-        return 0.0, "no request has a token out of the floor"
-    first = onsets.count(0)
-    share, said = first / len(onsets), f"{first} of {len(onsets)} disagreeing request(s) differ from the first token"
-    return _unsure(share, said, floor)
-
-
-def _unsure(fit: float, evidence: str, floor: Floor) -> tuple[float, str]:
-    """Where a token is in or out of the floor matters and the floor is the fixed gate: half the fit, said why."""
-    if floor.measured:
-        return fit, evidence
-    return fit / 2, evidence + " (half the fit: with no floor measured, a token within the fixed gate may be chance)"
-
-
-def _error(module: dict[str, Any]) -> float | None:
-    """A module's error in either of msprobe's modes: MaxAbsErr (tensor) or |Max diff| (statistics)."""
-    value = module["max_abs_err"] if module["max_abs_err"] is not None else module["max_diff"]
-    return None if value is None else float(value)
-
-
-def layer_floor(layers: dict[str, Any] | None) -> dict[str, float] | None:
-    """Per module, the largest error in the pairs msprobe finds within its thresholds (the same computation on
-    both sides, as the demo's same-weights run): the layer compare's own noise floor; None without such a pair."""
-    agreeing = [p for p in (layers or {}).get("pairs", []) if p["first_divergence"] is None]
-    if not agreeing:
-        return None
-    floor: dict[str, float] = {}
-    for pair in agreeing:
-        for m in pair["modules"]:
-            error = _error(m)
-            if error is not None:
-                floor[m["module"]] = max(floor.get(m["module"], 0.0), error)
-    return floor
-
-
-def _out_of_layer_floor(module: dict[str, Any], floor: dict[str, float], typical: float) -> bool:
-    # above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no rounding there)
-    error = _error(module)
-    return error is not None and error > FLOOR_FACTOR * max(floor.get(module["module"], 0.0), typical)
-
-
-def _first_common(layers: dict[str, Any]) -> tuple[str | None, str]:
-    """The first module out of the floor in every disagreeing pair: the layer floor's where agreeing pairs give
-    one, else msprobe's thresholds'."""
-    floor = layer_floor(layers)
-    if floor is None:
-        return layers["first_common_divergence"], "out of msprobe's thresholds"
-    typical = float(np.median(list(floor.values()))) if floor else 0.0
-    disagreeing = [p for p in layers["pairs"] if p["label"] in set(layers["disagreeing_pairs"])]
-    out = [{m["module"] for m in p["modules"] if _out_of_layer_floor(m, floor, typical)} for p in disagreeing]
-    shared = set.intersection(*out) if out else set()
-    first = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None)
-    agreeing = len(layers["pairs"]) - len(disagreeing)
-    return first, (
-        f"out of the layer floor ({FLOOR_FACTOR:g}x each module's largest error in the {agreeing} pair(s) within "
-        f"msprobe's thresholds, and at least {FLOOR_FACTOR:g}x the median module's, {_g(typical)})"
+def sampler_support(step: Step) -> Cause:
+    d = step.tokens.log_ratio
+    if not d.size:
+        return Cause("sampler-support", 0.0, 0.0, "no comparable token")
+    out = np.abs(d) > step.floor.token_limit
+    below = int((d[out] < 0).sum())
+    moved = int(out.sum())
+    share = below / moved if moved else 0.0
+    # one-signed: each token's rollout log-prob above the trainer's by -log S_t, the kept mass
+    fit = max(0.0, (share - 0.5) / (ONE_SIGNED - 0.5)) if moved else 0.0
+    fit = min(fit, 1.0)
+    kept = int((step.tokens.rollout[out] >= -1e-6).sum())  # p = 1 after renormalisation: the only token kept
+    evidence = (
+        f"{below} of {moved} token(s) out of the floor have the rollout's log-prob above the trainer's (d < 0: "
+        f"{share:.0%}; renormalised over a kept set, every one does, by -log of the kept mass)"
+        + (f"; {kept} of them have rollout p = 1 (the only token kept)" if kept else "")
     )
+    top_p, top_k, mode = _number(step.setting("top_p")), _number(step.setting("top_k")), step.setting("logprobs_mode")
+    source = step.engine.get("source") or (step.settings or {}).get("source") or "the run's settings"
+    if top_p is None or mode is None:
+        fit, said = fit / 2, "the rollout's top_p / top_k or log-probs mode unknown (half the fit)"
+    else:
+        truncating = top_p < 1.0 or (top_k is not None and top_k > 0)
+        said = f"{source}: top_p {_g(top_p)}, top_k {top_k if top_k is not None else 'unset'}, {mode}"
+        if not truncating or not str(mode).startswith("processed"):
+            fit, said = fit / 4, said + ": nothing renormalised (a quarter of the fit)"
+        elif share >= ONE_SIGNED:
+            fit, said = max(fit, 0.95), said + ": the processed log-probs are over the kept tokens only"
+    _, split_said = _engine_split(step)
+    return Cause("sampler-support", fit, fit, "; ".join([evidence, said] + ([split_said] if split_said else [])))
 
 
-def _divergence_depth(layers: dict[str, Any] | None) -> tuple[int | None, str]:
-    """Where the first module out of the floor in every disagreeing pair sits in the forward order (0: the first)."""
-    if not layers or not layers["disagreeing_pairs"]:
-        return None, "no layer compare with a disagreeing pair"
-    common, how = _first_common(layers)
-    if common is None:
-        return None, f"{len(layers['disagreeing_pairs'])} disagreeing pair(s), no first module {how} in common"
-    pair = next(p for p in layers["pairs"] if p["label"] == layers["disagreeing_pairs"][0])
-    names = [m["module"] for m in pair["modules"]]
-    depth = names.index(common)
-    return depth, (
-        f"the first module {how} in every one of {len(layers['disagreeing_pairs'])} disagreeing pair(s) is "
-        f"{common} (module {depth + 1} of {len(names)})"
-    )
-
-
-def _layers_agree(layers: dict[str, Any] | None) -> str:
-    """What the layer compare says when every pair is within msprobe's thresholds ("" when it does not)."""
-    if not layers or not layers["pairs"] or layers["disagreeing_pairs"]:
-        return ""
-    return (
-        f"the layer compare agrees in all {len(layers['pairs'])} pair(s): the weights and the forward are the same "
-        "on both sides"
-    )
-
-
-def broken_layer(tokens: Tokens, floor: Floor, layers: dict[str, Any] | None) -> Cause:
-    share, said = _first_token_share(tokens, floor)
-    if agree := _layers_agree(layers):
+def broken_layer(step: Step) -> Cause:
+    share, said = _first_token_share(step.tokens, step.floor)
+    weights = step.identity.weights if step.identity else None
+    if weights is not None and weights.comparable and weights.differing:
+        return Cause("broken-layer", 0.0, 0.0, f"{said}; but the weights differ: stale-weights, not a layer")
+    if agree := _layers_agree(step.layers):
         return Cause("broken-layer", 0.0, 0.0, f"{said}; but {agree}")
-    depth, where = _divergence_depth(layers)
+    depth, where = _divergence_depth(step.layers)
     if depth is None:
         # the tokens alone cannot tell one layer from every weight: half the fit, and the layer compare to ask
         return Cause("broken-layer", share / 2, share / 2, f"{said}; {where}: the layer compare would tell")
-    # the layer compare sees the forward itself: a first common divergence inside the model names the layer
     fit = 1.0 if depth > 0 else 0.0
-    return Cause("broken-layer", fit, fit, f"{where}; {said}" + ("" if depth else ": the first module, not one layer"))
-
-
-def stale_weights(tokens: Tokens, floor: Floor, layers: dict[str, Any] | None) -> Cause:
-    share, said = _first_token_share(tokens, floor)
-    if agree := _layers_agree(layers):
-        return Cause("stale-weights", 0.0, 0.0, f"{said}; but {agree}")
-    depth, where = _divergence_depth(layers)
-    if depth is None:
-        return Cause("stale-weights", share / 2, share / 2, f"{said}; {where}: the layer compare would tell")
-    fit = share if depth == 0 else 0.0
+    same = (
+        f"; the weights are the training side's ({weights.compared} tensors by hash)"
+        if weights is not None and weights.comparable
+        else ""
+    )
     return Cause(
-        "stale-weights", fit, fit, f"{said}; {where}" + ("" if depth == 0 else ": one layer, not every weight")
+        "broken-layer", fit, fit, f"{where}; {said}" + ("" if depth else ": the first module, not one layer") + same
     )
 
 
@@ -378,16 +493,159 @@ def _thirds(tokens: Tokens) -> list[Any]:
     return [third == k for k in range(3)]
 
 
-def precision_noise(mean: float, floor: Floor) -> Cause:
-    excess = mean / floor.mean_limit
-    # out of the floor: at most a quarter (below a cause whose signature half fits), less the further out
-    fit = 1.0 if excess <= 1.0 else 0.25 / excess
-    where = "within" if excess <= 1.0 else "above"
+def precision_noise(step: Step) -> Cause:
+    floor, mean = step.floor, step.mean
+    excess = mean / floor.mean_limit if floor.mean_limit else math.inf
+    where = "within" if step.within else "above"
     evidence = (
         f"mean |dlogp| {_g(mean)} is {where} the floor's limit {_g(floor.mean_limit)} ({_g(excess)}x; "
         f"{'measured' if floor.measured else 'not measured: the fixed gate'})"
     )
-    return Cause("precision-noise", fit, fit, evidence)
+    if not floor.measured and not step.guidance_ok and mean <= floor.mean_limit:
+        evidence += ", but verl's guidance grades the step above its warning level"
+    return Cause("precision-noise", 1.0 if step.within else 0.0, 1.0 if step.within else 0.0, evidence)
+
+
+# --- helpers of the signatures ----------------------------------------------------------------------------
+
+
+def _onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
+    """Per request with a token out of the floor, its first such position; and how often a token from there on
+    is back within the floor (the chance that a prefix token looks clean although the request has parted).
+    Found once per step (several causes read them)."""
+    return tokens.memo(("onsets", floor.token_limit), lambda: _find_onsets(tokens, floor))
+
+
+def _find_onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
+    out = np.flatnonzero(tokens.abs_dlogp > floor.token_limit)
+    rows = tokens.row[out]  # in row order: a row's first token out is where its row number changes
+    first = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if out.size else out
+    rows = rows[first]
+    onsets = tokens.position[out[first]]
+    after = int((tokens.counts[rows] - onsets).sum())  # the tokens from each onset to its row's end
+    back = after - out.size  # of them, those within the floor
+    return onsets.tolist(), back / after if after else 0.0
+
+
+def _first_token_share(tokens: Tokens, floor: Floor) -> tuple[float, str]:
+    onsets, _ = _onsets(tokens, floor)
+    if not onsets:
+        return 0.0, "no request has a token out of the floor"
+    first = onsets.count(0)
+    share, said = first / len(onsets), f"{first} of {len(onsets)} disagreeing request(s) differ from the first token"
+    return _unsure(share, said, floor)
+
+
+def _unsure(fit: float, evidence: str, floor: Floor) -> tuple[float, str]:
+    """Where a token is in or out of the floor matters and the floor is the fixed gate: half the fit, said why."""
+    if floor.measured:
+        return fit, evidence
+    return fit / 2, evidence + " (half the fit: with no floor measured, a token within the fixed gate may be chance)"
+
+
+def _error(module: dict[str, Any]) -> float | None:
+    """A module's error in either of msprobe's modes: MaxAbsErr (tensor) or |Max diff| (statistics)."""
+    value = module["max_abs_err"] if module["max_abs_err"] is not None else module["max_diff"]
+    return None if value is None else abs(float(value))
+
+
+def layer_floor(layers: dict[str, Any] | None) -> dict[str, float] | None:
+    """Per module, the largest error in the pairs msprobe finds within its thresholds (the same computation on
+    both sides, as the demo's same-weights run): the layer compare's own noise floor; None without such a pair."""
+    agreeing = [p for p in (layers or {}).get("pairs", []) if p["first_divergence"] is None]
+    if not agreeing:
+        return None
+    floor: dict[str, float] = {}
+    for pair in agreeing:
+        for m in pair["modules"]:
+            error = _error(m)
+            if error is not None:
+                floor[m["module"]] = max(floor.get(m["module"], 0.0), error)
+    return floor
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """The layer compare read against its own floor: the pairs that leave it, those msprobe flags within it (its
+    statistics rules flag float rounding: "the norm relative error of output is 10 times that of input"), and
+    the first module out of it common to every pair that leaves it."""
+
+    pairs: int
+    disagreeing: tuple[str, ...]  # pair labels
+    within_floor: tuple[str, ...]  # flagged by msprobe, every module within the layer floor
+    first_common: str | None
+    depth: int | None  # where first_common sits in the forward order (0: the first module)
+    modules: int
+    how: str
+
+    @property
+    def agree(self) -> bool:
+        return self.pairs > 0 and not self.disagreeing
+
+
+def layer_view(layers: dict[str, Any] | None) -> LayerView | None:
+    if not layers or not layers["pairs"]:
+        return None
+    flagged = [p for p in layers["pairs"] if p["label"] in set(layers["disagreeing_pairs"])]
+    floor = layer_floor(layers)
+    if floor is None:
+        disagreeing, noise, how = flagged, [], "out of msprobe's thresholds"
+        common = layers["first_common_divergence"]
+    else:
+        typical = float(np.median(list(floor.values()))) if floor else 0.0
+        outs = [{m["module"] for m in p["modules"] if _out_of_layer_floor(m, floor, typical)} for p in flagged]
+        disagreeing = [p for p, o in zip(flagged, outs) if o]
+        noise = [p for p, o in zip(flagged, outs) if not o]
+        out = [o for o in outs if o]
+        shared = set.intersection(*out) if out else set()
+        common = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None) if out else None
+        agreeing = len(layers["pairs"]) - len(flagged)
+        how = (
+            f"out of the layer floor ({FLOOR_FACTOR:g}x each module's largest error in the {agreeing} pair(s) within "
+            f"msprobe's thresholds, and at least {FLOOR_FACTOR:g}x the median module's, {_g(typical)})"
+        )
+    depth = modules = None
+    if common is not None and disagreeing:
+        names = [m["module"] for m in disagreeing[0]["modules"]]
+        depth, modules = names.index(common), len(names)
+    return LayerView(
+        pairs=len(layers["pairs"]),
+        disagreeing=tuple(p["label"] for p in disagreeing),
+        within_floor=tuple(p["label"] for p in noise),
+        first_common=common,
+        depth=depth,
+        modules=modules or 0,
+        how=how,
+    )
+
+
+def _out_of_layer_floor(module: dict[str, Any], floor: dict[str, float], typical: float) -> bool:
+    # above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no rounding there)
+    error = _error(module)
+    return error is not None and error > FLOOR_FACTOR * max(floor.get(module["module"], 0.0), typical)
+
+
+def _divergence_depth(view: LayerView | None) -> tuple[int | None, str]:
+    """Where the first module out of the floor in every disagreeing pair sits in the forward order (0: the first)."""
+    if view is None or not view.disagreeing:
+        return None, "no layer compare with a disagreeing pair"
+    if view.depth is None:
+        return None, f"{len(view.disagreeing)} disagreeing pair(s), no first module {view.how} in common"
+    return view.depth, (
+        f"the first module {view.how} in every one of {len(view.disagreeing)} disagreeing pair(s) is "
+        f"{view.first_common} (module {view.depth + 1} of {view.modules})"
+    )
+
+
+def _layers_agree(view: LayerView | None) -> str:
+    """What the layer compare says when every pair is within its floor ("" when it does not)."""
+    if view is None or not view.agree:
+        return ""
+    noise = f" ({len(view.within_floor)} flagged by msprobe within the layer floor)" if view.within_floor else ""
+    return (
+        f"the layer compare agrees in all {view.pairs} pair(s){noise}: the weights and the forward are the same "
+        "on both sides"
+    )
 
 
 # --- ranking ---------------------------------------------------------------------------------------------
@@ -398,23 +656,55 @@ def _ranked(causes: list[Cause]) -> list[Cause]:
     return sorted(causes, key=lambda c: (-c.score, order.index(c.cause)))
 
 
-def diagnose_step(
-    tokens: Tokens, floor: Floor, layers: dict[str, Any] | None, sampling: dict[str, Any] | None = None
-) -> tuple[bool, float, list[Cause]]:
-    """Whether the step is within the floor, its mean |d|, and its causes ranked."""
-    mean = float(tokens.abs_dlogp.mean())
-    within = mean <= floor.mean_limit
-    causes = [
-        logprob_kind(tokens, sampling),
-        token_mismatch(tokens, floor, layers),
-        stale_weights(tokens, floor, layers),
-        broken_layer(tokens, floor, layers),
-        low_probability_tail(tokens),
-    ]
-    if within:
-        for c in causes:
+def diagnose_step(step: Step) -> list[Cause]:
+    """The step's causes, ranked: the facts (ids, weights) whatever the numbers; the numbers' signatures only
+    out of the floor; the tail only where no structural cause explains the gap; unexplained where none fits."""
+    facts = [token_mismatch(step), stale_weights(step)]
+    numeric = [compute_dtype(step), logprob_kind(step), sampler_support(step), broken_layer(step)]
+    tail = low_probability_tail(step.tokens)
+    if step.within:
+        for c in numeric + [tail]:
             c.score = 0.0
-    return within, mean, _ranked([*causes, precision_noise(mean, floor)])
+        # within the floor, the numeric readings of the facts (the prefix heuristic, a layer compare) say nothing
+        for c in facts:
+            if not _is_fact(c, step):
+                c.score = 0.0
+    else:
+        best = max(c.score for c in facts + numeric)
+        tail.score = tail.fit * (1.0 - best)
+    causes = facts + numeric + [tail]
+    top = max(c.score for c in causes)
+    unexplained = Cause(
+        "unexplained",
+        UNEXPLAINED if not step.within and top < UNEXPLAINED else 0.0,
+        0.0,
+        f"mean |dlogp| {_g(step.mean)} above the floor's limit {_g(step.floor.mean_limit)} and no signature scores "
+        f"{UNEXPLAINED:g} or more"
+        if not step.within
+        else "within the floor",
+    )
+    return _ranked([*causes, unexplained, precision_noise(step)])
+
+
+def _is_fact(cause: Cause, step: Step) -> bool:
+    """Whether a cause's score comes from what both sides recorded (ids, weight hashes), not from the numbers."""
+    identity = step.identity
+    if cause.cause == "token-mismatch":
+        return identity is not None and identity.checked
+    if cause.cause == "stale-weights":
+        weights = identity.weights if identity else None
+        return weights is not None and weights.comparable and weights.compared > 0
+    return False
+
+
+def step_state(top: str, step: Step, guidance_state: str) -> str:
+    """The verdict of a step, from its diagnosis: the tokens differ: fail; within the floor: ok; out of it: verl's
+    guidance, at least a warning."""
+    if top == "token-mismatch" and step.identity is not None and step.identity.differences:
+        return "fail"
+    if top == "precision-noise":
+        return "ok"
+    return "fail" if guidance_state == "fail" else "warn"
 
 
 def growth_and_reset(means: list[float], floor: Floor) -> Cause:
@@ -454,63 +744,128 @@ def choose_floor(batches: list[TokenBatch], baseline: list[TokenBatch], floor_st
     return no_floor("no noise floor measured (no --baseline, no --floor-step)")
 
 
+def clip_shares(tokens: Tokens, clip: tuple[float, float]) -> dict[str, float]:
+    """The share of tokens whose ratio p_train / p_rollout leaves PPO's clip range [1 - low, 1 + high]: what the
+    gap alone would clip at step 0 where the rollout's log-probs are the old policy's (bypass mode; the
+    "phantom clipping" of a bf16 rollout against an fp32 trainer)."""
+    low, high = clip
+    d = tokens.log_ratio
+    if not d.size:
+        return {"above": 0.0, "below": 0.0, "total": 0.0}
+    above = float((d > math.log1p(high)).mean())
+    below = float((d < math.log1p(-low)).mean()) if low < 1.0 else 0.0
+    return {"above": above, "below": below, "total": above + below}
+
+
 def diagnose(
     batches: list[TokenBatch],
     layers: dict[str, Any] | None,
     floor: Floor,
     script: str | None = None,
     sampling: dict[str, Any] | None = None,
+    identities: dict[int, StepIdentity] | None = None,
+    guidance: dict[int, str] | None = None,
+    clip: tuple[float, float] | None = None,
     parts: list[Tokens] | None = None,
 ) -> dict[str, Any]:
-    """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step);
-    `sampling` is the run's rollout settings (`run_sampling`), where its launch script was read: a step whose
-    capture recorded its own (`TokenBatch.sampling`) is judged against those. `parts`: each batch's valid tokens
-    as the report took them out (`Tokens.part_list`), in the order of `batches`, else taken out here."""
-    given = dict(zip(map(id, batches), parts)) if parts is not None else {}
+    """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step).
+
+    `sampling` is the run's rollout settings (`run_settings`), where its launch script was read: a step whose
+    capture recorded its own (`TokenBatch.sampling`) is judged against those, and the engine's record beats
+    both. `identities` (by the batch's index) hold each step's identity check; `guidance` each step's state by
+    verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range.
+    `parts`: each batch's valid tokens as the report took them out (`Tokens.part_list`), in the order of
+    `batches`, read where no row is left out (else taken out here)."""
     steps: list[dict[str, Any]] = []
     best: dict[str, Cause] = {}
+    best_key: dict[str, tuple[float, bool, float]] = {}
     means = []
-    for b in sorted(batches, key=lambda b: (b.step is None, b.step or 0)):
-        tokens = given[id(b)] if id(b) in given else Tokens.of(b.rollout, b.training, b.mask)
-        if not tokens.size:
+    view = layer_view(layers)
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].step is None, batches[i].step or 0))
+    for index in order:
+        b = batches[index]
+        identity = (identities or {}).get(index)
+        mask = identity_rows(b, identity)
+        tokens = parts[index] if parts is not None and mask is b.mask else Tokens.of(b.rollout, b.training, mask)
+        if not tokens.size and not (identity and identity.differences):
             continue
-        # the settings the capture recorded for its step, else the launch script's
         settings = {"source": f"step {b.step}'s capture", **b.sampling} if b.sampling is not None else sampling
-        within, mean, causes = diagnose_step(tokens, floor, layers, settings)
-        means.append(mean)
-        steps.append(
-            {
-                "step": b.step,
-                "kind": b.kind,
-                "mean_abs_dlogp": mean,
-                "within_floor": within,
-                "sampling": settings,
-                "causes": [_plain(c) for c in causes],
-            }
+        step = Step(
+            batch=b,
+            tokens=tokens,
+            floor=floor,
+            identity=identity,
+            layers=view,
+            settings=settings,
+            guidance_ok=(guidance or {}).get(index, "ok") in ("ok", "no value"),
+            prefill=b.prefill[mask] if b.prefill is not None else None,
         )
+        causes = diagnose_step(step)
+        means.append(step.mean)
+        state = step_state(causes[0].cause, step, (guidance or {}).get(index, "ok"))
+        entry: dict[str, Any] = {
+            "batch": index,  # the input's index: the verdict's grade of the same step
+            "step": b.step,
+            "kind": b.kind,
+            "mean_abs_dlogp": step.mean,
+            "within_floor": step.within,
+            "state": state,
+            "tokens": tokens.size,
+            "sampling": settings,
+            "engine": step.engine or None,
+            "identity": _identity_json(identity),
+            "split": split_means(tokens, step.prefill),
+            "causes": [_plain(c) for c in causes],
+        }
+        if clip is not None:
+            entry["clip"] = {"low": clip[0], "high": clip[1], **clip_shares(tokens, clip)}
+        steps.append(entry)
         for c in causes:
-            # the step that shows the cause best: by score, then by fit (the evidence of a step out of the floor)
-            if c.cause not in best or (c.score, c.fit) > (best[c.cause].score, best[c.cause].fit):
-                best[c.cause] = Cause(c.cause, c.score, c.fit, f"step {b.step}: {c.evidence}")
+            # the step that shows the cause best: by score, then a step out of the floor (a clean step's reading of
+            # a cause is no evidence of it), then by fit
+            key = (c.score, not step.within, c.fit)
+            if c.cause not in best or key > best_key[c.cause]:
+                best[c.cause], best_key[c.cause] = Cause(c.cause, c.score, c.fit, f"step {b.step}: {c.evidence}"), key
     trend = growth_and_reset(means, floor)
     if "stale-weights" in best and trend.score > best["stale-weights"].score:
         best["stale-weights"] = trend
     if steps:
-        # noise is judged on the run's worst step: a run with a step out of the floor is not noise only
+        # noise is the run's verdict only where every step is within the floor
         worst = max(steps, key=lambda s: s["mean_abs_dlogp"])
-        noise = precision_noise(worst["mean_abs_dlogp"], floor)
+        noise = next(c for c in worst["causes"] if c["cause"] == "precision-noise")
+        within = all(s["within_floor"] for s in steps)
         best["precision-noise"] = Cause(
-            "precision-noise", noise.score, noise.fit, f"step {worst['step']}: {noise.evidence}"
+            "precision-noise",
+            1.0 if within else 0.0,
+            1.0 if within else 0.0,
+            f"step {worst['step']}: {noise['evidence']}",
         )
+        if within:
+            best["unexplained"] = Cause("unexplained", 0.0, 0.0, "every step within the floor")
     ranked = _ranked(list(best.values()))
     for c in ranked:
         c.confirm = confirm_lines(c.cause, script)
     return {
         "floor": asdict(floor),
+        "layers": asdict(view) if view is not None else None,
         "sampling": sampling,
+        "clip": {"low": clip[0], "high": clip[1]} if clip is not None else None,
         "causes": [_plain(c) for c in ranked],
         "top": ranked[0].cause if ranked else None,
         "steps": steps,
+    }
+
+
+def _identity_json(identity: StepIdentity | None) -> dict[str, Any] | None:
+    if identity is None:
+        return None
+    return {
+        "requests": identity.requests,
+        "joined": identity.joined,
+        "prompts_compared": identity.prompts_compared,
+        "differences": [asdict(d) for d in identity.differences],
+        "summary": identity.summary(),
+        "weights": asdict(identity.weights) if identity.weights is not None else None,
     }
 
 

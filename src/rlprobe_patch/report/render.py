@@ -327,7 +327,7 @@ def _verdict_html(report: dict[str, Any]) -> list[str]:
         top = diagnosis["causes"][0]
         parts.append(
             f"<p id='top-cause'>Top cause (<a href='#diagnosis'>diagnosis</a>): <b>{html.escape(top['cause'])}</b> "
-            f"({top['score']:.2f}), {html.escape(top['title'])}; {html.escape(cited_evidence(top, diagnosis))}</p>"
+            f"({top['score']:.2f}), {html.escape(top['title'])}; {html.escape(top['evidence'])}</p>"
         )
     parts.append("</section>")
     return parts
@@ -516,23 +516,6 @@ def _step_tops(diagnosis: dict[str, Any]) -> str:
     ) + (f"; ... {len(diagnosis['steps']) - 12} more" if len(diagnosis["steps"]) > 12 else "")
 
 
-def cited_evidence(cause: dict[str, Any], diagnosis: dict[str, Any]) -> str:
-    """A cause's evidence, from a step out of the noise floor where the run has one: a cause that scores nothing
-    anywhere is cited by the diagnosis from the step that fits it best, which can be a step within the floor (the
-    clean step) and says nothing about the run's gap."""
-    steps = diagnosis["steps"]
-    cited = next((s for s in steps if cause["evidence"].startswith(f"step {s['step']}: ")), None)
-    out = [s for s in steps if not s["within_floor"]]
-    if cited is None or not cited["within_floor"] or not out:
-        return str(cause["evidence"])
-
-    def mine(step: dict[str, Any]) -> dict[str, Any]:
-        return next(c for c in step["causes"] if c["cause"] == cause["cause"])
-
-    best = max(out, key=lambda s: (mine(s)["score"], mine(s)["fit"]))
-    return f"step {best['step']}: {mine(best)['evidence']}"
-
-
 def diagnosis_lines(report: dict[str, Any]) -> list[str]:
     """The diagnosis in the text summary: the floor, the first causes with their evidence and confirming runs."""
     diagnosis = report.get("diagnosis")
@@ -543,9 +526,18 @@ def diagnosis_lines(report: dict[str, Any]) -> list[str]:
     if not diagnosis["steps"]:
         return [*lines, "  no response token: nothing to diagnose"]
     for rank, c in enumerate(_shown(diagnosis), start=1):
-        lines.append(f"  {rank}. {c['cause']} ({c['score']:.2f}): {c['title']}; {cited_evidence(c, diagnosis)}")
+        lines.append(f"  {rank}. {c['cause']} ({c['score']:.2f}): {c['title']}; {c['evidence']}")
         lines += [f"     confirm: {line}" for line in c["confirm"]]
     lines.append(f"  {_step_tops(diagnosis)}")
+    clip = diagnosis.get("clip")
+    if clip:
+        shares = ", ".join(
+            f"step {s['step']} {s['clip']['total']:.1%}" for s in diagnosis["steps"][:12] if s.get("clip")
+        )
+        lines.append(
+            f"  tokens the gap alone would clip at step 0 (ratio outside [1 - {clip['low']:g}, 1 + {clip['high']:g}], "
+            f"{clip.get('source', 'the run')}): {shares}"
+        )
     return lines
 
 
@@ -557,13 +549,7 @@ def _diagnosis_html(diagnosis: dict[str, Any]) -> list[str]:
         f"{html.escape(floor['how'])}</p>",
     ]
     rows = [
-        [
-            rank,
-            c["cause"],
-            f"{c['score']:.2f}",
-            c["title"],
-            cited_evidence(c, diagnosis) if diagnosis["steps"] else c["evidence"],
-        ]
+        [rank, c["cause"], f"{c['score']:.2f}", c["title"], c["evidence"]]
         for rank, c in enumerate(diagnosis["causes"], 1)
     ]
     parts.append(_table(["rank", "cause", "score", "what", "evidence"], rows, "causes"))
@@ -574,17 +560,48 @@ def _diagnosis_html(diagnosis: dict[str, Any]) -> list[str]:
     steps = [
         [
             s["step"],
+            s.get("state", ""),
             s["mean_abs_dlogp"],
             "yes" if s["within_floor"] else "",
             s["causes"][0]["cause"],
             f"{s['causes'][0]['score']:.2f}",
-            _sampling_text(s.get("sampling")),
+            _identity_text(s.get("identity")),
+            _split_text(s.get("split")),
+            _clip_text(s.get("clip")),
+            _sampling_text(s.get("engine") or s.get("sampling")),
         ]
         for s in diagnosis["steps"]
     ]
-    header = ["step", "mean |dlogp|", "within the floor", "first cause", "score", "rollout sampling (from)"]
+    header = ["step", "verdict", "mean |dlogp|", "within the floor", "first cause", "score", "identity"]
+    header += ["trainer / engine prefill / decode", "clipped by the gap alone", "rollout sampling (from)"]
     parts.append(_table(header, steps, "diagnosis-steps"))
     return parts
+
+
+def _identity_text(identity: dict[str, Any] | None) -> str:
+    """A step's identity check in a few words: joined requests, those whose ids differ, the weights."""
+    if not identity:
+        return "not checked (no engine record)"
+    said = identity["summary"] if identity["differences"] else f"{identity['joined']} of {identity['requests']} joined"
+    said += ", same ids" if identity["joined"] and not identity["differences"] else ""
+    weights = identity.get("weights")
+    if weights and weights["comparable"]:
+        differing = len(weights["differing"])
+        said += f"; weights: {differing} of {weights['compared']} tensors differ" if differing else "; weights equal"
+    return said
+
+
+def _split_text(split: dict[str, float] | None) -> str:
+    """The three-way split: trainer against the engine's prefill re-score, and the prefill against its decode."""
+    if not split:
+        return "no re-score"
+    return f"{split['trainer_vs_prefill']:.3g} / {split['prefill_vs_decode']:.3g}"
+
+
+def _clip_text(clip: dict[str, float] | None) -> str:
+    if not clip:
+        return ""
+    return f"{clip['total']:.1%} ({clip['above']:.1%} above 1 + {clip['high']:g}, {clip['below']:.1%} below)"
 
 
 def _sampling_text(sampling: dict[str, Any] | None) -> str:

@@ -68,12 +68,41 @@ def grade_step(step: dict[str, Any], guidance: MismatchGuidance) -> dict[str, An
     return {**graded, "state": state, "informative": True, "why": why}
 
 
-def verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """The report's verdict: the worst of its steps' grades and of the layer compare."""
+def grade_steps(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each step of the report's tokens (in the inputs' order) graded by verl's guidance alone."""
     guidance = releases("verl").guidance
     assert guidance is not None, "patches/releases/verl.toml lacks [mismatch_guidance]"
-    steps = [grade_step(s, guidance) for s in (report["tokens"]["steps"] if report.get("tokens") else [])]
-    plain = [s for s in steps if s["state"] == "ok" and s["informative"]]
+    return [grade_step(s, guidance) for s in (report["tokens"]["steps"] if report.get("tokens") else [])]
+
+
+def _with_diagnosis(steps: list[dict[str, Any]], diagnosis: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The guidance's grades made the diagnosis' where it judged the step (`state`): within the measured noise floor
+    a step is ok, out of it at least a warning, one whose tokens differ a failure; the two never disagree."""
+    judged = {s["batch"]: s for s in (diagnosis or {}).get("steps", []) if "batch" in s}
+    merged = []
+    for index, grade in enumerate(steps):
+        step = judged.get(index)
+        if step is None or step["state"] == grade["state"]:
+            merged.append(grade)
+            continue
+        top = step["causes"][0]
+        if step["state"] == "ok":
+            why = f"within the measured noise floor (mean |dlogp| {_g(step['mean_abs_dlogp'])}): precision noise"
+        else:
+            why = f"the diagnosis ranks {top['cause']} first ({top['title']}, score {_g(top['score'])})"
+        merged.append(
+            {**grade, "state": step["state"], "guidance_state": grade["state"], "why": f"{grade['why']}; but {why}"}
+        )
+    return merged
+
+
+def verdict(report: dict[str, Any], grades: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The report's verdict: the worst of its steps' grades (verl's guidance, the diagnosis' where it judged the
+    step) and of the layer compare."""
+    guidance = releases("verl").guidance
+    assert guidance is not None, "patches/releases/verl.toml lacks [mismatch_guidance]"
+    steps = _with_diagnosis(grades if grades is not None else grade_steps(report), report.get("diagnosis"))
+    plain = [s for s in steps if s["state"] == "ok" and s["informative"] and "guidance_state" not in s]
     told = [s for s in steps if s not in plain]  # said one by one: warnings, mismatches, uninformative steps
     reasons = [s["why"] for s in told[:_TOLD]]
     if len(told) > _TOLD:
@@ -87,7 +116,22 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
         )
     states = [s["state"] for s in steps]
     layers = report.get("layers")
-    if layers:
+    view = (report.get("diagnosis") or {}).get("layers")
+    if view:  # the diagnosis read the compare against its own floor: msprobe's flags on float rounding are noise
+        disagreeing, pairs = len(view["disagreeing"]), view["pairs"]
+        noise = (
+            f" ({len(view['within_floor'])} flagged by msprobe within the layer floor)" if view["within_floor"] else ""
+        )
+        if disagreeing:
+            states.append("fail")
+            reasons.append(
+                f"layer compare: {disagreeing} of {pairs} pair(s) leave the layer floor{noise}; first module to "
+                f"diverge in every one: {view['first_common'] or '(none in common)'}"
+            )
+        else:
+            states.append("ok")
+            reasons.append(f"layer compare: all {pairs} pair(s) within the layer floor{noise}")
+    elif layers:
         disagreeing, pairs = len(layers["disagreeing_pairs"]), len(layers["pairs"])
         if disagreeing:
             states.append("fail")

@@ -21,7 +21,9 @@ a prefill pairs with the step that ran the forward on each stage and chunk (`_fo
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -567,7 +569,8 @@ def vllm_module_mapping(actor: dict[str, Any], generate: dict[str, Any]) -> dict
 _COMPARE = r"""
 import json, sys, io, contextlib, os
 from msprobe.pytorch.compare.pt_compare import pt_compare
-pairs = json.loads(sys.argv[1])
+with open(sys.argv[1], encoding="utf-8") as jobs_file:  # a file: a real model's mappings pass ARG_MAX
+    pairs = json.load(jobs_file)
 
 
 def verdict(out, files):
@@ -621,7 +624,7 @@ def flat_view(dump, folder, mapping):
     os.makedirs(dst, exist_ok=True)
 
     def walk(node, flatten):
-        if isinstance(node, dict) and node.get("data_name"):
+        if isinstance(node, dict) and node.get("data_name"):  # tensor mode: the tensor's file and its shape
             name = node["data_name"]
             if not os.path.isfile(os.path.join(src, name)):
                 return
@@ -631,6 +634,10 @@ def flat_view(dump, folder, mapping):
                 value = value.squeeze(0)
                 node["shape"] = list(shape[1:])
             torch.save(value, os.path.join(dst, name))
+        elif isinstance(node, dict) and isinstance(node.get("shape"), list) and "Max" in node:  # statistics mode
+            shape = node["shape"]
+            if flatten and len(shape) > 1 and shape[0] == 1:
+                node["shape"] = list(shape[1:])
         elif isinstance(node, dict):
             for value in node.values():
                 walk(value, flatten)
@@ -695,7 +702,15 @@ def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[
             job["view"] = str(output.parent / f"{output.name}.actor-views" / name)
         left_out.append(mapped.get("left_out", {}))
         jobs.append(job)
-    proc = run_python(python, _COMPARE, json.dumps(jobs), timeout=1800)
+    output.mkdir(parents=True, exist_ok=True)
+    # the jobs go in a file beside the pairs: with a real model's module mappings they pass one argument's limit
+    # (MAX_ARG_STRLEN, 128 KiB: "Argument list too long")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix=".compare-jobs-", dir=output, delete=False) as f:
+        json.dump(jobs, f)
+    try:
+        proc = run_python(python, _COMPARE, f.name, timeout=1800)
+    finally:
+        os.unlink(f.name)
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("["):
             results: list[dict[str, Any]] = json.loads(line)

@@ -254,6 +254,7 @@ def detect_script(
     mode = next(m for m in COLLECTION_MODES if scores[m] == best) if best > 0 else "unknown"
     train_backend, train_signals, notices = _train_backend(script)
     rollout_backend, rollout_signals = _rollout_backend(script)
+    notices += script.notes
     if script.composed is not None and script.composed.searchpath_note:
         notices.append(script.composed.searchpath_note)
     pairing: list[dict[str, Any]] = []
@@ -272,6 +273,33 @@ def detect_script(
         notices=notices,
         pairing=pairing,
     )
+
+
+def cwd_dependent(script: Script) -> bool:
+    """Hydra refused for what it looks for relative to the folder the script runs in (its entry point, its
+    config folder, a relative search path), not for an override: the fix is where it runs (`--cwd`)."""
+    composed = script.composed
+    if composed is None or not composed.errors:
+        return False
+    return bool(script.missing_in_cwd or composed.unresolved_searchpath) or any(
+        "Primary config directory not found" in error for error in composed.errors
+    )
+
+
+def refusal_hint(script: Script) -> str:
+    """What to pass when neither backend could be read: where it runs, or what it reads from outside."""
+    composed = script.composed
+    if script.cwd_hint:
+        return script.cwd_hint
+    if composed is not None and composed.unresolved_searchpath:
+        entries = ", ".join(f"file://{entry}" for entry in composed.unresolved_searchpath)
+        return (
+            f"{composed.config_file} searches {entries}, relative to the folder verl runs in, and neither that "
+            "folder nor --verl-root's holds it: say where it runs with --cwd DIR (a verl checkout)"
+        )
+    if cwd_dependent(script):
+        return "the script names its config relative to the folder it runs in: say where it runs with --cwd DIR"
+    return "--env / --arg give what it reads from its environment and its arguments"
 
 
 def found_trees(python: str | None) -> dict[str, Any]:

