@@ -222,7 +222,10 @@ class Step:
 
     @property
     def mean(self) -> float:
-        return float(self.tokens.abs_dlogp.mean()) if self.tokens.size else 0.0
+        # read by most causes: taken once per step
+        return self.tokens.memo(
+            "mean_abs_dlogp", lambda: float(self.tokens.abs_dlogp.mean()) if self.tokens.size else 0.0
+        )
 
     @property
     def within(self) -> bool:
