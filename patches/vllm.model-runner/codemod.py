@@ -1,11 +1,14 @@
-"""Anchors of `vllm.model-runner` in vLLM's `GPUModelRunner` (V1 every release 0.8.5 to 0.32.0;
-V2 from the release that has `vllm/v1/worker/gpu/model_runner.py`).
+"""Anchors of `vllm.model-runner` in vLLM's `GPUModelRunner` (V1 from 0.8.5 until 0.34 removed
+it; V2 from the release that has `vllm/v1/worker/gpu/model_runner.py`) and, from 0.34, in the
+standalone CPU runner `StandaloneCPUModelRunner` (`vllm/v1/worker/cpu/standalone_model_runner.py`,
+V2's shape, no subclass of `GPUModelRunner`: it takes the same methods and the same hooks as V2).
 
 - `__init__`: its end (the config, the model config and the worker's device are set by then);
 - `execute_model`: the one statement that runs the model's forward, at any depth:
-  `<name> = self.model(...)` (V1 to 0.11, V2 eager) or `<name> = self._model_forward(...)`
-  (V1 from 0.12), and the one `with` block that holds it (`set_forward_context(...)`); in V2 its
-  parameter `dummy_run` (every V2 release, 0.12 to 0.32).
+  `<name> = self.model(...)` (V1 to 0.11, V2 eager, standalone CPU) or
+  `<name> = self._model_forward(...)` (V1 from 0.12), and the one `with` block that holds it
+  (`set_forward_context(...)`); in V2 and the standalone CPU runner its parameter `dummy_run`
+  (every release of either, 0.12 to 0.34).
 """
 
 import libcst as cst
@@ -26,20 +29,33 @@ def holds_forward(stmt: cst.BaseStatement) -> bool:
 FORWARD = "`<name> = self.model(...)` or `<name> = self._model_forward(...)` in the method"
 
 
-def start_before_forward(payload: str) -> Hook:
-    return Hook("GPUModelRunner", "execute_model", payload, Where.BEFORE, ANY, anchor=runs_forward, expected=FORWARD)
+def create_debugger(cls: str) -> Hook:
+    return Hook(cls, "__init__", "create_debugger", Where.END, METHOD, expected="the method body")
 
 
-INIT = Hook("GPUModelRunner", "__init__", "create_debugger", Where.END, METHOD, expected="the method body")
-FINISH = Hook(
-    "GPUModelRunner",
-    "execute_model",
-    "finish_forward",
-    Where.AFTER,
-    ANY,
-    anchor=holds_forward,
-    expected=f"a `with` block holding {FORWARD}",
-)
+def start_forward_v2(cls: str) -> Hook:
+    return Hook(
+        cls,
+        "execute_model",
+        "start_forward_v2",
+        Where.BEFORE,
+        ANY,
+        anchor=runs_forward,
+        expected=FORWARD,
+        parameters=("dummy_run",),  # vLLM's own passes (memory profile, DP idle) are not dumped
+    )
+
+
+def finish_forward(cls: str) -> Hook:
+    return Hook(
+        cls,
+        "execute_model",
+        "finish_forward",
+        Where.AFTER,
+        ANY,
+        anchor=holds_forward,
+        expected=f"a `with` block holding {FORWARD}",
+    )
 
 
 class V1Runner(PatchCodemod):
@@ -47,11 +63,11 @@ class V1Runner(PatchCodemod):
     REQUIRES_MODULE_NAMES = ("torch",)
     OPERATIONS = (
         AddMethods("GPUModelRunner"),
-        INIT,
+        create_debugger("GPUModelRunner"),
         Hook(
             "GPUModelRunner", "execute_model", "start_forward", Where.BEFORE, ANY, anchor=runs_forward, expected=FORWARD
         ),
-        FINISH,
+        finish_forward("GPUModelRunner"),
     )
 
 
@@ -60,16 +76,18 @@ class V2Runner(PatchCodemod):
     REQUIRES_MODULE_NAMES = ("torch",)
     OPERATIONS = (
         AddMethods("GPUModelRunner"),
-        INIT,
-        Hook(
-            "GPUModelRunner",
-            "execute_model",
-            "start_forward_v2",
-            Where.BEFORE,
-            ANY,
-            anchor=runs_forward,
-            expected=FORWARD,
-            parameters=("dummy_run",),  # vLLM's own passes (memory profile, DP idle) are not dumped
-        ),
-        FINISH,
+        create_debugger("GPUModelRunner"),
+        start_forward_v2("GPUModelRunner"),
+        finish_forward("GPUModelRunner"),
+    )
+
+
+class StandaloneCPURunner(PatchCodemod):
+    DESCRIPTION = "msprobe debugger around each forward pass of vLLM's standalone CPU runner (V2's shape)"
+    REQUIRES_MODULE_NAMES = ("torch",)
+    OPERATIONS = (
+        AddMethods("StandaloneCPUModelRunner", payload_cls="GPUModelRunner"),
+        create_debugger("StandaloneCPUModelRunner"),
+        start_forward_v2("StandaloneCPUModelRunner"),
+        finish_forward("StandaloneCPUModelRunner"),
     )
