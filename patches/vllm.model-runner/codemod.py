@@ -11,6 +11,8 @@ V2's shape, no subclass of `GPUModelRunner`: it takes the same methods and the s
   (every release of either, 0.12 to 0.34).
 """
 
+from dataclasses import replace
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -29,33 +31,16 @@ def holds_forward(stmt: cst.BaseStatement) -> bool:
 FORWARD = "`<name> = self.model(...)` or `<name> = self._model_forward(...)` in the method"
 
 
-def create_debugger(cls: str) -> Hook:
-    return Hook(cls, "__init__", "create_debugger", Where.END, METHOD, expected="the method body")
-
-
-def start_forward_v2(cls: str) -> Hook:
-    return Hook(
-        cls,
-        "execute_model",
-        "start_forward_v2",
-        Where.BEFORE,
-        ANY,
-        anchor=runs_forward,
-        expected=FORWARD,
-        parameters=("dummy_run",),  # vLLM's own passes (memory profile, DP idle) are not dumped
-    )
-
-
-def finish_forward(cls: str) -> Hook:
-    return Hook(
-        cls,
-        "execute_model",
-        "finish_forward",
-        Where.AFTER,
-        ANY,
-        anchor=holds_forward,
-        expected=f"a `with` block holding {FORWARD}",
-    )
+INIT = Hook("GPUModelRunner", "__init__", "create_debugger", Where.END, METHOD, expected="the method body")
+FINISH = Hook(
+    "GPUModelRunner",
+    "execute_model",
+    "finish_forward",
+    Where.AFTER,
+    ANY,
+    anchor=holds_forward,
+    expected=f"a `with` block holding {FORWARD}",
+)
 
 
 class V1Runner(PatchCodemod):
@@ -63,11 +48,11 @@ class V1Runner(PatchCodemod):
     REQUIRES_MODULE_NAMES = ("torch",)
     OPERATIONS = (
         AddMethods("GPUModelRunner"),
-        create_debugger("GPUModelRunner"),
+        INIT,
         Hook(
             "GPUModelRunner", "execute_model", "start_forward", Where.BEFORE, ANY, anchor=runs_forward, expected=FORWARD
         ),
-        finish_forward("GPUModelRunner"),
+        FINISH,
     )
 
 
@@ -76,18 +61,30 @@ class V2Runner(PatchCodemod):
     REQUIRES_MODULE_NAMES = ("torch",)
     OPERATIONS = (
         AddMethods("GPUModelRunner"),
-        create_debugger("GPUModelRunner"),
-        start_forward_v2("GPUModelRunner"),
-        finish_forward("GPUModelRunner"),
+        INIT,
+        Hook(
+            "GPUModelRunner",
+            "execute_model",
+            "start_forward_v2",
+            Where.BEFORE,
+            ANY,
+            anchor=runs_forward,
+            expected=FORWARD,
+            parameters=("dummy_run",),  # vLLM's own passes (memory profile, DP idle) are not dumped
+        ),
+        FINISH,
+    )
+
+
+def in_class(cls: str, operations: tuple[AddMethods | Hook, ...]) -> tuple[AddMethods | Hook, ...]:
+    """`operations` (the payload's GPUModelRunner methods, hooks in its methods) for the class `cls`."""
+    return tuple(
+        AddMethods(cls, payload_cls=op.payload_cls or op.cls) if isinstance(op, AddMethods) else replace(op, cls=cls)
+        for op in operations
     )
 
 
 class StandaloneCPURunner(PatchCodemod):
     DESCRIPTION = "msprobe debugger around each forward pass of vLLM's standalone CPU runner (V2's shape)"
     REQUIRES_MODULE_NAMES = ("torch",)
-    OPERATIONS = (
-        AddMethods("StandaloneCPUModelRunner", payload_cls="GPUModelRunner"),
-        create_debugger("StandaloneCPUModelRunner"),
-        start_forward_v2("StandaloneCPUModelRunner"),
-        finish_forward("StandaloneCPUModelRunner"),
-    )
+    OPERATIONS = in_class("StandaloneCPUModelRunner", V2Runner.OPERATIONS)
