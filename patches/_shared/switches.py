@@ -182,6 +182,23 @@ class Switches:
             warnings.append("rlprobe-patch: MISMATCH_DIR is set and MISMATCH_ON is off: nothing is captured")
         return {"on": on, "dir": directory, "warnings": warnings}
 
+    def _rlprobe_rollout_record_dir(self, capture):
+        # Where a rollout engine writes its record of each request (vllm.rollout-record), given the
+        # capture switches (`_rlprobe_capture_switches`) with the capture on: (MISMATCH_DIR/rollout,
+        # None), or (None, why) when MISMATCH_DIR is not an absolute path: the engine runs in other
+        # processes and another working directory than the trainer, so a relative folder is not the
+        # trainer's capture folder.
+        import os
+
+        directory = capture["dir"]
+        if os.path.isabs(directory):
+            return os.path.join(directory, "rollout"), None
+        return None, (
+            f"rlprobe-patch: MISMATCH_ON with MISMATCH_DIR {directory}, not an absolute path: the rollout engine "
+            "runs in another process and working directory than the trainer and writes no record of its requests "
+            "(vllm.rollout-record); export MISMATCH_DIR as an absolute path"
+        )
+
     def _rlprobe_run_capture(self):
         # The capture switches of this process, read at the first step and kept (as the dump
         # switches are): off, each later step costs one dictionary lookup.
