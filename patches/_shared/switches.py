@@ -18,6 +18,9 @@ the allowed values and the rank: a typo must never give a run without dumps.
 - The msprobe config a hook would load (`MSPROBE_ACTOR_CONFIG`, `MSPROBE_SGLANG_CONFIG`, ...,
   or the hook's default when the variable is unset): a readable JSON object when dumping is on;
   msprobe's own loader checks it further when the debugger is made (`_rlprobe_debugger`).
+- `MISMATCH_ON` (a switch, as above) and `MISMATCH_DIR` (a folder, default `rlprobe-logprobs`): the
+  log-prob capture's (`_rlprobe_capture_switches`); a rollout engine records its requests in
+  `MISMATCH_DIR/rollout` only when the folder is absolute (`_rlprobe_rollout_record_dir`).
 
 The hooks read the switches once per process (`_rlprobe_run_switches`: the answer is kept in
 `sys.modules["_rlprobe_patch_run"]`, shared by every hook of the process), print the warnings
