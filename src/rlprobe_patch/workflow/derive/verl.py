@@ -269,9 +269,9 @@ def _community_vllm(req: Requirements, engine: VllmEngine, python: str | None) -
     name = f"community vLLM {engine.version}: {', '.join(engine.needed(req.mode))} applied"
     if missing:
         states = ", ".join(f"{pid} {engine.states.get(pid, 'unknown')}" for pid in missing)
-        req.checks.append(
-            ScriptCheck(name, False, f"{states} in {engine.root}: the rollout would dump nothing; fix: {fix}")
-        )
+        # without the dumper nothing is dumped; without the others, what check-dump and report join the dumps by
+        what = "would dump nothing" if engine.dumper() in missing else "would lack what the dumps are joined by"
+        req.checks.append(ScriptCheck(name, False, f"{states} in {engine.root}: the rollout {what}; fix: {fix}"))
         req.notices.append(f"community vLLM {engine.version} in {engine.root} dumps nothing yet: {fix}")
     else:
         req.checks.append(ScriptCheck(name, True, str(engine.root)))
