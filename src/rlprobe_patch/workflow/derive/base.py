@@ -295,6 +295,19 @@ def launch_cwd(script: Script) -> Path:
     return script.launch.run.cwd.absolute() if script.launch is not None else Path.cwd()
 
 
+def capture_folder(script: Script) -> str | None:
+    """The `MISMATCH_DIR` a capture run must export, absolute, so that the rollout engine's processes
+    (`vllm.rollout-record`), in other working directories, write their records beside the trainer's
+    capture: the script's own relative value (the hooks' default `rlprobe-logprobs` where it sets none)
+    resolved against the directory the launch runs in, the folder the trainer writes to. None where the
+    script's own is absolute (kept as written: `$HOME/caps` stays) or set by the run."""
+    current = script.env.get("MISMATCH_DIR")
+    value = str(current.value).strip() if current is not None else ""
+    if not _exact_env(script, "MISMATCH_DIR") or Path(value).is_absolute():
+        return None
+    return str(launch_cwd(script) / (value or "rlprobe-logprobs"))
+
+
 def resolve_config(script: Script, path: str) -> tuple[Path, str]:
     """(the file a config path names, how it was resolved): a relative path is read by the launched
     process, from the directory it runs in, never from the script's folder."""

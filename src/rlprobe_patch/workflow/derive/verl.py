@@ -107,6 +107,11 @@ def capture_checks(script: Script, reader: Any) -> list[ScriptCheck]:
             )
         )
     checks.append(ScriptCheck("log-prob capture", True, f"MISMATCH_DIR {capture['dir']}"))
+    _, relative = reader._rlprobe_rollout_record_dir(capture)  # the rollout engine's record needs it absolute
+    if relative is not None:
+        checks.append(
+            ScriptCheck("log-prob capture: rollout record", True, relative.removeprefix("rlprobe-patch: "), True)
+        )
     return checks
 
 
@@ -264,9 +269,9 @@ def _community_vllm(req: Requirements, engine: VllmEngine, python: str | None) -
     name = f"community vLLM {engine.version}: {', '.join(engine.needed(req.mode))} applied"
     if missing:
         states = ", ".join(f"{pid} {engine.states.get(pid, 'unknown')}" for pid in missing)
-        req.checks.append(
-            ScriptCheck(name, False, f"{states} in {engine.root}: the rollout would dump nothing; fix: {fix}")
-        )
+        # without the dumper nothing is dumped; without the others, what check-dump and report join the dumps by
+        what = "would dump nothing" if engine.dumper() in missing else "would lack what the dumps are joined by"
+        req.checks.append(ScriptCheck(name, False, f"{states} in {engine.root}: the rollout {what}; fix: {fix}"))
         req.notices.append(f"community vLLM {engine.version} in {engine.root} dumps nothing yet: {fix}")
     else:
         req.checks.append(ScriptCheck(name, True, str(engine.root)))
@@ -619,9 +624,11 @@ class Verl(Framework):
         capture.env.update({"DUMP_ON": "0", "PROMPTS_ONLY": "0", "MISMATCH_ON": "1"})
         capture.pinned, capture.probes = dict(req.pinned), dict(req.probes)
         capture.notices.append(
-            "the log-prob capture run: one file per training step in MISMATCH_DIR (default rlprobe-logprobs in "
-            "the trainer's working directory), for rlprobe-patch report with check-dump --compare's output; "
-            "it needs verl.logprob-capture and verl.request-id applied (both in apply --mode consistency)"
+            "the log-prob capture run: one file per training step in MISMATCH_DIR (exported as an absolute path: "
+            "the trainer's folder, default rlprobe-logprobs in its working directory), and in MISMATCH_DIR/rollout "
+            "vLLM's record of each request it ran (vllm.rollout-record), for rlprobe-patch report with check-dump "
+            "--compare's output; it needs verl.logprob-capture and verl.request-id applied, and on a vLLM rollout "
+            "vllm.rollout-record (all in apply --mode consistency)"
         )
         return capture
 
