@@ -72,7 +72,9 @@ def test_consistency_set_and_each_patch_alone(vllm_tree, version: str) -> None:
     runners = [runner for runner in (V1, V2, STANDALONE_CPU) if (root / runner).is_file()]
     assert [runner for runner in (V1, V2, STANDALONE_CPU) if runner in applied["files"]] == runners  # each one shipped
     checks = [c["check"] for c in verified["trees"][0]["checks"] if c["ok"]]
-    for patch, runner in ((patch, runner) for patch in ("vllm.dispatch-logger", "vllm.model-runner") for runner in runners):
+    for patch, runner in (
+        (patch, runner) for patch in ("vllm.dispatch-logger", "vllm.model-runner") for runner in runners
+    ):
         assert any(f"{patch}: hooks in place in {runner}" in c for c in checks), checks
     assert any("vllm.rollout-record: hooks in place in vllm/v1/core/sched/scheduler.py" in c for c in checks), checks
     assert applied["tree"]["version"] == version and applied["tree"]["version_source"] == "_version.py"

@@ -548,8 +548,13 @@ def _run(
         report = cli(state, "report", *args, allow=(0, 4))
         diagnosis = report.get("diagnosis") or {}
         top = diagnosis.get("top")
-        layers = layer_runs.get(spec.run)
-        caught = layers is None or spec.layers is None or layers[spec.layers] == len(planted.prompts)
+        # the layer compare as the report reads it: against its own floor (msprobe's statistics rules flag float
+        # rounding in some same-weights pairs), of the plant's own run where it dumped one
+        view = diagnosis.get("layers") or {}
+        of_run = [lab for lab in (view.get("disagreeing") or []) if lab.split("/", 1)[0] == spec.run]
+        pairs = layer_runs[spec.run]["pairs"] if spec.run in layer_runs else 0
+        layers = {"of_run": spec.run, "pairs": pairs, "disagree": len(of_run), "agree": pairs - len(of_run)}
+        caught = spec.layers is None or layers[spec.layers] == len(planted.prompts)
         html = report_dir / "report.html"
         ok = caught and top == spec.cause and html.is_file()
         results[plant] = {
@@ -558,7 +563,8 @@ def _run(
             "planted": spec.said,
             "cause": spec.cause,
             "diagnosis_top": top,
-            "layers": {"of_run": spec.run} | {k: layers[k] for k in ("pairs", "agree", "disagree")} if layers else None,
+            "verdict": (report.get("verdict") or {}).get("state"),
+            "layers": layers if pairs else None,
             "capture": str(capture),
             "report": {"html": str(html), "summary": report},
         }
@@ -567,7 +573,19 @@ def _run(
 
     same = layer_runs[CLEAN]
     n = len(runs[CLEAN].prompts)
-    ok = same["pairs"] == n and same["agree"] == n and not same["problems"] and all(r["ok"] for r in results.values())
+    # the clean run: every request paired, none out of the layer floor in any report (msprobe's own verdicts printed
+    # above), and within the noise floor as step 1 of every report
+    clean_out = any(
+        lab.startswith(f"{CLEAN}/")
+        for r in results.values()
+        for lab in ((r["report"]["summary"].get("diagnosis") or {}).get("layers") or {}).get("disagreeing", [])
+    )
+    clean_within = all(
+        (r["report"]["summary"].get("diagnosis") or {}).get("steps", [{}])[0].get("within_floor")
+        for r in results.values()
+    )
+    ok = same["pairs"] == n and not same["problems"] and not clean_out and clean_within
+    ok = ok and all(r["ok"] for r in results.values())
     say(f"  {'plant':12}  {'planted cause':16}  {'diagnosed first':16}  layers (agree / disagree)")
     for name, r in results.items():
         layer_said = f"{r['layers']['agree']} / {r['layers']['disagree']}" if r["layers"] else "-"
@@ -576,7 +594,7 @@ def _run(
             fg="green" if r["ok"] else "red",
         )
     say(
-        "consistency chain (vLLM rollout): same weights agree; every planted cause caught and diagnosed first"
+        "consistency chain (vLLM rollout): the clean run within both floors; every planted cause diagnosed first"
         if ok
         else "consistency chain (vLLM rollout): UNEXPECTED verdicts (see the JSON / compare folders)",
         fg="green" if ok else "red",

@@ -232,6 +232,9 @@ class Step:
 
     @property
     def within(self) -> bool:
+        """Within the floor: the comparable tokens' mean, where no request's ids differ (those are no noise)."""
+        if self.identity is not None and self.identity.differences:
+            return False
         return self.mean <= self.floor.mean_limit and (self.floor.measured or self.guidance_ok)
 
     @property
@@ -512,6 +515,8 @@ def precision_noise(step: Step) -> Cause:
     )
     if not floor.measured and not step.guidance_ok and mean <= floor.mean_limit:
         evidence += ", but verl's guidance grades the step above its warning level"
+    if step.identity is not None and step.identity.differences:
+        evidence += f"; but {len(step.identity.differing_rows)} request(s) scored other tokens on each side: no noise"
     return Cause("precision-noise", 1.0 if step.within else 0.0, 1.0 if step.within else 0.0, evidence)
 
 
