@@ -113,7 +113,8 @@ var seen = {
     return {step: c[0].textContent, within: c[w].textContent}; }),
   step_states: [].slice.call(d.querySelectorAll('table.steps tbody tr')).map(function (r) {
     var c = r.querySelectorAll('td');
-    return [c[column('table.steps', "by verl's number")].textContent, c[column('table.steps', 'noise floor')].textContent]; }),
+    return [c[column('table.steps', "by verl's number")].textContent,
+            c[column('table.steps', 'noise floor')].textContent]; }),
   verdict_from: (d.getElementById('verdict-from') || {}).textContent,
   worst_heading: d.getElementById('worst-heading').textContent,
   histogram_x: texts('#histogram-xticks0 text'), histogram_y: texts('#histogram-yticks0 text'),
