@@ -294,6 +294,11 @@ def _write_step(
         if prefill
         else None,
         source=source,
+        # the chat as verl's batch carries it (raw_prompt) and its row in the prompt list: the report's replay
+        raw_prompts=[
+            json.dumps([{"role": "user", "content": p["text"]}]) if p.get("text") else "" for p in run.prompts
+        ],
+        dataset_index=[p.get("index", i) for i, p in enumerate(run.prompts)],
         # what the run's config sets, as verl's capture records it: the training side scores at T = 1
         sampling=run.settings(),
         provenance={"training_dtype": "float32", "rollout_dtype": rollout_dtype, "training_temperature": 1.0},
