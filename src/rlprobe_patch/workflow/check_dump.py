@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.workflow.envprobe import last_json, run_python
+from rlprobe_patch.workflow.envprobe import interpreter, last_json, msprobe_import, run_python
 
 _STEP = re.compile(r"^step_?(\d+)$")
 _RANK = re.compile(r"^(?:rank_?(\d+)|proc(\d+))$")
@@ -172,7 +172,23 @@ def check_dumps(actor: Path, generate: Path | None = None) -> DumpReport:
     if generate is not None:
         _check_generate(report)
         _pair(report)
+        _check_paired_dumps(report)
     return report
+
+
+def _check_paired_dumps(report: DumpReport) -> None:
+    """Each dump.json a pair names must be whole: a file cut short (a run killed while msprobe wrote it, a full
+    disk) pairs by its path and only msprobe's compare would find it out."""
+    named = dict.fromkeys(pair[side]["dump"] for pair in report.pairs for side in ("actor", "generate"))
+    for path in named:
+        try:
+            document = json.loads(Path(path).read_bytes())
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "msg", None) or getattr(exc, "strerror", None) or str(exc)
+            report.problems.append(f"{path}: not a whole msprobe dump.json ({type(exc).__name__}: {why})")
+            continue
+        if not isinstance(document, dict) or not isinstance(document.get("data"), dict):
+            report.problems.append(f'{path}: not an msprobe dump.json (no "data" object)')
 
 
 def _check_actor(report: DumpReport) -> None:
@@ -567,7 +583,7 @@ def vllm_module_mapping(actor: dict[str, Any], generate: dict[str, Any]) -> dict
 _COMPARE = r"""
 import json, sys, io, contextlib, os
 from msprobe.pytorch.compare.pt_compare import pt_compare
-pairs = json.loads(sys.argv[1])
+pairs = json.loads(sys.stdin.read())
 
 
 def verdict(out, files):
@@ -670,6 +686,18 @@ print(json.dumps(results))
 """
 
 
+def require_msprobe(python: str | None) -> None:
+    """Refuse `--compare` where msprobe does not import (exit 3), naming the interpreter and why."""
+    found = msprobe_import(python)
+    if not found["ok"]:
+        exe = interpreter(python)
+        raise RefusedError(
+            f"--compare runs msprobe's compare in {exe}, where msprobe does not import: {found['error']}",
+            hint="pass --python with the training environment's interpreter (msprobe and its torch there), or install "
+            f"it: rlprobe-patch doctor --install --python {exe}",
+        )
+
+
 PAIR_FILE = "pair.json"  # in each pair's compare folder: the pair check-dump made (`report` reads it)
 
 
@@ -695,7 +723,7 @@ def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[
             job["view"] = str(output.parent / f"{output.name}.actor-views" / name)
         left_out.append(mapped.get("left_out", {}))
         jobs.append(job)
-    proc = run_python(python, _COMPARE, json.dumps(jobs), timeout=1800)
+    proc = run_python(python, _COMPARE, timeout=1800, stdin=json.dumps(jobs))
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("["):
             results: list[dict[str, Any]] = json.loads(line)
