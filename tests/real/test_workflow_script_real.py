@@ -47,10 +47,10 @@ def test_keys_missing_from_the_release_config_are_skipped(workflow_scripts: Path
     dump_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
     assert actions[dump_key] == "added"
     text = (workflow_scripts / "out.sh").read_text()
-    assert "rollout_correction" not in text and f"++{dump_key}=/d/config_generate.json" in text
+    assert "rollout_correction" not in text and f"++{dump_key}={CONFIGS[3]}" in text
     derived = read_script(workflow_scripts / "out.sh", verl_root=root, release="0.6.0")
     assert derived.composed is not None and not derived.composed.errors  # Hydra composes what we wrote
-    assert derived.value(dump_key) == "/d/config_generate.json"
+    assert derived.value(dump_key) == CONFIGS[3]
 
 
 def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree, tmp_path: Path) -> None:
