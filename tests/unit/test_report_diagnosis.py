@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import WORKFLOW_SCRIPTS
 
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
@@ -26,6 +27,7 @@ from rlprobe_patch.report.layers import layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import Tokens
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo-consistency-vllm"
+RUN = WORKFLOW_SCRIPTS / "grpo_fsdp_vllm.sh"  # a launch script (vLLM rollout, FSDP2): the confirming runs name it
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +59,11 @@ def test_real_demo_flipped_weight_is_a_broken_layer_and_step_1_is_noise(real: tu
     assert step1["within_floor"] and step1["causes"][0]["cause"] == "precision-noise"
     assert all(c["score"] == 0.0 for c in step1["causes"][1:])
     assert not step2["within_floor"] and step2["causes"][0]["cause"] == "broken-layer"
-    assert (
-        document["causes"][0]["confirm"]
-        and "--set actor_rollout_ref.rollout.enforce_eager=True" in (document["causes"][0]["confirm"][0])
-    )
+    # issue 42: no launch script, no run to name; with one, enforce_eager=True (the broken layer's confirming
+    # setting) is not a run of its own: a plain consistency script of it already sets it
+    assert document["causes"][0]["confirm"] == []
+    document = diagnose([same, flipped], layers, floor, str(RUN))
+    assert document["top"] == "broken-layer" and document["causes"][0]["confirm"] == []
 
 
 def test_real_demo_without_the_layer_compare_cannot_tell_a_layer_from_every_weight(
@@ -95,8 +98,11 @@ def test_planted_temperature_ranks_logprob_kind_first(real: tuple[TokenBatch, To
             "the rollout's log-probs were at temperature 0.7 and the trainer's at 1"
             in document["causes"][0]["evidence"]
         )
+    assert document["causes"][0]["confirm"] == []  # no launch script: no run to name
+    document = diagnose([_planted(same, 3, rollout=rollout)], None, measure_floor([same], "real step 1"), str(RUN))
     confirms = " ".join(document["causes"][0]["confirm"])
     assert "logprobs_mode=processed_logprobs" in confirms and "temperature=1.0" in confirms
+    assert f"rlprobe-patch script {RUN} --mode consistency --set" in confirms
 
 
 def test_planted_changed_response_token_ranks_token_mismatch_first(real: tuple[TokenBatch, TokenBatch]) -> None:

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
+from rlprobe_patch.report.confirm import confirm_lines, sampling_of
 from rlprobe_patch.report.metrics import Tokens, quantiles
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
 
@@ -124,16 +124,6 @@ def no_floor(why: str) -> Floor:
         "same weights on both sides, to measure it)",
         mean_limit=gate,
         token_limit=gate,
-    )
-
-
-def confirm_lines(cause: str, script: str | None) -> tuple[str, ...]:
-    """The one-setting-changed runs for `cause` (patches/releases/verl.toml `[[diagnosis_confirm]]`)."""
-    run = script or "YOUR_TRAINING_SCRIPT.sh"
-    return tuple(
-        f"rlprobe-patch script {run} --mode consistency --set {c.set}  # verl {c.versions}: {c.why}"
-        for c in releases("verl").confirms
-        if c.cause == cause
     )
 
 
@@ -493,7 +483,7 @@ def diagnose(
         )
     ranked = _ranked(list(best.values()))
     for c in ranked:
-        c.confirm = confirm_lines(c.cause, script)
+        c.confirm = confirm_lines(c.cause, script, sampling_of(steps, c.cause))
     return {
         "floor": asdict(floor),
         "sampling": sampling,
