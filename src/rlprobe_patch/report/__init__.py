@@ -9,6 +9,9 @@ Above `workflow` (it reads slime's dumps through `workflow.slime_dumps`' finder 
 - `metrics.py`: verl's debug and off-policy metrics re-implemented in numpy, per-request figures,
   the difference by position and by probability;
 - `build.py`: the inputs sorted and read, the report's document, the thresholds, the replay files;
+- `diagnosis.py`: the causes ranked against the noise floor; `confirm.py`: the runs that would confirm one
+  (the launch script with one setting changed, printed only where that differs from its consistency script);
+- `next_steps.py`: the commands printed next (`next:`), each as it runs, placeholders defined on the line;
 - `render.py`: report.html (SVG plots drawn from the aggregates, embedded) and the text summary;
 - `write_outputs` (here): report.json and report.html, each whole or not at all.
 
