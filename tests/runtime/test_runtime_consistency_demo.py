@@ -131,7 +131,9 @@ def test_demo_diagnoses_each_planted_cause_first(vllm_planted_demo: tuple[int, d
     rollout, first = out["rollouts"][result["run"]], out["rollouts"]["generate"]
     if plant == "temperature":
         assert (rollout["temperature"], rollout["logprobs_mode"]) == (0.7, "processed_logprobs")
-        assert "temperature 0.7" in top["evidence"] and "logprobs_mode=processed_logprobs" in " ".join(top["confirm"])
+        # issue 42: the demo's report has no launch script, so no run to name (test_first_path_runtime.py gives it
+        # one: processed log-probs, which the capture recorded, are no line; temperature=1.0 is)
+        assert "temperature 0.7" in top["evidence"] and top["confirm"] == []
         # judged against the settings the capture recorded for the step, shown on the page beside the step
         assert diagnosis["steps"][1]["sampling"] == {
             "source": "step 2's capture",
@@ -144,7 +146,7 @@ def test_demo_diagnoses_each_planted_cause_first(vllm_planted_demo: tuple[int, d
         for rid, ids in rollout["responses"].items():  # the first run's responses but for position 3
             assert [i for i, (a, b) in enumerate(zip(ids, first["responses"][rid])) if a != b] == [3]
         assert "(positions 3)" in top["evidence"]
-        assert any("tokenization_sanity_check_mode=strict" in line for line in top["confirm"])
+        assert top["confirm"] == []  # no launch script (issue 42): tests/cli/test_confirm_runs.py runs token-mismatch's
     elif plant == "stale":
         assert rollout["stale_lr"] == 1e-3 and "embed_tokens" in top["evidence"]
     else:
