@@ -12,16 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, cli, cli_json, msprobe_configs
+from conftest import CONFIG_FILES, CONFIGS, cli, cli_json, msprobe_configs
 from omegaconf import OmegaConf
 from script_oracle import SHARED, compose_config, run_in_checkout
 
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
 
+TRAINING = str(
+    CONFIG_FILES / "config_training.json"
+)  # a training config that exists (script refuses one that does not)
+
 
 def test_training_mode_is_refused_before_verl_0_8(workflow_scripts: Path, real_tree) -> None:
-    args = ("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", "/t.json")
+    args = ("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", TRAINING)
     code, out = cli_json(*args, "--verl-root", str(real_tree("0.7.1")), "-o", str(workflow_scripts / "x.sh"))
     assert code == ExitCode.REFUSED and "no precision_debugger profiler" in out["details"][0]
 
@@ -180,7 +184,7 @@ def test_trtllm_rollout_is_named_and_refused_where_it_cannot_dump(real_tree, tmp
             assert code == ExitCode.REFUSED, (command, mode, out)
             assert "no msprobe rollout dump exists for it" in out["details"][0], out
             assert "--set" not in out.get("hint", ""), out  # no --set can make it collectable
-    code, out = cli_json("script", original, "--mode", "training", "--training-config", "/t.json", "-o", "t.sh",
+    code, out = cli_json("script", original, "--mode", "training", "--training-config", TRAINING, "-o", "t.sh",
                          "--verl-root", str(root), *env)  # fmt: skip
     assert code == ExitCode.OK, out
 
@@ -303,7 +307,7 @@ def test_launches_from_another_directory(real_tree, tmp_path: Path, monkeypatch)
     assert {k: out["facts"][k]["value"] for k in truth.facts} == truth.facts
     assert any("hydra.searchpath file://verl/trainer/config" in n and f"--verl-root ({root})" in n
                for n in out["notices"]), out["notices"]  # fmt: skip
-    args = ("script", V061 / rel, "--mode", "training", "--training-config", "/t.json", "-o", elsewhere / "x.sh")
+    args = ("script", V061 / rel, "--mode", "training", "--training-config", TRAINING, "-o", elsewhere / "x.sh")
     code, out = cli_json(*args, "--verl-root", root)
     assert code == ExitCode.REFUSED, out
     assert "--cwd DIR" in out["hint"] and "fix the override" not in out["hint"], out
@@ -372,7 +376,7 @@ def test_a_plain_import_probe_is_pinned_where_bash_would_ask_again(
     npu_python.chmod(0o755)
     derived = workflow_scripts / "derived.sh"
     code, out = cli_json(
-        "script", str(original), "--mode", "inference", "--generate-config", "/d/g.json",
+        "script", str(original), "--mode", "inference", "--generate-config", CONFIGS[3],
         "--verl-root", str(real_tree("0.9.1")), "--python", str(npu_python), "-o", str(derived),
     )  # fmt: skip
     assert code == ExitCode.OK, out

@@ -167,7 +167,10 @@ def write_config(config: dict[str, Any], output: Path, python: str | None, *, ch
         raise ConfigError(f"-o {output}: is a directory", hint="name the file, e.g. -o config_actor.json")
     if not output.parent.is_dir():
         raise ConfigError(f"-o {output}: folder {output.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    except OSError as exc:  # the file asked for is what cannot be written, not our temporary name beside it
+        raise OSError(exc.errno, exc.strerror, str(output)) from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
