@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import base64
 import csv
-import fcntl
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +34,7 @@ from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.report.capture_format import read_capture
 from rlprobe_patch.report.rollout_record import read_records
 from runtime import venvs
+from runtime.shared_demo import ALL_PLANTS, shared_demo
 
 FLIPPED = "Module.model.layers.1.mlp.down_proj.Linear.forward.0.parameters.weight"
 PROMPTS = ["rollout-0", "rollout-1", "rollout-2", "rollout-3"]
@@ -59,40 +58,18 @@ def changed_from_wheel(site: Path, dist_info: str, package: str = "verl/") -> li
     return changed
 
 
-def _shared_demo(factory: pytest.TempPathFactory, name: str, *args: str) -> tuple[int, dict, Path]:
-    """`rlprobe-patch demo --consistency ARGS`, run once per test session: under xdist the first worker to ask
-    runs it and the others wait for it and read its answer (a module fixture is per worker: the tests of one
-    module on two workers would run the same demo twice). The demo builds its venvs once under the test cache,
-    with the wheels the test venvs downloaded. (exit code, its JSON, its workdir.)"""
-    base = factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, shared by its workers
-    work, answer = root / f"shared-{name}" / "demo", root / f"shared-{name}.json"
-    with open(root / f"shared-{name}.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if answer.is_file():
-            code, out = json.loads(answer.read_text())
-            return code, out, work
-        with pytest.MonkeyPatch.context() as monkeypatch:
-            pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path("~/.cache/pip").expanduser())
-            monkeypatch.setenv("PIP_CACHE_DIR", pip_cache)
-            monkeypatch.setenv("XDG_CACHE_HOME", str(venvs.cache_root() / "demo-cache"))
-            code, out = cli_json("demo", "--consistency", *args, "--workdir", work)
-        answer.write_text(json.dumps([code, out]))
-    return code, out, work
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
     """The SGLang stand-in, without --python: the demo builds its own venv (CPU torch from torch's CPU index,
     falling back to the package index where that index cannot be reached), once."""
-    return _shared_demo(tmp_path_factory, "sglang-standin", "--rollout", "sglang-standin")
+    return shared_demo(tmp_path_factory, "sglang-standin", "--rollout", "sglang-standin")
 
 
 @pytest.fixture(scope="module")
 def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
     """`demo --consistency --plant all` with the vLLM rollout (the default): both venvs and the real model built
     once under the cache; every plant in one command, one report each."""
-    return _shared_demo(tmp_path_factory, "vllm-all", "--plant", "all")
+    return shared_demo(tmp_path_factory, "vllm-all", *ALL_PLANTS)
 
 
 def _report(work: Path, plant: str) -> dict:

@@ -11,6 +11,7 @@ import click
 
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command, require
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode
 
 
@@ -58,11 +59,11 @@ class _Progress:
 
 
 @click.command("report")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=CheckedPath("file-or-dir"))
 @click.option(
     "-o",
     "--output",
-    type=click.Path(path_type=Path),
+    type=CheckedPath("new-dir"),
     default=Path("rlprobe_report"),
     show_default=True,
     help="Folder for report.html, report.json and the replay prompts.",
@@ -76,15 +77,20 @@ class _Progress:
 @click.option("--max-k3-kl", type=float, help="Exit 4 above this k3_kl.")
 @click.option("--min-pearson-corr", type=float, help="Exit 4 below this training/rollout_actor_probs_pearson_corr.")
 @click.option("--max-diverging-pairs", type=click.IntRange(min=0), help="Exit 4 when more compare pairs diverge.")
-@click.option("--replay-script", metavar="SCRIPT", help="The run's launch script, for the printed replay command.")
+@click.option(
+    "--replay-script",
+    type=CheckedPath("file"),
+    metavar="SCRIPT",
+    help="The run's launch script: its sampling settings, and the printed replay and confirming commands.",
+)
 @click.option(
     "--data",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=CheckedPath("file"),
     help="The run's dataset as JSON lines: replay rows are taken from it by the dataset index the capture carries.",
 )
 @click.option(
     "--baseline",
-    type=click.Path(path_type=Path, exists=True),
+    type=CheckedPath("file-or-dir"),
     help="A capture (or folder of them) of the same computation twice (the same engine run twice on one batch): "
     "its spread is the noise floor the diagnosis judges against.",
 )
@@ -101,7 +107,7 @@ def report_cmd(
     paths: tuple[Path, ...],
     output: Path,
     top: int,
-    replay_script: str | None,
+    replay_script: Path | None,
     data: Path | None,
     baseline: Path | None,
     floor_step: int | None,
@@ -121,7 +127,8 @@ def report_cmd(
         run_settings,
     )
     from rlprobe_patch.report.diagnosis import choose_floor
-    from rlprobe_patch.report.render import diagnosis_lines, next_steps, plots, render_html, summary_lines
+    from rlprobe_patch.report.next_steps import next_steps
+    from rlprobe_patch.report.render import diagnosis_lines, plots, render_html, summary_lines
 
     progress = _Progress()
     try:
@@ -133,12 +140,12 @@ def report_cmd(
         batches, pairs, notes = read_inputs(inputs, python, progress.detail)
         evidence = read_evidence(inputs)
         floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
-        script = Path(replay_script) if replay_script and Path(replay_script).is_file() else None
-        settings = run_settings(script, python)
+        settings = run_settings(replay_script, python)
         notes += [settings.note] if settings.note else []
+        script = str(replay_script) if replay_script is not None else None
         tokens = sum(int(b.mask.sum()) for b in batches)
         progress(f"the figures and the diagnosis of {tokens} response token(s) in {len(batches)} step(s)")
-        report = build(batches, pairs, limits, floor, replay_script, settings.sampling, evidence, settings.clip)
+        report = build(batches, pairs, limits, floor, script, settings.sampling, evidence, settings.clip)
         if report.get("diagnosis") and report["diagnosis"].get("clip"):
             report["diagnosis"]["clip"]["source"] = settings.clip_source
         report["inputs"] = {
@@ -147,16 +154,26 @@ def report_cmd(
             "compare": [str(p) for p in inputs.compares],
             "records": [str(p) for p in inputs.records],
             "weights": [str(p) for p in inputs.weights],
+            # as given, for the commands printed next: the same inputs, folder, floor and launch script
+            "given": [str(p) for p in paths],
+            "output": str(output),
+            "baseline": str(baseline) if baseline is not None else None,
+            "replay_script": script,
         }
         report["notes"] = notes
         if report["tokens"]:
-            report["replay"] = replay(batches, report, top, output, replay_script, data)
+            report["replay"] = replay(batches, report, top, output, script, data)
         progress(f"the plots, report.html and report.json in {output}")
         text, line = encode(report)
         written = write_outputs(text, render_html(report, plots(report), top), output)
     finally:
         progress.close()
-    out.emit_encoded(with_entry(line, "written", written))  # the requests can be many: encoded once, on one line
+    crossed = [c for c in report["thresholds"] if c["crossed"]]
+    judged = report["verdict"]
+    if judged["decides_exit"] and judged["state"] == "fail":
+        crossed.append(judged)
+    # the requests can be many: encoded once, on one line; `ok` first, as every command's JSON has it
+    out.emit_encoded('{"ok": ' + ("false" if crossed else "true") + ", " + with_entry(line, "written", written)[1:])
     for line in summary_lines(report, top):
         out.line(line)
     for note in notes:
@@ -165,23 +182,18 @@ def report_cmd(
     if replay_info.get("command"):
         out.line(f"replay: {len(replay_info['requests'])} worst request(s), prompts in {replay_info['prompts']}")
         out.line(f"  {replay_info['command']}")
-        out.line(f"  then in the derived script: {' '.join(replay_info['overrides'])}")
     if replay_info.get("why_not"):
         if replay_info["prompts"]:
             what = f"{len(replay_info['without_prompt'])} request(s) left out of replay_prompts.jsonl"
         else:
             what = "replay_prompts.jsonl not written"
         out.line(f"replay: {what}: {replay_info['why_not']}", fg="yellow")
-    judged = report["verdict"]
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}.get(judged["state"])
     out.line(f"verdict: {judged['state'].upper()} (by {judged['source']})", fg=colour, bold=True)
     for reason in judged["reasons"]:
         out.line(f"  {reason}")
     if not judged["decides_exit"]:
         out.line("  (the threshold options given decide the exit code)")
-    crossed = [c for c in report["thresholds"] if c["crossed"]]
-    if judged["decides_exit"] and judged["state"] == "fail":
-        crossed.append(judged)
     for c in report["thresholds"]:
         state = "no value" if c["crossed"] is None else ("CROSSED" if c["crossed"] else "within")
         out.line(

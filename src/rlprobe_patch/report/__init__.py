@@ -9,7 +9,12 @@ Above `workflow` (it reads slime's dumps through `workflow.slime_dumps`' finder 
 - `metrics.py`: verl's debug and off-policy metrics re-implemented in numpy, per-request figures,
   the difference by position and by probability;
 - `build.py`: the inputs sorted and read, the report's document, the thresholds, the replay files;
-- `diagnosis.py`, `verdict.py`: the causes ranked against a noise floor; the verdict by verl's guidance;
+- `identity.py`, `rollout_record.py`, `weights.py`: the identity check before any number: the capture's ids
+  against the rollout engine's own record of each request, and both sides' weight fingerprints;
+- `diagnosis.py`, `verdict.py`: the causes ranked against the noise floor; the verdict by verl's guidance and
+  the diagnosis' step by step; `confirm.py`: the runs that would confirm one (the launch script with one
+  setting changed, printed only where that differs from its consistency script);
+- `next_steps.py`: the commands printed next (`next:`), each as it runs, placeholders defined on the line;
 - `render.py`: report.html (SVG plots drawn from the aggregates, embedded) and the text summary;
 - `svgplot.py`: the token plots' small SVG charts (matplotlib draws the layer plot);
 - `write_outputs` (here): report.json and report.html, each whole or not at all.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ from rlprobe_patch.report.verdict import grade_steps, verdict
 from rlprobe_patch.report.weights import SUFFIX as WEIGHTS_SUFFIX
 from rlprobe_patch.report.weights import Weights, read_weights
 
+# the launch script in a printed command when the report was given none (`--replay-script`); the text defines it
+RUN_PLACEHOLDER = "RUN.sh"
+RUN_DEFINITION = "RUN.sh is the run's launch script (report --replay-script names it)"
+
 REPORT_FORMAT = "rlprobe-report"
 REPORT_VERSION = 1
 
@@ -59,6 +64,8 @@ class Inputs:
     compares: list[Path] = field(default_factory=list)
     records: list[Path] = field(default_factory=list)  # the rollout engine's (*.rlprobe-rollout.jsonl)
     weights: list[Path] = field(default_factory=list)  # weight fingerprints (*.rlprobe-weights.json)
+    # slime dumps found in a folder given (not named): one that is no slime dump is left out with a note
+    slime_found: set[Path] = field(default_factory=set)
 
 
 @dataclass
@@ -92,13 +99,20 @@ def read_evidence(inputs: Inputs) -> Evidence:
     return evidence
 
 
+# msprobe keeps each dump's tensors in this folder (also check-dump's actor views): torch files, never slime's
+MSPROBE_TENSORS = "dump_tensor_data"
+
+
 def classify(paths: list[Path]) -> Inputs:
-    """Sort the paths given into captures, slime dumps and compare CSVs; refuse what is none of them."""
+    """Sort the paths given into captures, slime dumps and compare CSVs; refuse what is none of them. A file
+    given twice (itself and in a folder given) is read once."""
     found = Inputs()
     for path in paths:
         if path.is_dir():
             found.captures += sorted(path.rglob(f"*{SUFFIX}"))
-            found.slime += sorted(p for p in path.rglob("*.pt") if p.is_file())
+            scanned = sorted(p for p in path.rglob("*.pt") if p.is_file() and MSPROBE_TENSORS not in p.parts)
+            found.slime += scanned
+            found.slime_found.update(p.resolve() for p in scanned)
             found.compares += compare_files([path])
             found.records += sorted(p for p in path.rglob(f"*{RECORD_SUFFIX}") if p.is_file())
             found.weights += sorted(p for p in path.rglob(f"*{WEIGHTS_SUFFIX}") if p.is_file())
@@ -120,12 +134,26 @@ def classify(paths: list[Path]) -> Inputs:
                 )
         else:
             raise RefusedError(f"{path}: no such file or directory")
+    found.captures, found.slime, found.compares = (_once(found.captures), _once(found.slime), _once(found.compares))
+    found.records, found.weights = _once(found.records), _once(found.weights)
+    found.slime_found -= {p.resolve() for p in paths if p.is_file()}  # named: a file that is no dump is refused
     if not (found.captures or found.slime or found.compares):
         raise RefusedError(
             f"nothing to report in {', '.join(map(str, paths))}",
             hint=f"give captures (*{SUFFIX}), slime debug dumps (*.pt) or check-dump --compare's output",
         )
     return found
+
+
+def _once(paths: list[Path]) -> list[Path]:
+    """`paths` without a file seen before under another spelling (a folder given and a file in it)."""
+    seen: set[Path] = set()
+    kept = []
+    for path in paths:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            kept.append(path)
+    return kept
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "logprobs_mode")  # under actor_rollout_ref.rollout.
@@ -215,11 +243,31 @@ def read_inputs(
         # which a report of captures alone does not need
         from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
 
-        slime_batches, notes = join_slime(read_slime_files(inputs.slime, python))
+        items = []
+        try:
+            read = read_slime_files(inputs.slime, python)
+        except RefusedError as exc:
+            found = all(p.resolve() in inputs.slime_found for p in inputs.slime)
+            if not found or not (inputs.captures or inputs.compares):
+                raise
+            # torch files that happen to lie in a folder given, beside the captures or the compare CSVs
+            read = []
+            notes.append(
+                f"{len(inputs.slime)} *.pt file(s) in the folders given left out, not read: {exc.message} "
+                f"(if they are slime's debug dumps: {exc.hint})"
+            )
+        for item in read:
+            if "error" in item and Path(item["path"]).resolve() in inputs.slime_found:
+                notes.append(f"{item['path']}: left out, not a slime debug dump ({item['error']})")
+            else:
+                items.append(item)
+        slime_batches, slime_notes = join_slime(items)
         batches += slime_batches
+        notes += slime_notes
     for batch in batches:
         check_finite(batch)
     pairs = [read_compare_csv(p) for p in inputs.compares]
+    notes += [f"{p.info_problem}: the pair is headed by its folder's name only" for p in pairs if p.info_problem]
     return batches, pairs, notes
 
 
@@ -444,16 +492,16 @@ def replay(
     prompts = directory / "replay_prompts.jsonl"
     atomic_write(prompts, "".join(json.dumps(row) + "\n" for row in rows).encode())
     result["prompts"] = str(prompts)
-    result["command"] = (
-        f"rlprobe-patch script {script or 'YOUR_TRAINING_SCRIPT.sh'} --mode consistency "
-        "--actor-config config_actor.json --generate-config config_generate.json"
-    )
     result["overrides"] = [
-        f"data.train_files={prompts}",
-        f"data.train_batch_size={len(rows)}",
+        f"data.train_files={prompts.absolute()}",
         "data.shuffle=False",
-        "trainer.total_training_steps=1",
+        # one prompt per step in a consistency collection (batch size 1): a step per prompt
+        f"trainer.total_training_steps={len(rows)}",
     ]
+    run = script or RUN_PLACEHOLDER
+    output = Path(run).with_name(f"{Path(run).stem}.replay.sh")
+    sets = [word for override in result["overrides"] for word in ("--set", override)]
+    result["command"] = shlex.join(["rlprobe-patch", "script", run, "--mode", "consistency", *sets, "-o", str(output)])
     return result
 
 

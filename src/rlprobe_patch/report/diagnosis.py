@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
+from rlprobe_patch.report.confirm import confirm_lines, sampling_of
 from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors
 from rlprobe_patch.report.metrics import Tokens, quantiles
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
@@ -194,16 +194,6 @@ def _dtypes(provenance: dict[str, Any] | None) -> list[str]:
 def _coarsest(dtypes: list[str]) -> str | None:
     known = [d for d in dtypes if d in EPSILON]
     return max(known, key=EPSILON.__getitem__) if known else None
-
-
-def confirm_lines(cause: str, script: str | None) -> tuple[str, ...]:
-    """The one-setting-changed runs for `cause` (patches/releases/verl.toml `[[diagnosis_confirm]]`)."""
-    run = script or "YOUR_TRAINING_SCRIPT.sh"
-    return tuple(
-        f"rlprobe-patch script {run} --mode consistency --set {c.set}  # verl {c.versions}: {c.why}"
-        for c in releases("verl").confirms
-        if c.cause == cause
-    )
 
 
 # --- what one step brings -------------------------------------------------------------------------------
@@ -868,7 +858,7 @@ def diagnose(
             best["unexplained"] = Cause("unexplained", 0.0, 0.0, "every step within the floor")
     ranked = _ranked(list(best.values()))
     for c in ranked:
-        c.confirm = confirm_lines(c.cause, script)
+        c.confirm = confirm_lines(c.cause, script, sampling_of(steps, c.cause))
     return {
         "floor": asdict(floor),
         "layers": asdict(view) if view is not None else None,

@@ -84,6 +84,7 @@ class PairCompare:
     modules: list[dict[str, Any]] = field(default_factory=list)
     run: str = ""  # the compare output folder the pair is in (`--compare-output`: one per rollout compared)
     info: dict[str, Any] = field(default_factory=dict)  # check-dump's pair.json: the request, both dumps
+    info_problem: str = ""  # why pair.json, there, could not be read (the report says so)
 
     @property
     def label(self) -> str:
@@ -211,17 +212,22 @@ def read_compare_csv(path: Path) -> PairCompare:
     from rlprobe_patch.workflow.check_dump import PAIR_FILE
 
     info_path = path.parent / PAIR_FILE
+    problem = ""
     try:
         info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
-    except (OSError, UnicodeDecodeError, ValueError):
-        info = {}  # the headings lose the steps, nothing else depends on it
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        info = {}  # the heading loses the request's steps, nothing else depends on it: said, not silent
+        problem = f"{info_path}: not readable as check-dump's JSON ({type(exc).__name__}: {exc})"
+    if not isinstance(info, dict):
+        info, problem = {}, f"{info_path}: not a JSON object"
     return PairCompare(
         name=path.parent.name,
         path=str(path),
         mode=mode,
         modules=list(modules.values()),
         run=path.parent.parent.name,
-        info=info if isinstance(info, dict) else {},
+        info=info,
+        info_problem=problem,
     )
 
 

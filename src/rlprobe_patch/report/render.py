@@ -14,10 +14,10 @@ from __future__ import annotations
 import html
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.report import svgplot
+from rlprobe_patch.report.next_steps import next_steps
 
 _COLOURS = ["#3b6ea8", "#a85a3b", "#4a8f3c", "#8a4aa8", "#c2a02b", "#2ba3a3", "#b0306a", "#555555"]
 _DASHES = ["", "6 3", "2 2", "8 3 2 3", "", "6 3", "2 2", "8 3 2 3"]  # with the colours: eight lines told apart
@@ -610,58 +610,6 @@ def _sampling_text(sampling: dict[str, Any] | None) -> str:
         return "unknown"
     shown = ", ".join(f"{k} {v}" for k, v in sampling.items() if k != "source") or "none set"
     return f"{shown} ({sampling.get('source', '?')})"
-
-
-def next_steps(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """What to run next, as (what it is for, the command): replay the worst requests, then the layer compare."""
-    steps: list[tuple[str, str]] = []
-    replay = report.get("replay") or {}
-    inputs = report.get("inputs") or {}
-    captures = str(Path(inputs["captures"][0]).parent) if inputs.get("captures") else "CAPTURES"
-    if replay.get("command"):
-        steps.append(
-            (
-                f"replay the {len(replay['requests'])} worst request(s) through one collection run that dumps both "
-                "sides (the prompts are in " + replay["prompts"] + ")",
-                replay["command"] + "\n  then in the derived script: " + " ".join(replay["overrides"]),
-            )
-        )
-    elif replay.get("why_not"):
-        ranked = (report.get("tokens") or {}).get("requests", [])[: len(replay["requests"])]
-        if any(r["dataset_index"] is not None and r["dataset_index"] >= 0 for r in ranked):
-            steps.append(
-                (
-                    "replay: give the run's dataset, so the worst requests' rows are taken by their dataset index",
-                    f"rlprobe-patch report {captures} --top {len(ranked)} --replay-script YOUR_TRAINING_SCRIPT.sh "
-                    "--data TRAIN.jsonl",
-                )
-            )
-        else:
-            steps.append(
-                (
-                    "replay: this capture keeps no prompt and no dataset index; capture the run with "
-                    "verl.logprob-capture, which keeps both where verl's batch has them, and report again",
-                    "rlprobe-patch apply --verl-root /verl --backend fsdp --only verl.logprob-capture,verl.request-id\n"
-                    "MISMATCH_ON=1 MISMATCH_DIR=caps bash YOUR_TRAINING_SCRIPT.sh "
-                    "actor_rollout_ref.rollout.calculate_log_probs=True",
-                )
-            )
-    layers = report.get("layers")
-    if layers and layers["disagreeing_pairs"]:
-        first = layers["first_common_divergence"] or "the first module out of thresholds in each pair"
-        worst = next(p for p in layers["pairs"] if p["first_divergence"])
-        steps.append((f"look at {first} first: the earliest module where the two sides part", f"open {worst['path']}"))
-    elif not layers:
-        steps.append(
-            (
-                "layer compare via msprobe: pair each request's rollout prefill with its training micro-batch, "
-                "then report both views together",
-                "rlprobe-patch check-dump --actor DUMP/actor --generate DUMP/generate --compare "
-                "--compare-output compare --python /env/bin/python\n"
-                f"rlprobe-patch report {captures} compare",
-            )
-        )
-    return steps
 
 
 def _next_html(report: dict[str, Any]) -> list[str]:

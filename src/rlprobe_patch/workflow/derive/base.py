@@ -37,6 +37,7 @@ class Requirement:
     why: str
     only_if_present: bool = False  # e.g. skip switches: turned off where the script turns them on
     create: bool = False  # `++key=`: needed even where the release's config has no such key
+    soft: bool = False  # another value still collects (more steps): check-script warns instead of failing
 
     @property
     def text(self) -> str:

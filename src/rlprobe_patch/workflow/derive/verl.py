@@ -336,6 +336,16 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None], option
         )
 
 
+def _steps(req: Requirements, script: Script) -> None:
+    """One step is enough to compare, unless `--set` asks for more: a replay of K prompts at one prompt per
+    step (`report`'s replay command sets K). More steps still collect: check-script warns, it does not fail."""
+    key, given = "trainer.total_training_steps", script.get("trainer.total_training_steps")
+    if given is not None and given.source == "--set" and str(given.value).isdigit() and int(given.value) > 1:
+        req.add(key, int(given.value), f"--set: {given.value} steps, one prompt each", soft=True)
+    else:
+        req.add(key, 1, "one step is enough to compare", soft=True)
+
+
 def _disaggregation(script: Script) -> str | None:
     """The setting that turns prefill/decode disaggregation on (`rollout.disaggregation.enabled`, an SGLang
     `disaggregation_mode`), None when the run uses none."""
@@ -569,7 +579,6 @@ class Verl(Framework):
             (f"{ROLLOUT}.log_prob_use_dynamic_bsz", False, "dynamic batch sizes regroup samples"),
             ("trainer.balance_batch", False, "balancing reorders samples across ranks"),
             ("trainer.val_before_train", False, "validation would generate (and dump) first"),
-            ("trainer.total_training_steps", 1, "one step is enough to compare"),
             (
                 "algorithm.use_kl_in_reward",
                 False,
@@ -581,6 +590,7 @@ class Verl(Framework):
             ("algorithm.rollout_correction.rollout_is_batch_normalize", False, "rollout correction off"),
         ):
             req.add(key, value, why)
+        _steps(req, script)
         req.add(
             "async_training.partial_rollout",
             False,
@@ -720,11 +730,8 @@ class Verl(Framework):
             elif same_override_value(current.value, r.value):
                 checks.append(ScriptCheck(f"{r.key}={r.text}", True, current.source))
             else:
-                checks.append(
-                    ScriptCheck(
-                        f"{r.key}={r.text}", False, f"is {hydra_text(current.value)} at {current.source} ({r.why})"
-                    )
-                )
+                detail = f"is {hydra_text(current.value)} at {current.source} ({r.why})"
+                checks.append(ScriptCheck(f"{r.key}={r.text}", r.soft, detail, warning=r.soft))
         checks.extend(capture_checks(script, self.switches()))
         if req.capture:
             checks.extend(_capture_run_checks(script, self.config_paths(script, req.mode)))
