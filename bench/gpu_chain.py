@@ -208,10 +208,20 @@ def make_venv(venv: Path, paths: list[Path], base: str = "python3") -> Path:
     """A venv of `base` (no pip of its own) whose site-packages reaches `paths` and then the image's own
     site-packages through a .pth file: the demo runs its sides with `python -I`, which ignores PYTHONPATH."""
     python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    if not python.exists() and subprocess.run([base, "-m", "venv", "--without-pip", str(venv)]).returncode:
+        # no venv module there: what it writes (PEP 405), by hand: pyvenv.cfg, bin/python -> the interpreter
+        probe = "import sys; print(sys._base_executable); print('%d.%d.%d' % sys.version_info[:3])"
+        executable, version = subprocess.run(
+            [base, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout.split()
+        (venv / "bin").mkdir(parents=True, exist_ok=True)
+        home = Path(executable).parent
+        (venv / "pyvenv.cfg").write_text(f"home = {home}\ninclude-system-site-packages = false\nversion = {version}\n")
+        python.unlink(missing_ok=True)
+        python.symlink_to(executable)
     probe = [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
     site = Path(subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip())
+    site.mkdir(parents=True, exist_ok=True)
     lines = [str(p) for p in paths] + _image_sites(base)
     (site / "rlprobe-chain.pth").write_text("\n".join(lines) + "\n")
     return python
@@ -759,9 +769,13 @@ def _cost(args: argparse.Namespace, out: Out, verl_python: str, vllm_python: str
         out.write("cost_verl_revert.json", _apply(state, "revert", "--python", verl_python))
 
     # the decode: vLLM patched with the demo's patches, every changed method switched step by step (ABBA)
+    from rlprobe_patch.catalogue.patches import load_catalogue
+    from rlprobe_patch.demo import vllm_consistency
     from rlprobe_patch.demo.consistency import vllm_data
 
-    patches = ",".join(vllm_data().get("patches", ["vllm.model-runner", "vllm.dispatch-logger"]))
+    known = {p.id for p in load_catalogue()}
+    wanted = vllm_data().get("patches") or getattr(vllm_consistency, "VLLM_PATCHES", ())  # the demo's
+    patches = ",".join(p for p in wanted if p in known)
     root = _root(vllm_python, "vllm")
     before = snapshot(root, "vllm")
     applied = _apply(state, "apply", "--python", vllm_python, "--only", patches)
