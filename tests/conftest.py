@@ -320,7 +320,14 @@ def probe_payload(tmp_path_factory: pytest.TempPathFactory) -> Payload:
 
 # The workflow fixture scripts and `script`'s dump-config options (test_workflow_script{,_real}.py).
 WORKFLOW_SCRIPTS = FIXTURES / "workflow" / "scripts"
-CONFIGS = ("--actor-config", "/d/config_actor.json", "--generate-config", "/d/config_generate.json")
+# msprobe configs that exist (`script` refuses one that does not: issue 42), written with `config`'s rules
+CONFIG_FILES = FIXTURES / "workflow" / "configs"
+CONFIGS = (
+    "--actor-config",
+    str(CONFIG_FILES / "config_actor.json"),
+    "--generate-config",
+    str(CONFIG_FILES / "config_generate.json"),
+)
 
 
 def msprobe_configs(folder: Path, mode: str = "consistency", rollout_backend: str = "vllm") -> tuple[str, ...]:

@@ -18,6 +18,9 @@ the allowed values and the rank: a typo must never give a run without dumps.
 - The msprobe config a hook would load (`MSPROBE_ACTOR_CONFIG`, `MSPROBE_SGLANG_CONFIG`, ...,
   or the hook's default when the variable is unset): a readable JSON object when dumping is on;
   msprobe's own loader checks it further when the debugger is made (`_rlprobe_debugger`).
+- `MISMATCH_ON` (a switch, as above) and `MISMATCH_DIR` (a folder, default `rlprobe-logprobs`): the
+  log-prob capture's (`_rlprobe_capture_switches`); a rollout engine records its requests in
+  `MISMATCH_DIR/rollout` only when the folder is absolute (`_rlprobe_rollout_record_dir`).
 
 The hooks read the switches once per process (`_rlprobe_run_switches`: the answer is kept in
 `sys.modules["_rlprobe_patch_run"]`, shared by every hook of the process), print the warnings
@@ -181,6 +184,23 @@ class Switches:
         if raw_dir.strip() and not on:
             warnings.append("rlprobe-patch: MISMATCH_DIR is set and MISMATCH_ON is off: nothing is captured")
         return {"on": on, "dir": directory, "warnings": warnings}
+
+    def _rlprobe_rollout_record_dir(self, capture):
+        # Where a rollout engine writes its record of each request (vllm.rollout-record), given the
+        # capture switches (`_rlprobe_capture_switches`) with the capture on: (MISMATCH_DIR/rollout,
+        # None), or (None, why) when MISMATCH_DIR is not an absolute path: the engine runs in other
+        # processes and another working directory than the trainer, so a relative folder is not the
+        # trainer's capture folder.
+        import os
+
+        directory = capture["dir"]
+        if os.path.isabs(directory):
+            return os.path.join(directory, "rollout"), None
+        return None, (
+            f"rlprobe-patch: MISMATCH_ON with MISMATCH_DIR {directory}, not an absolute path: the rollout engine "
+            "runs in another process and working directory than the trainer and writes no record of its requests "
+            "(vllm.rollout-record); export MISMATCH_DIR as an absolute path"
+        )
 
     def _rlprobe_run_capture(self):
         # The capture switches of this process, read at the first step and kept (as the dump

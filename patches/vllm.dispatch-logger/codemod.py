@@ -6,6 +6,8 @@
   `<name> = self._model_forward(...)` in V1 from 0.12), at any depth: inside the `with` block
   after which vllm.model-runner stops the msprobe step, so the two patches sit in one file without
   touching each other.
+- `LogStandaloneCPUForward`: the same place in `StandaloneCPUModelRunner.execute_model` (from 0.34,
+  vllm/v1/worker/cpu/standalone_model_runner.py: V2's shape, V2's hook).
 """
 
 from rlprobe_patch.codemod import ANY, CreateFile, Hook, PatchCodemod, Where, assigns_call, self_call
@@ -14,8 +16,8 @@ runs_forward = assigns_call(None, self_call("model") | self_call("_model_forward
 FORWARD = "`<name> = self.model(...)` or `<name> = self._model_forward(...)` in the method"
 
 
-def log_after_forward(payload: str) -> Hook:
-    return Hook("GPUModelRunner", "execute_model", payload, Where.AFTER, ANY, anchor=runs_forward, expected=FORWARD)
+def log_after_forward(payload: str, cls: str = "GPUModelRunner") -> Hook:
+    return Hook(cls, "execute_model", payload, Where.AFTER, ANY, anchor=runs_forward, expected=FORWARD)
 
 
 class DispatchLoggerModule(CreateFile):
@@ -31,3 +33,8 @@ class LogV1Forward(PatchCodemod):
 class LogV2Forward(PatchCodemod):
     DESCRIPTION = "dispatch log after each eager forward of vLLM's V2 GPUModelRunner, before the msprobe step closes"
     OPERATIONS = (log_after_forward("log_forward_v2"),)
+
+
+class LogStandaloneCPUForward(PatchCodemod):
+    DESCRIPTION = "dispatch log after each forward of vLLM's standalone CPU runner, before the msprobe step closes"
+    OPERATIONS = (log_after_forward("log_forward_v2", "StandaloneCPUModelRunner"),)

@@ -1,12 +1,17 @@
-"""Anchors of `vllm.model-runner` in vLLM's `GPUModelRunner` (V1 every release 0.8.5 to 0.32.0;
-V2 from the release that has `vllm/v1/worker/gpu/model_runner.py`).
+"""Anchors of `vllm.model-runner` in vLLM's `GPUModelRunner` (V1 from 0.8.5 until 0.34 removed
+it; V2 from the release that has `vllm/v1/worker/gpu/model_runner.py`) and, from 0.34, in the
+standalone CPU runner `StandaloneCPUModelRunner` (`vllm/v1/worker/cpu/standalone_model_runner.py`,
+V2's shape, no subclass of `GPUModelRunner`: it takes the same methods and the same hooks as V2).
 
 - `__init__`: its end (the config, the model config and the worker's device are set by then);
 - `execute_model`: the one statement that runs the model's forward, at any depth:
-  `<name> = self.model(...)` (V1 to 0.11, V2 eager) or `<name> = self._model_forward(...)`
-  (V1 from 0.12), and the one `with` block that holds it (`set_forward_context(...)`); in V2 its
-  parameter `dummy_run` (every V2 release, 0.12 to 0.32).
+  `<name> = self.model(...)` (V1 to 0.11, V2 eager, standalone CPU) or
+  `<name> = self._model_forward(...)` (V1 from 0.12), and the one `with` block that holds it
+  (`set_forward_context(...)`); in V2 and the standalone CPU runner its parameter `dummy_run`
+  (every release of either, 0.12 to 0.34).
 """
+
+from dataclasses import replace
 
 import libcst as cst
 import libcst.matchers as m
@@ -24,10 +29,6 @@ def holds_forward(stmt: cst.BaseStatement) -> bool:
 
 
 FORWARD = "`<name> = self.model(...)` or `<name> = self._model_forward(...)` in the method"
-
-
-def start_before_forward(payload: str) -> Hook:
-    return Hook("GPUModelRunner", "execute_model", payload, Where.BEFORE, ANY, anchor=runs_forward, expected=FORWARD)
 
 
 INIT = Hook("GPUModelRunner", "__init__", "create_debugger", Where.END, METHOD, expected="the method body")
@@ -73,3 +74,17 @@ class V2Runner(PatchCodemod):
         ),
         FINISH,
     )
+
+
+def in_class(cls: str, operations: tuple[AddMethods | Hook, ...]) -> tuple[AddMethods | Hook, ...]:
+    """`operations` (the payload's GPUModelRunner methods, hooks in its methods) for the class `cls`."""
+    return tuple(
+        AddMethods(cls, payload_cls=op.payload_cls or op.cls) if isinstance(op, AddMethods) else replace(op, cls=cls)
+        for op in operations
+    )
+
+
+class StandaloneCPURunner(PatchCodemod):
+    DESCRIPTION = "msprobe debugger around each forward pass of vLLM's standalone CPU runner (V2's shape)"
+    REQUIRES_MODULE_NAMES = ("torch",)
+    OPERATIONS = in_class("StandaloneCPUModelRunner", V2Runner.OPERATIONS)

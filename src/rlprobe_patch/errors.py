@@ -46,6 +46,10 @@ class NotATreeError(RefusedError):
     pass
 
 
+class InterpreterError(RefusedError):
+    """The Python given (`--python`, else this one) could not be run, or what it ran failed (exit 3)."""
+
+
 class UsageError(PatchError):
     """A bad combination of options, found inside a command (exit 2, like click's own usage errors)."""
 

@@ -46,7 +46,10 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write `data` to `path` through a temp file in the same folder: fsync, chmod, rename."""
     if mode is None:
         mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".rlprobe-tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".rlprobe-tmp", dir=path.parent)
+    except OSError as exc:  # the file asked for is what cannot be written, not our temporary name beside it
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

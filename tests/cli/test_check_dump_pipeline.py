@@ -93,3 +93,16 @@ def test_text_output_names_the_stage_and_chunk(tmp_path: Path) -> None:
     assert result.exit_code == ExitCode.OK, result.output
     assert f"actor {actor / 'step10' / 'rank0' / 'dump.json'} [pp_rank 0, vp_stage 1]" in result.output
     assert "hold only the backward" in result.output
+
+
+def test_a_paired_dump_cut_short_fails_the_check(tmp_path: Path) -> None:
+    """Issue 42, item 5 (fast, on the stand-in layout; on the demo's real dumps: test_first_path_runtime.py): a
+    paired dump.json cut in half had been "dumps OK", exit 0; it fails, named."""
+    actor, generate, _ = _layout(tmp_path, ["v1-0-0"])
+    code, out = cli_json("check-dump", "--actor", actor, "--generate", generate)
+    assert code == ExitCode.OK, out["problems"]
+    cut = Path(out["pairs"][0]["generate"]["dump"])
+    cut.write_text('{"data": {"Module.mo')
+    code, out = cli_json("check-dump", "--actor", actor, "--generate", generate)
+    assert code == ExitCode.VERIFY_FAILED and out["ok"] is False
+    assert [p for p in out["problems"] if p.startswith(f"{cut}: not a whole msprobe dump.json")], out["problems"]

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, cli, cli_json, snapshot
+from conftest import FIXTURES, TESTS, cli, cli_json, snapshot
 
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.fsio import locked
@@ -291,7 +291,8 @@ def test_every_command_takes_json(fixture_tree, tmp_path: Path) -> None:
         "script": [script, "--dry-run"],
         "cluster": ["status", "--address", "127.0.0.1:1"],  # refused at once: nothing listens there
         "forget": [missing],
-        "report": [missing],
+        # issue 42: report's JSON had no ok on success
+        "report": [TESTS / "data" / "demo-consistency-vllm" / "capture", "-o", tmp_path / "r", "--max-k3-kl", "1"],
     }
     listing = cli("--help").stdout
     listed = [line.split()[0] for line in listing.split("Commands:\n", 1)[1].splitlines() if line.strip()]
@@ -396,14 +397,41 @@ def test_demo_consistency_options_go_together() -> None:
 
 
 def test_demo_plants_in_the_order_given_once_each() -> None:
-    """`--plant` repeated: each cause once, in the order given; `all`: every plant of the demo; none: the flip."""
+    """`--plant` repeated: each cause once, in the order given; `all`: every plant of the demo; none: the broken
+    layer."""
     from rlprobe_patch.cli.demo import _plants
     from rlprobe_patch.demo.vllm_consistency import PLANTS
 
-    assert _plants(()) == ("flip",)
+    assert _plants(()) == ("layer",)
     assert _plants(("stale", "token", "stale")) == ("stale", "token")
-    assert _plants(("token", "all")) == tuple(PLANTS) == ("flip", "temperature", "token", "stale", "none")
-    assert len({p.run for p in PLANTS.values()}) == len(PLANTS)  # one run (dumps, compare, capture step) each
+    everything = ("layer", "stale", "template", "token", "dtype", "temperature", "top-p", "none")
+    assert _plants(("token", "all")) == tuple(PLANTS) == everything
+    # a run of its own each (dumps, compare, capture step), but the two the clean run's rollout serves
+    assert {p.run for p in PLANTS.values()} == (set(PLANTS) - {"template", "token"}) | {"generate"}
+
+
+def test_demo_ends_with_each_reports_verdict_cause_next_and_its_workdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42, item 7: the demo had left its workdir in /tmp without saying so and never printed the verdict,
+    the top cause or the next step. The printing (cli/demo.py), on the report `report --json` writes for the
+    recorded demo (tests/data/demo-consistency-vllm); the demo itself stands in (its run: the runtime tests)."""
+    from rlprobe_patch.demo import vllm_consistency
+
+    data = TESTS / "data" / "demo-consistency-vllm"
+    _, summary = cli_json("report", data / "capture", data / "compare", "-o", tmp_path / "report", "--floor-step", "1")
+    work = tmp_path / "rlprobe-consistency-demo-x"
+    result_of_demo = {"ok": True, "workdir": str(work), "plants": {"flip": {"report": {"summary": summary}}}}
+    monkeypatch.setattr(vllm_consistency, "run_vllm_demo", lambda **kwargs: result_of_demo)
+    said = cli("demo", "--consistency").output
+    assert f"flip: verdict FAIL (report {tmp_path / 'report' / 'report.html'})" in said
+    assert "  top cause: broken-layer (1.00): a broken layer; step 2: " in said
+    assert "  next: look at Module.model.layers.1.mlp.down_proj.Linear.forward.0 first" in said
+    assert said.strip().endswith(
+        f"workdir: {work} (a temporary folder the demo made; it stays until you remove it: rm -rf {work})"
+    )
+    said = cli("demo", "--consistency", "--workdir", work).output
+    assert said.strip().endswith(f"workdir: {work}")
 
 
 def test_apply_on_verl_without_backend_is_a_usage_error(fixture_tree) -> None:
@@ -416,3 +444,18 @@ def test_apply_on_verl_without_backend_is_a_usage_error(fixture_tree) -> None:
     code, out = cli_json("apply", "--verl-root", root)
     assert code == ExitCode.USAGE and out["error"] == "UsageError" and not out["ok"]
     assert snapshot(root) == before and not (root / ".rlprobe-patch").exists()
+
+
+def test_a_usage_error_under_json_is_one_document_with_ok() -> None:
+    """Issue 42: every command's --json carries ok, also when click itself refuses the command line (an unknown
+    option, a missing argument): one JSON document on stdout, exit 2, for every command and subcommand."""
+    from test_readme_commands import commands
+
+    for name, _ in commands():
+        result = cli(*name.split(), "--no-such-option", "--json")
+        assert result.exit_code == ExitCode.USAGE, (name, result.output)
+        document = json.loads(result.stdout)
+        assert document["ok"] is False and document["error"] == "UsageError", (name, document)
+        assert "--no-such-option" in document["message"], (name, document)
+    result = cli("report", "--json")  # its PATHS missing
+    assert result.exit_code == ExitCode.USAGE and json.loads(result.stdout)["ok"] is False

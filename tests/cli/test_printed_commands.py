@@ -14,19 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import WORKFLOW_SCRIPTS, cli, msprobe_configs
+from printed import printed_commands
 
 from rlprobe_patch.errors import ExitCode
-
-
-def printed_commands(output: str) -> list[list[str]]:
-    """The rlprobe-patch commands of the `next:` and `hint:` lines (a hint's command follows `run: `)."""
-    found = []
-    for line in output.splitlines():
-        if line.startswith("next: rlprobe-patch "):
-            found.append(shlex.split(line.removeprefix("next: ")))
-        elif line.startswith("hint: ") and ", run: rlprobe-patch " in line:
-            found.append(shlex.split(line.split(", run: ", 1)[1]))
-    return found
 
 
 @pytest.mark.parametrize("mode", ["consistency", "inference", "training"])

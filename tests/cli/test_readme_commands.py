@@ -113,3 +113,16 @@ def test_example_lines_use_only_options_the_command_takes(path: Path) -> None:
             if unknown := sorted(set(OPTION.findall(line.split("#")[0])) - options(names[name])):
                 wrong.append(f"{where}: {line.strip()!r}: rlprobe-patch {name} takes no {', '.join(unknown)}")
     assert wrong == []
+
+
+def test_the_sites_first_path_is_the_readmes() -> None:
+    """docs/index.md repeats the README's first path ("My `rollout_probs_diff_mean` is 0.02: what now?"); the copy
+    is the one tests/runtime/test_first_path_runtime.py runs, block and placeholders alike (issue 42)."""
+    heading = "## My `rollout_probs_diff_mean` is 0.02: what now?"
+
+    def path(text: str) -> str:
+        section = text.split(heading, 1)[1]
+        start = section.index("```sh\n")
+        return section[start : section.index("\n\n", section.index("\nWhere ", start) + 1)]
+
+    assert path((REPO / "docs" / "index.md").read_text(encoding="utf-8")) == path(README.read_text(encoding="utf-8"))

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import zipfile
 from pathlib import Path
 from xml.etree import ElementTree
 
 import numpy as np
 import pytest
-from conftest import cli, cli_json
+from conftest import WORKFLOW_SCRIPTS, cli, cli_json
+from printed import definitions, printed_commands, printed_other
 
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.report.capture_format import FORMAT, read_capture, write_capture
@@ -196,7 +198,9 @@ DEMO = Path(__file__).resolve().parents[1] / "data" / "demo-consistency-vllm"
 def test_replay_on_the_demos_capture_says_why_no_prompt_is_written(tmp_path: Path) -> None:
     """Issue 35, item 5: the demo's capture carries no prompt text and no dataset index; the report says so
     and what to pass, instead of writing nothing in silence."""
-    args = ["report", DEMO / "capture", "-o", tmp_path / "out", "--top", "2", "--replay-script", "run.sh"]
+    script = tmp_path / "run.sh"
+    shutil.copy(WORKFLOW_SCRIPTS / "grpo_fsdp_vllm.sh", script)
+    args = ["report", DEMO / "capture", "-o", tmp_path / "out", "--top", "2", "--replay-script", script]
     result = cli(*args)
     assert not (tmp_path / "out" / "replay_prompts.jsonl").exists()
     said = " ".join(result.output.split())
@@ -266,7 +270,7 @@ def test_the_demos_tiny_probabilities_are_graded_on_log_probs(tmp_path: Path) ->
     result = cli("report", DEMO / "capture", DEMO / "compare", "-o", tmp_path / "both")
     said = " ".join(result.output.split())
     assert "verdict: FAIL" in said and "uninformative here" in said
-    assert "4 of 8 pair(s) leave msprobe's thresholds" in said and "layers.1.mlp.down_proj" in said
+    assert "4 of 8 pair(s) leave the layer floor" in said and "layers.1.mlp.down_proj" in said
 
 
 def test_diagnosis_on_the_real_demo_names_the_broken_layer(tmp_path: Path) -> None:
@@ -281,10 +285,13 @@ def test_diagnosis_on_the_real_demo_names_the_broken_layer(tmp_path: Path) -> No
     assert [s["causes"][0]["cause"] for s in diagnosis["steps"]] == ["precision-noise", "broken-layer"]
     said = cli(*args).output
     assert "diagnosis (noise floor measured): measured on step 1 of the inputs" in said
-    assert "1. broken-layer (1.00)" in said and "confirm: rlprobe-patch script" in said
-    assert "--set actor_rollout_ref.rollout.enforce_eager=True" in said
+    assert "1. broken-layer (1.00)" in said
+    # issue 42: without the run's launch script there is no run to name (no YOUR_TRAINING_SCRIPT.sh line); the
+    # report says how to get them, the placeholder defined where it is printed
+    assert "confirm:" not in said and "YOUR_TRAINING_SCRIPT" not in said
+    assert "next: confirm broken-layer: " in said and "(where RUN.sh is the run's launch script" in said
     page = (tmp_path / "out" / "report.html").read_text()
-    assert "id='diagnosis'" in page and "id='noise-floor'" in page and "enforce_eager=True" in page
+    assert "id='diagnosis'" in page and "id='noise-floor'" in page
     said = cli("report", DEMO / "capture", "-o", tmp_path / "none").output
     assert "diagnosis (noise floor not measured): no noise floor measured" in said
 
@@ -329,7 +336,8 @@ def test_replay_script_gives_the_diagnosis_the_runs_sampling(tmp_path: Path) -> 
                   rollout_log_probs=same.rollout + math.log(0.7))  # fmt: skip
     script = tmp_path / "run.sh"
     script.write_text(
-        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.temperature=0.7 \\\n"
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm \\\n"
+        "    actor_rollout_ref.rollout.temperature=0.7 \\\n"
         "    actor_rollout_ref.rollout.logprobs_mode=raw_logprobs trainer.total_epochs=1\n"
     )
     base = DEMO / "capture" / "step-000001.rlprobe-logprobs.npz"
@@ -339,8 +347,129 @@ def test_replay_script_gives_the_diagnosis_the_runs_sampling(tmp_path: Path) -> 
     assert code == ExitCode.VERIFY_FAILED
     diagnosis = out["diagnosis"]
     assert diagnosis["sampling"] == {"source": str(script), "temperature": 0.7, "logprobs_mode": "raw_logprobs"}
-    assert (
-        diagnosis["top"] == "logprob-kind"
-        and "raw log-probs while a logit processor is on" in (diagnosis["causes"][0]["evidence"])
-    )
-    assert f"script {script} --mode consistency --set" in diagnosis["causes"][0]["confirm"][0]
+    # raw log-probs (at T 1) against a trainer at the run's T 0.7: a temperature mismatch by the settings, whose
+    # slope (1 / 0.7 - 1) the planted constant offset does not show: the fit alone decides
+    assert diagnosis["top"] == "logprob-kind"
+    assert "log-probs at temperature 1 against 0.7" in diagnosis["causes"][0]["evidence"]
+    # each a run of this script with one setting changed, as printed: both differ from what the script sets
+    confirms = diagnosis["causes"][0]["confirm"]
+    assert [line.split("  # ")[0] for line in confirms] == [
+        f"rlprobe-patch script {script} --mode consistency --set actor_rollout_ref.rollout.logprobs_mode="
+        f"processed_logprobs -o {tmp_path / 'run.confirm-logprobs_mode.sh'}",
+        f"rlprobe-patch script {script} --mode consistency --set actor_rollout_ref.rollout.temperature=1.0 "
+        f"-o {tmp_path / 'run.confirm-temperature.sh'}",
+    ]
+
+
+# --- issue 42: the report's inputs and outputs, as a user met them on the demo's real outputs -----------------
+
+
+def _demo_compare_with_views(tmp_path: Path, files: int = 1000) -> Path:
+    """The demo's compare folder as check-dump --compare leaves it: each run's pairs, and beside them
+    `<run>.actor-views/<pair>/` with a dump.json and msprobe's tensor files (`dump_tensor_data/*.pt`; the real
+    demo's held 832; empty stand-ins here, never to be read)."""
+    compare = tmp_path / "compare"
+    shutil.copytree(DEMO / "compare", compare)
+    for run in ("generate", "generate-perturbed"):
+        for pair in sorted(p.name for p in (compare / run).iterdir()):
+            tensors = compare / f"{run}.actor-views" / pair / "dump_tensor_data"
+            tensors.mkdir(parents=True)
+            (tensors.parent / "dump.json").write_text('{"data": {}}')
+            for i in range(files // 8):
+                (tensors / f"Module.model.layers.{i}.mlp.down_proj.Linear.forward.0.output.0.pt").write_bytes(b"")
+    return compare
+
+
+def test_msprobe_tensor_files_beside_the_compare_are_not_slime_dumps(tmp_path: Path) -> None:
+    """Item 3: `report caps compare` on the demo's compare folder had taken the actor views' 832 msprobe tensor
+    files for slime dumps and failed, "Argument list too long" (exit 3)."""
+    compare = _demo_compare_with_views(tmp_path)
+    code, out = cli_json("report", DEMO / "capture", compare, "-o", tmp_path / "out")
+    assert code == ExitCode.VERIFY_FAILED and out["ok"] is False, out  # the verdict FAIL, not a refusal
+    assert out["inputs"]["slime"] == [] and len(out["inputs"]["compare"]) == 8
+    assert out["layers"]["first_common_divergence"] == "Module.model.layers.1.mlp.down_proj.Linear.forward.0"
+
+
+def test_a_stray_torch_file_in_a_capture_folder_is_left_out_with_a_note(tmp_path: Path) -> None:
+    """Item 3: a `.pt` that is no slime dump, found in a folder given, had failed the whole report; it is left out,
+    said in a note (named as a file, it is still refused)."""
+    captures = tmp_path / "caps"
+    shutil.copytree(DEMO / "capture", captures)
+    stray = captures / "notes.pt"
+    stray.write_bytes(b"not a torch file")
+    result = cli("report", captures, "-o", tmp_path / "out")
+    assert result.exit_code == ExitCode.VERIFY_FAILED, result.output
+    said = " ".join(result.output.split())
+    # read in a Python with torch: not a slime dump; without torch (this one): not readable; left out either way
+    assert f"note: {stray}: left out" in said or f"not read: cannot read slime's debug dumps ({stray})" in said, said
+    code, out = cli_json("report", captures, stray, "-o", tmp_path / "out2")
+    assert code == ExitCode.REFUSED and str(stray) in out["message"], out
+
+
+def test_an_input_given_twice_is_read_once(tmp_path: Path) -> None:
+    """Item 6: a folder and a file in it had been counted twice, silently."""
+    step = DEMO / "capture" / "step-000001.rlprobe-logprobs.npz"
+    _, once = cli_json("report", DEMO / "capture", "-o", tmp_path / "a")
+    _, twice = cli_json("report", DEMO / "capture", step, "-o", tmp_path / "b")
+    assert twice["tokens"]["tokens"] == once["tokens"]["tokens"] == 48
+    assert twice["inputs"]["captures"] == once["inputs"]["captures"]
+
+
+@pytest.mark.parametrize("option", ["--baseline", "--replay-script", "--data"])
+def test_a_missing_path_option_is_refused_like_a_missing_input(tmp_path: Path, option: str) -> None:
+    """Item 6: `--baseline /missing` had exited 2 where a missing input exits 3; `--replay-script /missing` was
+    taken silently."""
+    missing = tmp_path / "missing"
+    code, out = cli_json("report", DEMO / "capture", "-o", tmp_path / "out", option, missing)
+    assert code == ExitCode.REFUSED and out["ok"] is False and f"{option} {missing}" in out["message"], out
+    code, out = cli_json("report", missing, "-o", tmp_path / "out")
+    assert code == ExitCode.REFUSED and str(missing) in out["message"]
+
+
+def test_a_broken_pair_json_is_said(tmp_path: Path) -> None:
+    """Item 6: a pair.json cut short had been ignored silently; the report names it in a note (the pair is
+    headed by its folder alone)."""
+    compare = tmp_path / "compare"
+    shutil.copytree(DEMO / "compare", compare)
+    broken = next(compare.rglob("pair.json"))
+    broken.write_text(broken.read_text()[:40])
+    result = cli("report", DEMO / "capture", compare, "-o", tmp_path / "out")
+    assert result.exit_code == ExitCode.VERIFY_FAILED, result.output
+    assert f"note: {broken}: not readable as check-dump's JSON" in " ".join(result.output.split())
+
+
+def test_report_json_has_ok(tmp_path: Path) -> None:
+    """Item 6: `report --json` had no `ok` on success (the README promises it): ok is the exit code's."""
+    code, out = cli_json("report", DEMO / "capture", "-o", tmp_path / "out", "--max-prob-diff-mean", "0.01")
+    assert code == ExitCode.OK and out["ok"] is True and next(iter(out)) == "ok"
+    code, out = cli_json("report", DEMO / "capture", "-o", tmp_path / "out")
+    assert code == ExitCode.VERIFY_FAILED and out["ok"] is False
+
+
+def test_an_unwritable_output_folder_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 6: an -o folder that cannot be written had been refused naming our temporary file beside report.json."""
+    import tempfile
+
+    def refuse(*args: object, dir: object = None, **kwargs: object) -> object:
+        raise PermissionError(13, "Permission denied", f"{dir}/.report.json.x1y2.rlprobe-tmp")
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    code, out = cli_json("report", DEMO / "capture", "-o", out_dir)
+    assert code == ExitCode.REFUSED and out["message"].startswith(f"{out_dir / 'report.json'}: Permission denied")
+    assert "rlprobe-tmp" not in json.dumps(out)
+
+
+def test_next_names_the_csv_to_read_not_a_command_that_fails(tmp_path: Path) -> None:
+    """Item 4: `open <csv>` (macOS only) had been printed as the next step; the CSV is named as a file to read,
+    every other next line is an rlprobe-patch command or the training run, each placeholder defined on it."""
+    result = cli("report", DEMO / "capture", DEMO / "compare", "-o", tmp_path / "out", "--floor-step", "1")
+    assert "open " not in result.output
+    others = printed_other(result.output)
+    csv_lines = [line for line in others if line.endswith(".csv")]
+    assert len(csv_lines) == 1 and Path(csv_lines[0]).is_file(), others
+    assert all(line in csv_lines or " bash " in line for line in others), others
+    for command in printed_commands(result.output):
+        used = {w.split("/")[0] for w in command if w.isupper() or w.split("/")[0].isupper()}
+        assert used <= definitions(result.output), (command, definitions(result.output))

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, cli
+from conftest import CONFIGS, FIXTURES, cli
 from script_oracle import SHARED
 
 from rlprobe_patch.errors import ExitCode
@@ -228,7 +228,7 @@ def test_sglang_rollout_says_what_rid_pairing_needs(tmp_path: Path) -> None:
     assert any("check-dump pairs prefills" in n and "enforce_eager" in n for n in out["notices"])
 
     derived = tmp_path / "collect.sh"
-    configs = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json", "--n-gpus", "1")
+    configs = (*CONFIGS, "--n-gpus", "1")
     result = cli("script", str(SGLANG_EXAMPLE), "--mode", "consistency", *configs, "-o", str(derived))
     assert result.exit_code == ExitCode.OK, result.output
     out = json.loads(cli("detect", str(derived), "--no-trees", "--json").stdout)

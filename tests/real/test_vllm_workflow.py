@@ -51,7 +51,7 @@ def test_community_vllm_needs_its_patches_and_check_script_names_the_fix(tmp_pat
     derived, answer = derive(tmp_path, mode, "--python", python, "--n-gpus", "2")
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
     assert any(c["key"] == key for c in answer["changes"]), answer["changes"]
-    needed = ["vllm.model-runner"] + (["vllm.dispatch-logger"] if mode == "consistency" else [])
+    needed = ["vllm.model-runner"] + (["vllm.dispatch-logger", "vllm.rollout-record"] if mode == "consistency" else [])
     fix = f"rlprobe-patch apply --python {shlex.quote(str(python))} --only {','.join(sorted(needed))}"
     notices = " ".join(answer["notices"])
     assert f"community vLLM {VLLM}" in notices and "dumps nothing yet" in notices
@@ -61,6 +61,15 @@ def test_community_vllm_needs_its_patches_and_check_script_names_the_fix(tmp_pat
     (failing,) = [c for c in checked["checks"] if not c["ok"] and c["name"].startswith("community vLLM")]
     assert failing["detail"].endswith(f"fix: {fix}"), failing
     assert "the rollout would dump nothing" in failing["detail"]
+
+    if mode == "consistency":  # the dumper alone: the rest of the set still missing, said as such
+        assert cli("apply", "--python", python, "--only", "vllm.model-runner").exit_code == ExitCode.OK
+        code, checked = cli_json("check-script", derived, "--mode", mode, "--python", python, "--n-gpus", "2")
+        (failing,) = [c for c in checked["checks"] if not c["ok"] and c["name"].startswith("community vLLM")]
+        rest = f"--only {','.join(p for p in sorted(needed) if p != 'vllm.model-runner')}"
+        assert "would lack what the dumps are joined by" in failing["detail"], failing
+        assert failing["detail"].endswith(rest), failing
+        fix = f"rlprobe-patch apply --python {shlex.quote(str(python))} {rest}"
 
     # The fix, run as printed, makes the check pass.
     assert cli(*shlex.split(fix)[1:]).exit_code == ExitCode.OK
@@ -196,7 +205,7 @@ def test_consistency_collects_the_log_prob_capture_too(real_tree, tmp_path: Path
     dump_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
     runs = {}
     for name in ("derived.sh", "derived.capture.sh"):
-        recorded = run_recording_env(repo, name, root, ["MISMATCH_ON", "PROMPTS_ONLY", "DUMP_ON"])
+        recorded = run_recording_env(repo, name, root, ["MISMATCH_ON", "MISMATCH_DIR", "PROMPTS_ONLY", "DUMP_ON"])
         launch = recorded.main
         assert launch is not None and not launch.error, launch
         env = {k: v for k, v in launched_env(recorded.calls).items() if v != "<unset>"}
@@ -204,6 +213,8 @@ def test_consistency_collects_the_log_prob_capture_too(real_tree, tmp_path: Path
     dump_env, dump = runs["derived.sh"]
     capture_env, captured = runs["derived.capture.sh"]
     assert dump_env.get("PROMPTS_ONLY") == "1" and "MISMATCH_ON" not in dump_env
+    # absolute, the trainer's folder: vLLM's processes (vllm.rollout-record) write their records beside it
+    assert capture_env.get("MISMATCH_DIR") == str(repo / "rlprobe-logprobs"), capture_env
     assert (capture_env.get("MISMATCH_ON"), capture_env.get("PROMPTS_ONLY"), capture_env.get("DUMP_ON")) == (
         "1",
         "0",

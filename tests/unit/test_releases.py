@@ -70,10 +70,13 @@ def test_checker_fail_lines_name_patches_of_the_catalogue() -> None:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_release_rows_are_consistent_with_the_catalogue(package: str) -> None:
-    """A tested release is taken by some patch (applied or native); a refused one by none."""
+    """A tested release is taken by some patch (applied or native); a refused one by none; a release
+    whose wheel is another distribution's (`[release_dist]`) is one of the rows."""
     data = releases(package)
     patches = [p for p in load_catalogue() if p.package == package]
     assert patches and data.tested and not set(data.tested) & set(data.refused)
+    assert {release for release, _ in data.release_dists} <= set(data.all_releases)
+    assert all(data.dist_for(release) != data.dist for release, _ in data.release_dists)
     for release in data.tested:
         version = Version(release)
         assert any(p.supports(version) or p.is_native(version) for p in patches), release

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import CONFIGS, cli
 from script_oracle import SHARED
 
 from rlprobe_patch.errors import ExitCode, RefusedError
@@ -187,7 +187,7 @@ def test_bad_scripts_are_refused_clearly(name: str, command: str, tmp_path: Path
     before = sorted(os.listdir(tmp_path))
     args = [command, str(script), "--json"]
     if command != "detect":
-        args += ["--mode", "consistency", "--actor-config", "/a.json", "--generate-config", "/g.json"]
+        args += ["--mode", "consistency", *CONFIGS]
     result = cli(*args)
     assert result.exit_code == ExitCode.REFUSED, result.output
     out = json.loads(result.stdout)

@@ -36,6 +36,7 @@ PACKAGE_FILES = {
 }
 KNOWN_KEYS = {
     "dist",
+    "release_dist",
     "archive",
     "default_backend",
     "reports",
@@ -186,6 +187,8 @@ class PackageReleases:
     wheel_python: str = ""
     # Tested releases whose target files are also compared with another distribution's wheel.
     compared: tuple[str, ...] = ()
+    # Releases whose wheel comes from another distribution than `dist` ({release: distribution}).
+    release_dists: tuple[tuple[str, str], ...] = ()
     # verl's precision_debugger stages (`[[precision_debugger_stage]]`), in the file's order.
     profiler_stages: tuple[ProfilerStage, ...] = ()
     # The package's guidance on its mismatch metric (`[mismatch_guidance]`), which `report` grades with.
@@ -196,6 +199,10 @@ class PackageReleases:
     def stages_of(self, version: Version) -> tuple[ProfilerStage, ...]:
         """The precision_debugger stages `version` accepts."""
         return tuple(stage for stage in self.profiler_stages if stage.accepted(version))
+
+    def dist_for(self, release: str) -> str:
+        """The distribution on the package index whose wheel is `release`'s tree."""
+        return dict(self.release_dists).get(release, self.dist)
 
     def reported(self, release: str) -> str:
         """The version a tree of the tag `release` says it is."""
@@ -246,6 +253,7 @@ def _load(package: str) -> PackageReleases:
         reports=tuple(data.get("reports", {}).items()),
         wheel_python=data.get("wheel_python", ""),
         compared=tuple(data.get("compared", ())),
+        release_dists=tuple(data.get("release_dist", {}).items()),
         tested=tuple(data["tested"]),
         refused=tuple(data.get("refused", ())),
         path=path,

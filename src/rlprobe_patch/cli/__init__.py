@@ -10,6 +10,9 @@ behind a command (LibCST, GitPython, Ray, Hydra) is imported inside it, so that 
 from __future__ import annotations
 
 import importlib
+import json
+import sys
+from typing import Any
 
 import click
 
@@ -54,6 +57,31 @@ class CommandRegistry(click.Group):
         command = getattr(importlib.import_module(module), attr)
         assert isinstance(command, click.Command), command
         return command
+
+    def main(  # type: ignore[override]  # click's overloads on standalone_mode; this takes both
+        self,
+        args: list[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """As click's, but a usage error click finds itself (an unknown option, a missing argument) is one JSON
+        document on stdout with `ok` when `--json` was asked for, as every error a command raises is."""
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode or "--json" not in argv:
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            return super().main(argv, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            document = {"ok": False, "error": "UsageError", "message": exc.format_message(), "exit_code": exc.exit_code}
+            click.echo(json.dumps(document, indent=2))
+            sys.exit(exc.exit_code)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
 
 
 @click.group(cls=CommandRegistry, context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
 import click
 
+from rlprobe_patch.catalogue.trees import ROOT_OPTIONS
 from rlprobe_patch.cli.options import apply_options, lock_timeout_option, read_options, reader_options, tree_options
 from rlprobe_patch.cli.output import Out, command, parse_ids, print_notices, print_tree
 from rlprobe_patch.core.roots import Roots
@@ -113,8 +115,14 @@ def apply_cmd(
                 "worker_path": worker_paths.get(tree.root),
             }
         )
+    # verify and revert of the trees this run patched (not every registered tree): the commands to run next
+    named = [word for tree, _ in results for word in (ROOT_OPTIONS[tree.package], str(tree.root))]
+    named += ["--trust-record"] if roots.trust_record else []
+    follow = None
+    if not dry_run and any(r.record for _, r in results):
+        follow = {"verify": ["rlprobe-patch", "verify", *named], "revert": ["rlprobe-patch", "revert", *named]}
     # "trees" is the full answer; the first tree's fields are repeated at the top for one-tree scripts.
-    out.emit({"ok": True, **documents[0], "trees": documents, "notes": roots.notes})
+    out.emit({"ok": True, **documents[0], "trees": documents, "notes": roots.notes, "next": follow})
     for note in roots.notes:
         out.line(f"note: {note}", fg="yellow")
     for (tree, result), document in zip(results, documents):
@@ -159,6 +167,6 @@ def apply_cmd(
             if plan.replaces:
                 out.line(f"replaces record(s) {', '.join(r.id for r in plan.replaces)}", fg="green")
             out.line(f"recorded: {document['diff_file']}", fg="green")
-    if not dry_run and any(r.record for _, r in results):
-        out.line("next: rlprobe-patch verify    (undo: rlprobe-patch revert)")
+    if follow is not None:
+        out.line(f"next: {shlex.join(follow['verify'])}  # undo: {shlex.join(follow['revert'])}")
     return int(ExitCode.OK)

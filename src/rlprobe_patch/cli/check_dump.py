@@ -10,8 +10,8 @@ import click
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode, UsageError
-from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs, judge_compare
+from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
+from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs, judge_compare, require_msprobe
 from rlprobe_patch.workflow.slime_dumps import check_slime_debug, debug_files
 
 
@@ -45,7 +45,14 @@ def check_dump_cmd(
     if compare and not generate:
         raise UsageError("--compare needs --generate")
     if compare:
+        made = not compare_output.exists()
         compare_output.mkdir(parents=True, exist_ok=True)  # msprobe writes there: refuse now, not per pair
+        try:
+            require_msprobe(python)  # before a pair.json is written: none left behind by a compare that cannot run
+        except RefusedError:
+            if made:
+                compare_output.rmdir()
+            raise
     report = check_dumps(actor, generate)
     compared: list[dict[str, Any]] = []
     if compare and report.pairs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from packaging.version import Version
@@ -98,12 +99,43 @@ def demo_cmd(
                 progress=out.progress,
             )
         out.emit(result)
+        for name, plant in (result.get("plants") or {}).items():
+            _print_report(out, name, plant["report"]["summary"])
+        _print_workdir(out, Path(result["workdir"]), given=workdir is not None)
         return int(ExitCode.OK if result["ok"] else ExitCode.VERIFY_FAILED)
     if python or vllm_python or rollout != "vllm" or plants:
         raise UsageError("--python, --vllm-python, --rollout and --plant go with --consistency")
     report = run_demo(verl_version, offline=offline, workdir=workdir, say=out.line, progress=out.progress)
     out.emit({"ok": report["identical"] and report["verified"], **report})
+    _print_workdir(out, Path(report["workdir"]), given=workdir is not None)
     return int(ExitCode.OK if report["identical"] and report["verified"] else ExitCode.VERIFY_FAILED)
+
+
+def _print_report(out: Out, plant: str, report: dict[str, Any]) -> None:
+    """A plant's report in three lines and its next steps: the verdict, the cause ranked first, what to run."""
+    from rlprobe_patch.report.next_steps import next_steps
+
+    verdict = report.get("verdict") or {}
+    causes = (report.get("diagnosis") or {}).get("causes") or []
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}.get(verdict.get("state", ""))
+    out.line(f"{plant}: verdict {str(verdict.get('state', '-')).upper()} (report {report['written']['html']})",
+             fg=colour, bold=True)  # fmt: skip
+    if causes:
+        top = causes[0]
+        out.line(f"  top cause: {top['cause']} ({top['score']:.2f}): {top['title']}; {top['evidence']}")
+    for why, what in next_steps(report):
+        out.line(f"  next: {why}")
+        for command_line in what.splitlines():
+            out.line(f"    {command_line.strip()}")
+
+
+def _print_workdir(out: Out, work: Path, given: bool) -> None:
+    """Where everything the demo wrote is, and, in a temporary folder of the demo's own, how to remove it."""
+    if given:
+        out.line(f"workdir: {work}", bold=True)
+    else:
+        out.line(f"workdir: {work} (a temporary folder the demo made; it stays until you remove it: rm -rf {work})",
+                 bold=True)  # fmt: skip
 
 
 def _plants(given: tuple[str, ...]) -> tuple[str, ...]:

@@ -40,11 +40,16 @@ class Out:
             click.secho(f"... {text}", err=True, dim=True)
 
     def emit(self, data: dict[str, Any], indent: int | None = 2) -> None:
+        """The command's one JSON document; every command's has `ok` (a document without it is a bug)."""
+        if "ok" not in data:
+            raise AssertionError(f"a --json document without ok: {sorted(data)}")
         if self.as_json:
             click.echo(json.dumps(data, indent=indent, default=str))
 
     def emit_encoded(self, text: str) -> None:
-        """A JSON document already encoded (on one line)."""
+        """A JSON document already encoded (on one line), `ok` its first key."""
+        if not text.startswith('{"ok": '):
+            raise AssertionError(f"a --json document without ok first: {text[:40]}")
         if self.as_json:
             click.echo(text)
 

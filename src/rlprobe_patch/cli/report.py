@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,15 +11,59 @@ import click
 
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command, require
+from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode
 
 
+class _Progress:
+    """What the report is doing, on stderr, once it has run `after` seconds (a report over a whole run: minutes of
+    captures), and again every `every` seconds of one long phase; a report that ends sooner says nothing. A
+    `detail` (the captures read so far) is said at most every 2 seconds. stdout stays the report's text or JSON."""
+
+    def __init__(self, after: float = 3.0, every: float = 10.0) -> None:
+        self.start = time.monotonic()
+        self.phase = "starting"
+        self.late = after <= 0  # said from the start
+        self.said_at = 0.0
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, args=(after, every), daemon=True).start()
+
+    def __call__(self, phase: str) -> None:
+        self.phase = phase
+        if self.late:
+            self._say()
+
+    def detail(self, text: str) -> None:
+        self.phase = text
+        if self.late and time.monotonic() - self.said_at >= 2.0:
+            self._say()
+
+    def _watch(self, after: float, every: float) -> None:
+        if not self.late:
+            if self.done.wait(after):
+                return
+            self.late = True
+            self._say()
+        while not self.done.wait(every):
+            if time.monotonic() - self.said_at >= every:
+                self._say()
+
+    def _say(self) -> None:
+        with self.lock:
+            self.said_at = time.monotonic()
+            click.secho(f"... report: {self.phase} ({self.said_at - self.start:.0f} s so far)", err=True, dim=True)
+
+    def close(self) -> None:
+        self.done.set()
+
+
 @click.command("report")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=CheckedPath("file-or-dir"))
 @click.option(
     "-o",
     "--output",
-    type=click.Path(path_type=Path),
+    type=CheckedPath("new-dir"),
     default=Path("rlprobe_report"),
     show_default=True,
     help="Folder for report.html, report.json and the replay prompts.",
@@ -31,15 +77,20 @@ from rlprobe_patch.errors import ExitCode
 @click.option("--max-k3-kl", type=float, help="Exit 4 above this k3_kl.")
 @click.option("--min-pearson-corr", type=float, help="Exit 4 below this training/rollout_actor_probs_pearson_corr.")
 @click.option("--max-diverging-pairs", type=click.IntRange(min=0), help="Exit 4 when more compare pairs diverge.")
-@click.option("--replay-script", metavar="SCRIPT", help="The run's launch script, for the printed replay command.")
+@click.option(
+    "--replay-script",
+    type=CheckedPath("file"),
+    metavar="SCRIPT",
+    help="The run's launch script: its sampling settings, and the printed replay and confirming commands.",
+)
 @click.option(
     "--data",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=CheckedPath("file"),
     help="The run's dataset as JSON lines: replay rows are taken from it by the dataset index the capture carries.",
 )
 @click.option(
     "--baseline",
-    type=click.Path(path_type=Path, exists=True),
+    type=CheckedPath("file-or-dir"),
     help="A capture (or folder of them) of the same computation twice (the same engine run twice on one batch): "
     "its spread is the noise floor the diagnosis judges against.",
 )
@@ -56,7 +107,7 @@ def report_cmd(
     paths: tuple[Path, ...],
     output: Path,
     top: int,
-    replay_script: str | None,
+    replay_script: Path | None,
     data: Path | None,
     baseline: Path | None,
     floor_step: int | None,
@@ -65,7 +116,6 @@ def report_cmd(
 ) -> int:
     """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
     require("numpy", "report")
-    require("matplotlib", "report")
     from rlprobe_patch.report import encode, with_entry, write_outputs
     from rlprobe_patch.report.build import (
         build,
@@ -77,31 +127,53 @@ def report_cmd(
         run_settings,
     )
     from rlprobe_patch.report.diagnosis import choose_floor
-    from rlprobe_patch.report.render import diagnosis_lines, next_steps, plots, render_html, summary_lines
+    from rlprobe_patch.report.next_steps import next_steps
+    from rlprobe_patch.report.render import diagnosis_lines, plots, render_html, summary_lines
 
-    inputs = classify(list(paths))
-    batches, pairs, notes = read_inputs(inputs, python)
-    evidence = read_evidence(inputs)
-    floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
-    script = Path(replay_script) if replay_script and Path(replay_script).is_file() else None
-    settings = run_settings(script, python)
-    notes += [settings.note] if settings.note else []
-    report = build(batches, pairs, limits, floor, replay_script, settings.sampling, evidence, settings.clip)
-    if report.get("diagnosis") and report["diagnosis"].get("clip"):
-        report["diagnosis"]["clip"]["source"] = settings.clip_source
-    report["inputs"] = {
-        "captures": [str(p) for p in inputs.captures],
-        "slime": [str(p) for p in inputs.slime],
-        "compare": [str(p) for p in inputs.compares],
-        "records": [str(p) for p in inputs.records],
-        "weights": [str(p) for p in inputs.weights],
-    }
-    report["notes"] = notes
-    if report["tokens"]:
-        report["replay"] = replay(batches, report, top, output, replay_script, data)
-    text, line = encode(report)
-    written = write_outputs(text, render_html(report, plots(report), top), output)
-    out.emit_encoded(with_entry(line, "written", written))  # the requests can be many: encoded once, on one line
+    progress = _Progress()
+    try:
+        inputs = classify(list(paths))
+        if inputs.compares:
+            require("matplotlib", "report (its layer plot)")  # the token plots are drawn without it
+        progress(f"reading {len(inputs.captures)} capture(s), {len(inputs.slime)} slime dump(s), "
+                 f"{len(inputs.compares)} compare CSV(s)")  # fmt: skip
+        batches, pairs, notes = read_inputs(inputs, python, progress.detail)
+        evidence = read_evidence(inputs)
+        floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
+        settings = run_settings(replay_script, python)
+        notes += [settings.note] if settings.note else []
+        script = str(replay_script) if replay_script is not None else None
+        tokens = sum(int(b.mask.sum()) for b in batches)
+        progress(f"the figures and the diagnosis of {tokens} response token(s) in {len(batches)} step(s)")
+        report = build(batches, pairs, limits, floor, script, settings.sampling, evidence, settings.clip)
+        if report.get("diagnosis") and report["diagnosis"].get("clip"):
+            report["diagnosis"]["clip"]["source"] = settings.clip_source
+        report["inputs"] = {
+            "captures": [str(p) for p in inputs.captures],
+            "slime": [str(p) for p in inputs.slime],
+            "compare": [str(p) for p in inputs.compares],
+            "records": [str(p) for p in inputs.records],
+            "weights": [str(p) for p in inputs.weights],
+            # as given, for the commands printed next: the same inputs, folder, floor and launch script
+            "given": [str(p) for p in paths],
+            "output": str(output),
+            "baseline": str(baseline) if baseline is not None else None,
+            "replay_script": script,
+        }
+        report["notes"] = notes
+        if report["tokens"]:
+            report["replay"] = replay(batches, report, top, output, script, data)
+        progress(f"the plots, report.html and report.json in {output}")
+        text, line = encode(report)
+        written = write_outputs(text, render_html(report, plots(report), top), output)
+    finally:
+        progress.close()
+    crossed = [c for c in report["thresholds"] if c["crossed"]]
+    judged = report["verdict"]
+    if judged["decides_exit"] and judged["state"] == "fail":
+        crossed.append(judged)
+    # the requests can be many: encoded once, on one line; `ok` first, as every command's JSON has it
+    out.emit_encoded('{"ok": ' + ("false" if crossed else "true") + ", " + with_entry(line, "written", written)[1:])
     for line in summary_lines(report, top):
         out.line(line)
     for note in notes:
@@ -110,23 +182,18 @@ def report_cmd(
     if replay_info.get("command"):
         out.line(f"replay: {len(replay_info['requests'])} worst request(s), prompts in {replay_info['prompts']}")
         out.line(f"  {replay_info['command']}")
-        out.line(f"  then in the derived script: {' '.join(replay_info['overrides'])}")
     if replay_info.get("why_not"):
         if replay_info["prompts"]:
             what = f"{len(replay_info['without_prompt'])} request(s) left out of replay_prompts.jsonl"
         else:
             what = "replay_prompts.jsonl not written"
         out.line(f"replay: {what}: {replay_info['why_not']}", fg="yellow")
-    judged = report["verdict"]
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}.get(judged["state"])
     out.line(f"verdict: {judged['state'].upper()} (by {judged['source']})", fg=colour, bold=True)
     for reason in judged["reasons"]:
         out.line(f"  {reason}")
     if not judged["decides_exit"]:
         out.line("  (the threshold options given decide the exit code)")
-    crossed = [c for c in report["thresholds"] if c["crossed"]]
-    if judged["decides_exit"] and judged["state"] == "fail":
-        crossed.append(judged)
     for c in report["thresholds"]:
         state = "no value" if c["crossed"] is None else ("CROSSED" if c["crossed"] else "within")
         out.line(

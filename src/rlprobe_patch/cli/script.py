@@ -12,7 +12,7 @@ from rlprobe_patch.cli.options import cwd_option, python_option, read_options, r
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
-from rlprobe_patch.workflow.config import SIDES
+from rlprobe_patch.workflow.config import SIDES, config_beside, write_side_config
 from rlprobe_patch.workflow.derive import (
     ScriptCheck,
     capture_output,
@@ -164,12 +164,15 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             raise UsageError(f"--set {item!r}: expected a Hydra override KEY=VALUE")
 
     carried = _reader_flags(opts)  # before _derive takes --arg / --env out of opts
-    detection, req, verl_root = _derive(original, opts)
+    _given_configs_exist(opts)
+    detection, req, verl_root = _derive(original, dict(opts))
     _refuse_blocked(original, req)
+    output = output or default_output(original, req.mode)
+    # the msprobe configs neither given nor named by the script: written beside the collection script
     missing = [side for side in SIDES[req.mode] if side not in req.configs]
     if missing:
-        flags = " ".join(f"--{side}-config PATH" for side in missing)
-        raise UsageError(f"--mode {req.mode} needs {flags}", hint="write them with rlprobe-patch config")
+        opts.update({f"{side}_config": str(config_beside(output, side)) for side in missing})
+        detection, req, verl_root = _derive(original, dict(opts))
     if req.refusals:
         fixes = [f for f in dict.fromkeys(req.fixes) if f.startswith("--set")]
         others = [f for f in req.fixes if not f.startswith("--set")]
@@ -182,7 +185,6 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             hint += f"; to collect with these values{instead}, run: {shlex.join(rerun)}"
         raise RefusedError(f"{original}: cannot derive a {req.mode} collection script", details=req.refusals, hint=hint)
     text, changes = render_script(detection.script, req, original.name, composed=verl_root is not None)
-    output = output or default_output(original, req.mode)
     # check-script reads the derived script as this command read the original: same tree, environment, arguments
     next_command = ["rlprobe-patch", "check-script", str(output), "--mode", req.mode, *carried]
     capture = capture_run(detection.script, req)
@@ -198,9 +200,17 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             "text": capture_text if dry_run else None,
             "next": None if dry_run else [*next_command[:2], str(capture_path), *next_command[3:]],
         }
+    configs: dict[str, dict[str, Any]] = {}
     if not dry_run:
         if captured is not None and capture_path.exists() and not force:  # refused before either is written
             write_script(original, capture_path, capture_text, force)
+        for side in missing:
+            path = config_beside(output, side)
+            if path.exists() and not force:
+                raise RefusedError(f"{path} exists", hint="pass --force to replace it, or give --{side}-config")
+        for side in missing:
+            checked, why = write_side_config(req.mode, side, output, opts["python"], req.rollout_backend)
+            configs[side] = {"output": str(config_beside(output, side)), "msprobe_check": checked, "unchecked": why}
         write_script(original, output, text, force)
         if captured is not None:
             write_script(original, capture_path, capture_text, force)
@@ -221,6 +231,7 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             "text": text if dry_run else None,
             "next": None if dry_run else next_command,
             "capture": captured,
+            "configs": configs,
         }
     )
     for c in changes:
@@ -247,6 +258,17 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         if captured is not None:
             out.line(captured["text"])
     else:
+        for side, written in configs.items():
+            check = written["msprobe_check"]
+            how = (
+                f"loaded by msprobe {check.get('msprobe')}"
+                if check
+                else f"not checked by msprobe: {written['unchecked']}"
+            )
+            out.line(
+                f"wrote {written['output']} (the {side} side's msprobe config, no --{side}-config given; {how})",
+                fg="green" if check else "yellow",
+            )
         out.line(f"wrote {output} ({req.mode}); {original} is unchanged", fg="green", bold=True)
         if captured is not None:
             out.line(
@@ -294,6 +316,20 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
         )
     out.line("script OK" if ok else "script check FAILED", fg="green" if ok else "red", bold=True)
     return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
+
+
+def _given_configs_exist(opts: dict[str, Any]) -> None:
+    """Each msprobe config given must be there: the run's processes read it from the directory the script runs
+    in (--cwd, else this one), where a relative path is resolved."""
+    base = Path(opts["cwd"]) if opts.get("cwd") else Path.cwd()
+    for side in ("actor", "generate", "training"):
+        given = opts.get(f"{side}_config")
+        if given and not (base / given).is_file():
+            raise RefusedError(
+                f"--{side}-config {given}: no such file" + (f" (in {base})" if not Path(given).is_absolute() else ""),
+                hint=f"write it with rlprobe-patch config, or leave --{side}-config out: script then writes one beside "
+                "the collection script",
+            )
 
 
 def _refuse_blocked(script: Path, req: Any) -> None:

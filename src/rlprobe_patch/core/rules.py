@@ -85,29 +85,66 @@ def _trainer_rules(tree: Tree, patches: list[Patch], others: Mapping[str, Path])
         checks.append(Check(f"skill check-engine-patch --backend {b}", ok, "; ".join(lines[1:])))
     if any("consistency" in p.modes and "any" in p.backends and p.skill_checked for p in patches):
         # The skill's rules expect every patch of the set; a release that cannot take one of
-        # them fails those rules by design (its target, and the lines the release data names).
-        # Such FAIL lines are shown, and do not fail verify.
+        # them fails those rules by design (its target, and the lines the release data names),
+        # and so does a tree given only part of the set (`apply --only`): the rules of the patches
+        # not applied. Such FAIL lines are shown, and do not fail verify.
+        applied = {p.id for p in patches}
         by_design = [p for p in select(tree.package, "fsdp", "consistency") if not p.supports(tree.version)]
+        absent = [
+            p
+            for p in select(tree.package, "fsdp", "consistency")
+            if "any" in p.backends and p.skill_checked and p.supports(tree.version) and p.id not in applied
+        ]
         expected_fail = {str(tree.root / t) for p in by_design for t in p.targets}
         expected_fail |= {line for p in by_design for line in releases(tree.package).expected_checker_fails(p.id)}
         for b in engines or legacy or ["fsdp"]:
             expected = set(expected_fail)
-            if b not in engines:  # the legacy workers are hooked instead of the engine file the skill checks
+            if b not in engines:  # the legacy workers (or no worker hook) instead of the engine file the skill checks
                 expected.add(str(tree.root / engine_target(b)))
             ok, lines = check_consistency_patch(
                 tree.root, b, vllm_ascend_root=vllm_ascend_root, skip_vllm=vllm_ascend_root is None
             )
             skill_lines += lines
-            failed = [line[len("FAIL: ") :] for line in lines if line.startswith("FAIL: ")]
-            unexpected = [f for f in failed if f not in expected]
+            failed = _failures(lines)
+            unexpected = [
+                f"{subject} ({'; '.join(errors)})" if errors else subject
+                for subject, errors in failed.items()
+                if subject not in expected and not _about(subject, absent, tree.root)
+            ]
+            why = [f"{tree.package} {tree.version} cannot take a patch"] if by_design else []
+            why += ["the legacy workers are hooked"] if legacy and b not in engines else []
+            why += ["the worker hook is not applied"] if not engines and not legacy else []
+            why += [f"not applied: {', '.join(p.id for p in absent)}"] if absent else []
             detail = "; ".join(unexpected) or (
-                f"FAIL only where {tree.package} {tree.version} cannot take a patch or the legacy workers are hooked: "
-                + ", ".join(failed)
-                if failed
-                else ""
+                f"FAIL only where the set is not whole ({'; '.join(why)}): " + ", ".join(failed) if failed else ""
             )
             checks.append(Check(f"skill check-consistency-patch --backend {b}", not unexpected, detail))
     return checks, skill_lines
+
+
+def _failures(lines: list[str]) -> dict[str, list[str]]:
+    """The skill's FAIL lines: each subject (a path, or what is missing) with the `  - ` errors printed under it."""
+    failed: dict[str, list[str]] = {}
+    subject = None
+    for line in lines:
+        if line.startswith("FAIL: "):
+            subject = line[len("FAIL: ") :]
+            failed[subject] = []
+        elif line.startswith("  - ") and subject is not None:
+            failed[subject].append(line[len("  - ") :])
+        else:
+            subject = None
+    return failed
+
+
+def _about(subject: str, patches: list[Patch], root: Path) -> bool:
+    """Whether a FAIL subject of the skill's checker is a target of one of `patches` (its path, or its file
+    named in a line such as "request_id injection missing in both llm_server.py and agent_loop.py")."""
+    for patch in patches:
+        for target in patch.targets:
+            if subject == str(root / target) or Path(target).name in subject.split():
+                return True
+    return False
 
 
 def _dispatch_logger_rules(

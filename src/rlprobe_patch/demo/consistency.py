@@ -165,7 +165,8 @@ def drive(
     driver: Path = DRIVER,
     model_dir: Path | None = None,
 ) -> dict[str, Any]:
-    out = work / f"{what}-{len(list(work.glob(f'{what}-*.json')))}.json"
+    # this command's results so far: `{what}-N.json` (not another command's whose name starts the same)
+    out = work / f"{what}-{sum(1 for p in work.glob(f'{what}-*.json') if p.stem[len(what) + 1 :].isdigit())}.json"
     clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
     # the demo's own driver takes the command, the model and the prompts; another driver its own arguments
     common = [what, "--model-dir", str(model_dir or work / "model"), "--prompts", str(work / "prompts.json")]

@@ -9,7 +9,14 @@ Above `workflow` (it reads slime's dumps through `workflow.slime_dumps`' finder 
 - `metrics.py`: verl's debug and off-policy metrics re-implemented in numpy, per-request figures,
   the difference by position and by probability;
 - `build.py`: the inputs sorted and read, the report's document, the thresholds, the replay files;
+- `identity.py`, `rollout_record.py`, `weights.py`: the identity check before any number: the capture's ids
+  against the rollout engine's own record of each request, and both sides' weight fingerprints;
+- `diagnosis.py`, `verdict.py`: the causes ranked against the noise floor; the verdict by verl's guidance and
+  the diagnosis' step by step; `confirm.py`: the runs that would confirm one (the launch script with one
+  setting changed, printed only where that differs from its consistency script);
+- `next_steps.py`: the commands printed next (`next:`), each as it runs, placeholders defined on the line;
 - `render.py`: report.html (SVG plots drawn from the aggregates, embedded) and the text summary;
+- `svgplot.py`: the token plots' small SVG charts (matplotlib draws the layer plot);
 - `write_outputs` (here): report.json and report.html, each whole or not at all.
 
 numpy is the `report` extra; it is imported when the command runs.
@@ -36,13 +43,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# one encoder for every value (json.dumps with an argument builds one per call: a request's line is thousands of
+# calls on a large run)
+_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
 def _json(value: Any) -> str:
     """`json.dumps` of `value` as `_plain` makes it; the walk only where a float is not finite (the C
     encoder refuses those), so a report without NaN is encoded at the C encoder's speed."""
     try:
-        return json.dumps(value, allow_nan=False)
+        return _ENCODER.encode(value)
     except ValueError:
-        return json.dumps(_plain(value), allow_nan=False)
+        return _ENCODER.encode(_plain(value))
 
 
 def to_json(report: dict[str, Any]) -> dict[str, Any]:

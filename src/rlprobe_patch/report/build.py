@@ -6,7 +6,11 @@ slime's debug dumps (`*.pt`, read in `--python`), msprobe compare CSVs (`compare
 
 from __future__ import annotations
 
+import itertools
 import json
+import shlex
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,10 @@ from rlprobe_patch.report.verdict import grade_steps, verdict
 from rlprobe_patch.report.weights import SUFFIX as WEIGHTS_SUFFIX
 from rlprobe_patch.report.weights import Weights, read_weights
 
+# the launch script in a printed command when the report was given none (`--replay-script`); the text defines it
+RUN_PLACEHOLDER = "RUN.sh"
+RUN_DEFINITION = "RUN.sh is the run's launch script (report --replay-script names it)"
+
 REPORT_FORMAT = "rlprobe-report"
 REPORT_VERSION = 1
 
@@ -56,6 +64,8 @@ class Inputs:
     compares: list[Path] = field(default_factory=list)
     records: list[Path] = field(default_factory=list)  # the rollout engine's (*.rlprobe-rollout.jsonl)
     weights: list[Path] = field(default_factory=list)  # weight fingerprints (*.rlprobe-weights.json)
+    # slime dumps found in a folder given (not named): one that is no slime dump is left out with a note
+    slime_found: set[Path] = field(default_factory=set)
 
 
 @dataclass
@@ -89,13 +99,20 @@ def read_evidence(inputs: Inputs) -> Evidence:
     return evidence
 
 
+# msprobe keeps each dump's tensors in this folder (also check-dump's actor views): torch files, never slime's
+MSPROBE_TENSORS = "dump_tensor_data"
+
+
 def classify(paths: list[Path]) -> Inputs:
-    """Sort the paths given into captures, slime dumps and compare CSVs; refuse what is none of them."""
+    """Sort the paths given into captures, slime dumps and compare CSVs; refuse what is none of them. A file
+    given twice (itself and in a folder given) is read once."""
     found = Inputs()
     for path in paths:
         if path.is_dir():
             found.captures += sorted(path.rglob(f"*{SUFFIX}"))
-            found.slime += sorted(p for p in path.rglob("*.pt") if p.is_file())
+            scanned = sorted(p for p in path.rglob("*.pt") if p.is_file() and MSPROBE_TENSORS not in p.parts)
+            found.slime += scanned
+            found.slime_found.update(p.resolve() for p in scanned)
             found.compares += compare_files([path])
             found.records += sorted(p for p in path.rglob(f"*{RECORD_SUFFIX}") if p.is_file())
             found.weights += sorted(p for p in path.rglob(f"*{WEIGHTS_SUFFIX}") if p.is_file())
@@ -117,12 +134,26 @@ def classify(paths: list[Path]) -> Inputs:
                 )
         else:
             raise RefusedError(f"{path}: no such file or directory")
+    found.captures, found.slime, found.compares = (_once(found.captures), _once(found.slime), _once(found.compares))
+    found.records, found.weights = _once(found.records), _once(found.weights)
+    found.slime_found -= {p.resolve() for p in paths if p.is_file()}  # named: a file that is no dump is refused
     if not (found.captures or found.slime or found.compares):
         raise RefusedError(
             f"nothing to report in {', '.join(map(str, paths))}",
             hint=f"give captures (*{SUFFIX}), slime debug dumps (*.pt) or check-dump --compare's output",
         )
     return found
+
+
+def _once(paths: list[Path]) -> list[Path]:
+    """`paths` without a file seen before under another spelling (a folder given and a file in it)."""
+    seen: set[Path] = set()
+    kept = []
+    for path in paths:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            kept.append(path)
+    return kept
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "logprobs_mode")  # under actor_rollout_ref.rollout.
@@ -197,43 +228,88 @@ def read_baseline(path: Path) -> list[TokenBatch]:
     return batches
 
 
-def read_inputs(inputs: Inputs, python: str | None) -> tuple[list[TokenBatch], list[PairCompare], list[str]]:
-    batches = [read_capture(p) for p in inputs.captures]
+def read_inputs(
+    inputs: Inputs, python: str | None, progress: Callable[[str], None] | None = None
+) -> tuple[list[TokenBatch], list[PairCompare], list[str]]:
+    """The inputs read and checked; `progress` is told each capture read (a run's captures can take a minute)."""
+    batches = []
+    for done, path in enumerate(inputs.captures, start=1):
+        batches.append(read_capture(path))
+        if progress is not None:
+            progress(f"reading captures: {done} of {len(inputs.captures)}")
     notes: list[str] = []
     if inputs.slime:
         # imported here: the slime reader brings the workflow's interpreter probe (subprocess and all),
         # which a report of captures alone does not need
         from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
 
-        slime_batches, notes = join_slime(read_slime_files(inputs.slime, python))
+        items = []
+        try:
+            read = read_slime_files(inputs.slime, python)
+        except RefusedError as exc:
+            found = all(p.resolve() in inputs.slime_found for p in inputs.slime)
+            if not found or not (inputs.captures or inputs.compares):
+                raise
+            # torch files that happen to lie in a folder given, beside the captures or the compare CSVs
+            read = []
+            notes.append(
+                f"{len(inputs.slime)} *.pt file(s) in the folders given left out, not read: {exc.message} "
+                f"(if they are slime's debug dumps: {exc.hint})"
+            )
+        for item in read:
+            if "error" in item and Path(item["path"]).resolve() in inputs.slime_found:
+                notes.append(f"{item['path']}: left out, not a slime debug dump ({item['error']})")
+            else:
+                items.append(item)
+        slime_batches, slime_notes = join_slime(items)
         batches += slime_batches
+        notes += slime_notes
     for batch in batches:
         check_finite(batch)
     pairs = [read_compare_csv(p) for p in inputs.compares]
+    notes += [f"{p.info_problem}: the pair is headed by its folder's name only" for p in pairs if p.info_problem]
     return batches, pairs, notes
 
 
-def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
-    """Per step, per request and over the run; the valid tokens are taken out of the padding once, into the
-    run's arrays, and each step's figures are computed over its slice of them."""
-    run = Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
-    # the run's figures first: their scratch arrays are freed before the per-token values only the steps use
-    # are made, and reuse the same memory
-    overall: dict[str, Any] = tokens_debug_metrics(run)
-    overall.update(tokens_offpolicy_metrics(run))
-    scale = tokens_scale_metrics(run)
-    steps, requests, profiles = _per_step(batches, run)
-    tokens, dlogp = run.size, run.abs_dlogp
-    del run  # its other per-token arrays are released before the quantiles' and the histogram's copies
+def run_tokens(batches: list[TokenBatch]) -> Tokens:
+    """The valid tokens of every batch, taken out of the padding once, in the run's arrays."""
+    return Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
+
+
+_LEVELS = (0.5, 0.9, 0.99, 0.999, 1.0)  # the |dlogp| quantiles report.json gives
+
+
+def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Executor | None = None) -> dict[str, Any]:
+    """Per step, per request and over the run; each step's figures are computed over its slice of the run's
+    arrays (`run`, else `run_tokens(batches)`). With `pool`, the run's figures, its |dlogp| distribution and the
+    steps' figures are taken side by side in its threads (each the same computation as alone)."""
+    run = run if run is not None else run_tokens(batches)
+    if pool is None:
+        overall: dict[str, Any] = tokens_debug_metrics(run)
+        overall.update(tokens_offpolicy_metrics(run))
+        scale = tokens_scale_metrics(run)
+        steps, requests, profiles = _per_step(batches, run)
+        distribution = _distribution(run)
+    else:
+        run.make("abs_dp", "abs_dlogp", "k3_terms")  # each once, before the threads read them
+        scale_later, distribution_later = pool.submit(tokens_scale_metrics, run), pool.submit(_distribution, run)
+        overall = tokens_debug_metrics(run)
+        overall.update(tokens_offpolicy_metrics(run))
+        steps, requests, profiles = _per_step(batches, run, pool)
+        scale, distribution = scale_later.result(), distribution_later.result()
+    quantile_values, histogram = distribution
     ranked = sorted(
         (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
     )
     for rank, r in enumerate(ranked, start=1):
         r["rank"] = rank
-    levels = (0.5, 0.9, 0.99, 0.999, 1.0)
+    # each step's counts over the run's bins (the page tells the steps apart)
+    histogram["steps"] = [
+        {"step": s["step"], "kind": s["kind"], **part} for s, part in zip(steps, histogram.pop("parts"))
+    ]
     return {
         "samples": len(requests),
-        "tokens": tokens,
+        "tokens": run.size,
         "empty_responses": sum(1 for r in requests if not r["tokens"]),
         "overall": overall,
         "scale": scale,
@@ -242,45 +318,57 @@ def token_report(batches: list[TokenBatch]) -> dict[str, Any]:
         "by_position": profiles.by_position(),
         "by_probability": profiles.by_probability(),
         "by_probability_decade": profiles.by_probability_decade(),
-        "abs_dlogp_quantiles": dict(zip(map(str, levels), quantiles(dlogp, levels))) if dlogp.size else {},
-        "abs_dlogp_histogram": dlogp_histogram(dlogp),
+        "abs_dlogp_quantiles": dict(zip(map(str, _LEVELS), quantile_values)) if run.size else {},
+        "abs_dlogp_histogram": histogram,
     }
 
 
-def _per_step(batches: list[TokenBatch], run: Tokens) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles]:
-    """Each step's metrics, its requests' figures, and the profiles over every step."""
+def _distribution(run: Tokens) -> tuple[list[float], dict[str, Any]]:
+    """|dlogp|'s quantiles over the run, and its histogram with each step's counts (`parts`)."""
+    dlogp = run.abs_dlogp
+    ends = np.cumsum([0] + [part.size for part in run.part_list()]).tolist()
+    histogram = dlogp_histogram(dlogp, parts=[slice(a, b) for a, b in itertools.pairwise(ends)])
+    return (quantiles(dlogp, _LEVELS) if dlogp.size else []), histogram
+
+
+def _per_step(
+    batches: list[TokenBatch], run: Tokens, pool: Executor | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles]:
+    """Each step's metrics, its requests' figures, and the profiles over every step (each step's taken apart, in
+    `pool` where given, and gathered in the steps' order)."""
     steps = []
     requests: list[dict[str, Any]] = []
     profiles = Profiles()
-    for b, tokens in zip(batches, run.parts()):
-        metrics: dict[str, Any] = tokens_debug_metrics(tokens)
-        metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
-        steps.append(
-            {
-                "step": b.step,
-                "kind": b.kind,
-                "path": b.path,
-                "samples": b.samples,
-                "tokens": tokens.size,
-                "metrics": metrics,
-                "scale": tokens_scale_metrics(tokens),
-            }
-        )
-        profiles.add_tokens(tokens)
-        dataset_index = b.dataset_index.tolist() if b.dataset_index is not None else [None] * b.samples
-        for i, (row, request_id, index, prompt_length) in enumerate(
-            zip(tokens_per_request(tokens), b.request_ids, dataset_index, b.prompt_lengths.tolist())
-        ):
-            row.update(
-                request_id=request_id,
-                step=b.step,
-                kind=b.kind,
-                row=i,
-                dataset_index=index,
-                prompt_length=prompt_length,
-            )
-            requests.append(row)
+    for step, rows, counts in (pool.map if pool else map)(_step_figures, batches, run.part_list()):
+        steps.append(step)
+        requests += rows
+        profiles.add_counts(counts)
     return steps, requests, profiles
+
+
+def _step_figures(b: TokenBatch, tokens: Tokens) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """One step's metrics, its requests' figures, and its share of the profiles."""
+    metrics: dict[str, Any] = tokens_debug_metrics(tokens)
+    metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
+    step = {
+        "step": b.step,
+        "kind": b.kind,
+        "path": b.path,
+        "samples": b.samples,
+        "tokens": tokens.size,
+        "metrics": metrics,
+        "scale": tokens_scale_metrics(tokens),
+    }
+    counts = Profiles.count(tokens)
+    dataset_index = b.dataset_index.tolist() if b.dataset_index is not None else [None] * b.samples
+    rows = tokens_per_request(tokens)
+    for i, (row, request_id, index, prompt_length) in enumerate(
+        zip(rows, b.request_ids, dataset_index, b.prompt_lengths.tolist())
+    ):
+        row.update(
+            request_id=request_id, step=b.step, kind=b.kind, row=i, dataset_index=index, prompt_length=prompt_length
+        )
+    return step, rows, counts
 
 
 def check_thresholds(report: dict[str, Any], limits: dict[str, float | None]) -> list[dict[str, Any]]:
@@ -326,10 +414,11 @@ def build(
 ) -> dict[str, Any]:
     """The report's document; `floor` (else none measured) is the noise floor the diagnosis judges against,
     `evidence` the engine's records and the weight fingerprints, `clip` the run's PPO clip range."""
+    run = run_tokens(batches)
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "format_version": REPORT_VERSION,
-        "tokens": token_report(batches) if batches else None,
+        "tokens": _token_figures(batches, run) if batches else None,
         "layers": layer_summary(pairs) if pairs else None,
     }
     grades = grade_steps(report)
@@ -338,12 +427,30 @@ def build(
         # the verdict's step grades are in the batches' order (token_report keeps it)
         by_batch = {index: grade["state"] for index, grade in enumerate(grades)}
         identities = (evidence or Evidence()).identities(batches)
-        report["diagnosis"] = diagnose(batches, report["layers"], floor, script, sampling, identities, by_batch, clip)
+        # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
+        from threadpoolctl import threadpool_limits
+
+        # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more
+        # than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last bits
+        # with the machine's number of cores
+        with threadpool_limits(limits=1, user_api="blas"):
+            report["diagnosis"] = diagnose(
+                batches, report["layers"], floor, script, sampling, identities, by_batch, clip, run.part_list()
+            )
     report["thresholds"] = check_thresholds(report, limits)
     report["verdict"] = verdict(report, grades)
     # the threshold options given decide the exit code; without any, the verdict does
     report["verdict"]["decides_exit"] = not report["thresholds"]
     return report
+
+
+def _token_figures(batches: list[TokenBatch], run: Tokens) -> dict[str, Any]:
+    """`token_report` in two threads (numpy releases the interpreter's lock in its loops, so they share the
+    machine's cores; every figure is the one a single thread computes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return token_report(batches, run, pool)
 
 
 def replay(
@@ -385,16 +492,16 @@ def replay(
     prompts = directory / "replay_prompts.jsonl"
     atomic_write(prompts, "".join(json.dumps(row) + "\n" for row in rows).encode())
     result["prompts"] = str(prompts)
-    result["command"] = (
-        f"rlprobe-patch script {script or 'YOUR_TRAINING_SCRIPT.sh'} --mode consistency "
-        "--actor-config config_actor.json --generate-config config_generate.json"
-    )
     result["overrides"] = [
-        f"data.train_files={prompts}",
-        f"data.train_batch_size={len(rows)}",
+        f"data.train_files={prompts.absolute()}",
         "data.shuffle=False",
-        "trainer.total_training_steps=1",
+        # one prompt per step in a consistency collection (batch size 1): a step per prompt
+        f"trainer.total_training_steps={len(rows)}",
     ]
+    run = script or RUN_PLACEHOLDER
+    output = Path(run).with_name(f"{Path(run).stem}.replay.sh")
+    sets = [word for override in result["overrides"] for word in ("--set", override)]
+    result["command"] = shlex.join(["rlprobe-patch", "script", run, "--mode", "consistency", *sets, "-o", str(output)])
     return result
 
 

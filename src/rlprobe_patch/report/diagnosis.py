@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
+from rlprobe_patch.report.confirm import confirm_lines, sampling_of
 from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors
 from rlprobe_patch.report.metrics import Tokens, quantiles
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
@@ -53,6 +53,9 @@ TAIL_P = 0.1  # "low-probability" tokens: rollout p below this
 ULPS = 2.0  # the rounding of a log-prob in its compute dtype, in units of that dtype's epsilon
 UNEXPLAINED = 0.4  # out of the floor with no cause scoring above it: unexplained ranks first
 ONE_SIGNED = 0.9  # the share of a gap's tokens on one side for it to be one-signed
+# a module whose outputs differ by less than this, relative, is within any layer floor: float32 rounding through a
+# model's layers stays near 1e-6 (the demo's same-weights pairs: 4e-7 to 9e-7), a real difference is far above
+LAYER_RESOLUTION = 1e-4
 # the unit roundoff of each compute dtype a log-prob may have been computed in
 EPSILON = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
@@ -193,16 +196,6 @@ def _coarsest(dtypes: list[str]) -> str | None:
     return max(known, key=EPSILON.__getitem__) if known else None
 
 
-def confirm_lines(cause: str, script: str | None) -> tuple[str, ...]:
-    """The one-setting-changed runs for `cause` (patches/releases/verl.toml `[[diagnosis_confirm]]`)."""
-    run = script or "YOUR_TRAINING_SCRIPT.sh"
-    return tuple(
-        f"rlprobe-patch script {run} --mode consistency --set {c.set}  # verl {c.versions}: {c.why}"
-        for c in releases("verl").confirms
-        if c.cause == cause
-    )
-
-
 # --- what one step brings -------------------------------------------------------------------------------
 
 
@@ -222,10 +215,16 @@ class Step:
 
     @property
     def mean(self) -> float:
-        return float(self.tokens.abs_dlogp.mean()) if self.tokens.size else 0.0
+        # read by most causes: taken once per step
+        return self.tokens.memo(
+            "mean_abs_dlogp", lambda: float(self.tokens.abs_dlogp.mean()) if self.tokens.size else 0.0
+        )
 
     @property
     def within(self) -> bool:
+        """Within the floor: the comparable tokens' mean, where no request's ids differ (those are no noise)."""
+        if self.identity is not None and self.identity.differences:
+            return False
         return self.mean <= self.floor.mean_limit and (self.floor.measured or self.guidance_ok)
 
     @property
@@ -375,13 +374,14 @@ def logprob_kind(step: Step) -> Cause:
         return Cause("logprob-kind", 0.0, 0.0, "no comparable token")
     evidence = (
         f"d = log p_train - log p_rollout ~ {_g(slope)} * log p_rollout {'-' if offset < 0 else '+'} "
-        f"{_g(abs(offset))} explains {explained:.0%} of sum(d^2) on {step.tokens.size} tokens"
+        f"{_g(abs(offset))} explains {explained:.0%} of sum(d^2) on {step.tokens.size} tokens: a constant offset "
+        f"{_g(offset)} = log {_g(math.exp(offset))}"
     )
     if abs(slope) >= SLOPE_SAID and slope > -1.0:
         # within one context log p_1 = T log p_T + const: d = (T - 1) log p_T + const with the rollout's at T and the
         # trainer's at 1, or d = (1/T - 1) log p_1 + const with the trainer's at T and the rollout's raw
         evidence += (
-            f": a slope {_g(slope)}, as if the rollout's log-probs were at temperature {_g(1.0 + slope)} and the "
+            f", and a slope {_g(slope)}: as if the rollout's log-probs were at temperature {_g(1.0 + slope)} and the "
             f"trainer's at 1, or the trainer's at {_g(1.0 / (1.0 + slope))} and the rollout's raw"
         )
     engine_split, split_said = _engine_split(step)
@@ -389,7 +389,9 @@ def logprob_kind(step: Step) -> Cause:
     trained = _number((step.batch.provenance or {}).get("training_temperature"))
     source = step.engine.get("source") or (step.settings or {}).get("source") or "the run's settings"
     if temperature is None or mode is None:
-        fit, said = (fit / 2, "the rollout's temperature or log-probs mode is unknown (half the fit)")
+        # a gap the settings could explain but do not say: three quarters of the fit (above the half a first-token
+        # share of the weights' causes gets without a layer compare: an affine gap is no weight's scatter)
+        fit, said = (0.75 * fit, "the rollout's temperature or log-probs mode is unknown (three quarters of the fit)")
     else:
         # the temperature the rollout's log-probs are at, and the trainer's (the run's temperature: verl scores at it)
         rollout_t = temperature if str(mode).startswith("processed") else 1.0
@@ -486,7 +488,10 @@ def low_probability_tail(tokens: Tokens) -> Cause:
 
 def _thirds(tokens: Tokens) -> list[Any]:
     length = np.maximum(tokens.counts[tokens.row], 1)
-    third = np.minimum(3 * tokens.position // length, 2)
+    # min(3 * position // length, 2), by two comparisons (an integer division per token cost more than the rest)
+    three = 3 * tokens.position
+    third = (three >= length).astype(np.int8)
+    third += three >= 2 * length
     return [third == k for k in range(3)]
 
 
@@ -500,6 +505,8 @@ def precision_noise(step: Step) -> Cause:
     )
     if not floor.measured and not step.guidance_ok and mean <= floor.mean_limit:
         evidence += ", but verl's guidance grades the step above its warning level"
+    if step.identity is not None and step.identity.differences:
+        evidence += f"; but {len(step.identity.differing_rows)} request(s) scored other tokens on each side: no noise"
     return Cause("precision-noise", 1.0 if step.within else 0.0, 1.0 if step.within else 0.0, evidence)
 
 
@@ -508,7 +515,12 @@ def precision_noise(step: Step) -> Cause:
 
 def _onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
     """Per request with a token out of the floor, its first such position; and how often a token from there on
-    is back within the floor (the chance that a prefix token looks clean although the request has parted)."""
+    is back within the floor (the chance that a prefix token looks clean although the request has parted).
+    Found once per step (several causes read them)."""
+    return tokens.memo(("onsets", floor.token_limit), lambda: _find_onsets(tokens, floor))
+
+
+def _find_onsets(tokens: Tokens, floor: Floor) -> tuple[list[int], float]:
     out = np.flatnonzero(tokens.abs_dlogp > floor.token_limit)
     rows = tokens.row[out]  # in row order: a row's first token out is where its row number changes
     first = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if out.size else out
@@ -563,8 +575,8 @@ class LayerView:
     the first module out of it common to every pair that leaves it."""
 
     pairs: int
-    disagreeing: tuple[str, ...]  # pair labels
-    within_floor: tuple[str, ...]  # flagged by msprobe, every module within the layer floor
+    disagreeing: list[str]  # pair labels
+    within_floor: list[str]  # flagged by msprobe, every module within the layer floor
     first_common: str | None
     depth: int | None  # where first_common sits in the forward order (0: the first module)
     modules: int
@@ -575,35 +587,41 @@ class LayerView:
         return self.pairs > 0 and not self.disagreeing
 
 
-def layer_view(layers: dict[str, Any] | None) -> LayerView | None:
+def layer_view(layers: dict[str, Any] | None, request_ids: set[str] | None = None) -> LayerView | None:
+    """The layer compare against its floor (from every pair msprobe finds within its thresholds: the same computation
+    on both sides), read on the pairs of `request_ids` where some pair is of one of them (a step's own requests:
+    check-dump's pair.json names each pair's), else on every pair."""
     if not layers or not layers["pairs"]:
         return None
-    flagged = [p for p in layers["pairs"] if p["label"] in set(layers["disagreeing_pairs"])]
     floor = layer_floor(layers)
+    pairs = layers["pairs"]
+    if request_ids and any(p["request_id"] in request_ids for p in pairs):
+        pairs = [p for p in pairs if p["request_id"] in request_ids]
+    flagged = [p for p in pairs if p["label"] in set(layers["disagreeing_pairs"])]
     if floor is None:
-        disagreeing, noise, how = flagged, [], "out of msprobe's thresholds"
-        common = layers["first_common_divergence"]
+        how = "out of msprobe's thresholds"
+        outs = [{m["module"] for m in p["modules"] if m["diverges"]} for p in flagged]
     else:
         typical = float(np.median(list(floor.values()))) if floor else 0.0
         outs = [{m["module"] for m in p["modules"] if _out_of_layer_floor(m, floor, typical)} for p in flagged]
-        disagreeing = [p for p, o in zip(flagged, outs) if o]
-        noise = [p for p, o in zip(flagged, outs) if not o]
-        out = [o for o in outs if o]
-        shared = set.intersection(*out) if out else set()
-        common = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None) if out else None
-        agreeing = len(layers["pairs"]) - len(flagged)
+        agreeing = len(layers["pairs"]) - len(layers["disagreeing_pairs"])
         how = (
             f"out of the layer floor ({FLOOR_FACTOR:g}x each module's largest error in the {agreeing} pair(s) within "
             f"msprobe's thresholds, and at least {FLOOR_FACTOR:g}x the median module's, {_g(typical)})"
         )
+    disagreeing = [p for p, o in zip(flagged, outs) if o]
+    noise = [p for p, o in zip(flagged, outs) if not o]
+    out = [o for o in outs if o]
+    shared = set.intersection(*out) if out else set()
+    common = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None) if out else None
     depth = modules = None
     if common is not None and disagreeing:
         names = [m["module"] for m in disagreeing[0]["modules"]]
         depth, modules = names.index(common), len(names)
     return LayerView(
-        pairs=len(layers["pairs"]),
-        disagreeing=tuple(p["label"] for p in disagreeing),
-        within_floor=tuple(p["label"] for p in noise),
+        pairs=len(pairs),
+        disagreeing=[p["label"] for p in disagreeing],
+        within_floor=[p["label"] for p in noise],
         first_common=common,
         depth=depth,
         modules=modules or 0,
@@ -612,8 +630,12 @@ def layer_view(layers: dict[str, Any] | None) -> LayerView | None:
 
 
 def _out_of_layer_floor(module: dict[str, Any], floor: dict[str, float], typical: float) -> bool:
-    # above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no rounding there)
+    # above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no rounding there), and
+    # above the rounding any float32 computation leaves, relative to the module's outputs
     error = _error(module)
+    relative = module.get("max_rel_err")
+    if relative is not None and relative < LAYER_RESOLUTION:
+        return False
     return error is not None and error > FLOOR_FACTOR * max(floor.get(module["module"], 0.0), typical)
 
 
@@ -758,24 +780,27 @@ def diagnose(
     identities: dict[int, StepIdentity] | None = None,
     guidance: dict[int, str] | None = None,
     clip: tuple[float, float] | None = None,
+    parts: list[Tokens] | None = None,
 ) -> dict[str, Any]:
     """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step).
 
     `sampling` is the run's rollout settings (`run_settings`), where its launch script was read: a step whose
     capture recorded its own (`TokenBatch.sampling`) is judged against those, and the engine's record beats
     both. `identities` (by the batch's index) hold each step's identity check; `guidance` each step's state by
-    verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range."""
+    verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range.
+    `parts`: each batch's valid tokens as the report took them out (`Tokens.part_list`), in the order of
+    `batches`, read where no row is left out (else taken out here)."""
     steps: list[dict[str, Any]] = []
     best: dict[str, Cause] = {}
     best_key: dict[str, tuple[float, bool, float]] = {}
     means = []
-    view = layer_view(layers)
+    view = layer_view(layers)  # the run's, of every pair; each step reads its own requests' pairs
     order = sorted(range(len(batches)), key=lambda i: (batches[i].step is None, batches[i].step or 0))
     for index in order:
         b = batches[index]
         identity = (identities or {}).get(index)
         mask = identity_rows(b, identity)
-        tokens = Tokens.of(b.rollout, b.training, mask)
+        tokens = parts[index] if parts is not None and mask is b.mask else Tokens.of(b.rollout, b.training, mask)
         if not tokens.size and not (identity and identity.differences):
             continue
         settings = {"source": f"step {b.step}'s capture", **b.sampling} if b.sampling is not None else sampling
@@ -784,7 +809,7 @@ def diagnose(
             tokens=tokens,
             floor=floor,
             identity=identity,
-            layers=view,
+            layers=layer_view(layers, set(b.request_ids)),
             settings=settings,
             guidance_ok=(guidance or {}).get(index, "ok") in ("ok", "no value"),
             prefill=b.prefill[mask] if b.prefill is not None else None,
@@ -833,7 +858,7 @@ def diagnose(
             best["unexplained"] = Cause("unexplained", 0.0, 0.0, "every step within the floor")
     ranked = _ranked(list(best.values()))
     for c in ranked:
-        c.confirm = confirm_lines(c.cause, script)
+        c.confirm = confirm_lines(c.cause, script, sampling_of(steps, c.cause))
     return {
         "floor": asdict(floor),
         "layers": asdict(view) if view is not None else None,

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.workflow.check_dump import PAIR_FILE
 
 _BASIC = [
     "NPU Name",
@@ -85,6 +84,7 @@ class PairCompare:
     modules: list[dict[str, Any]] = field(default_factory=list)
     run: str = ""  # the compare output folder the pair is in (`--compare-output`: one per rollout compared)
     info: dict[str, Any] = field(default_factory=dict)  # check-dump's pair.json: the request, both dumps
+    info_problem: str = ""  # why pair.json, there, could not be read (the report says so)
 
     @property
     def label(self) -> str:
@@ -177,6 +177,7 @@ def read_compare_csv(path: Path) -> PairCompare:
                 "cosine": None,
                 "max_abs_err": None,
                 "max_diff": None,
+                "max_rel_err": None,  # msprobe's MaxRelativeErr of the outputs, as a fraction
                 "result": "pass",
                 "accuracy_fails": False,
                 "diverges": False,
@@ -199,21 +200,34 @@ def read_compare_csv(path: Path) -> PairCompare:
             if diff is not None:
                 diff = abs(diff)
                 entry["max_diff"] = diff if entry["max_diff"] is None else max(entry["max_diff"], diff)
+        relative = _number(row[col["MaxRelativeErr"]].strip().removesuffix("%")) if "MaxRelativeErr" in col else None
+        if relative is not None:
+            relative = abs(relative) / (100.0 if row[col["MaxRelativeErr"]].strip().endswith("%") else 1.0)
+            entry["max_rel_err"] = relative if entry["max_rel_err"] is None else max(entry["max_rel_err"], relative)
         if _rank(result) > _rank(entry["result"]):
             entry["result"] = result
         entry["diverges"] = entry["accuracy_fails"] or entry["result"] in ("warning", "error")
+    # imported here: check-dump's module brings the interpreter probe (logging, subprocess), which a report of
+    # captures alone does not need (10 ms of a report's start, issue 45)
+    from rlprobe_patch.workflow.check_dump import PAIR_FILE
+
     info_path = path.parent / PAIR_FILE
+    problem = ""
     try:
         info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
-    except (OSError, UnicodeDecodeError, ValueError):
-        info = {}  # the headings lose the steps, nothing else depends on it
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        info = {}  # the heading loses the request's steps, nothing else depends on it: said, not silent
+        problem = f"{info_path}: not readable as check-dump's JSON ({type(exc).__name__}: {exc})"
+    if not isinstance(info, dict):
+        info, problem = {}, f"{info_path}: not a JSON object"
     return PairCompare(
         name=path.parent.name,
         path=str(path),
         mode=mode,
         modules=list(modules.values()),
         run=path.parent.parent.name,
-        info=info if isinstance(info, dict) else {},
+        info=info,
+        info_problem=problem,
     )
 
 

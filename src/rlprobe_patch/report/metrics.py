@@ -27,13 +27,14 @@ never over the padding, and no Python loop runs per token.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+_T = TypeVar("_T")
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -118,6 +119,24 @@ class Tokens:
                 _whole=(self, tokens, slice(first_row, first_row + rows)),
             )
             first_token, first_row = tokens.stop, first_row + rows
+
+    def part_list(self) -> list[Tokens]:
+        """`parts()`, kept: what each part computes for itself (its rows, positions) is kept with it, for the
+        report's figures and its diagnosis both."""
+        if "parts" not in self._cache:
+            self._cache["parts"] = list(self.parts())
+        return self._cache["parts"]  # type: ignore[no-any-return]
+
+    def make(self, *names: str) -> None:
+        """Compute the per-token values `names` now (threads that read them later then find them made)."""
+        for name in names:
+            self._get(name)
+
+    def memo(self, key: Any, make: Callable[[], _T]) -> _T:
+        """`make()`, computed once for these tokens under `key` (a figure several callers derive alike)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]  # type: ignore[no-any-return]
 
     def _get(self, name: str) -> Any:
         if name not in self._cache:
@@ -328,7 +347,7 @@ def tokens_scale_metrics(tokens: Tokens) -> dict[str, float]:
         return {}
     return {
         "probs_diff_mean_ceiling": float(np.maximum(tokens.p_train, tokens.p_rollout).mean()),
-        "median_rollout_p": float(np.median(tokens.p_rollout)),
+        "median_rollout_p": median(tokens.p_rollout),
         "mean_abs_dlogp": float(tokens.abs_dlogp.mean()),
         "max_abs_dlogp": float(tokens.abs_dlogp.max()),
         "token_multiplicative_error": float(np.exp(tokens.abs_dlogp).mean()),
@@ -426,40 +445,58 @@ class Profiles:
         self.add_tokens(Tokens.of(rollout, training, mask))
 
     def add_tokens(self, tokens: Tokens) -> None:
+        self.add_counts(self.count(tokens))
+
+    @classmethod
+    def count(cls, tokens: Tokens) -> dict[str, Any]:
+        """One batch's sums and counts, to `add_counts` in the batches' order (each batch's may be taken at the same
+        time as another's: a sum over the batches is then still added up in their order)."""
         positions, dlogp, dp = tokens.position, tokens.abs_dlogp, tokens.abs_dp
         length = int(tokens.counts.max()) if tokens.size else 0  # a row of n tokens has positions 0 .. n - 1
+        # the tenth each probability falls in (PROB_EDGES[b] <= p < PROB_EDGES[b + 1], p >= 1 in the last):
+        # the number of inner edges at or below it (NaN: none)
+        p = tokens.p_rollout
+        below = np.zeros(p.size, dtype=np.int8)
+        for edge in cls.PROB_EDGES[1:-1]:
+            below += p >= edge
+        bins = below.astype(np.intp)
+        # kept as the report has always placed it: a probability too large for `int64(p * 10)` (a log-prob above
+        # 41, overflowing to INT64_MIN on x86) in the second tenth; p * 10 >= 2^63 needs p > 9.2e17, so only those
+        # are multiplied
+        big = np.flatnonzero(p > 9.2e17)
+        if big.size:
+            bins[big[p[big] * 10.0 >= 2.0**63]] = 1
+        # the decade: ceil(-log10 p) - 1 from the log-prob itself (p = 0.1 in the first), p >= 1 in the first,
+        # p = 0 in the last
+        decade = tokens.rollout * (-1.0 / math.log(10.0))  # one array, each step in place
+        np.ceil(decade, out=decade)
+        decade -= 1.0
+        decades = np.clip(decade, 0, cls.DECADES, out=decade).astype(np.intp)
+        size = cls.DECADES + 1
+        return {
+            "position_sum_dlogp": np.bincount(positions, weights=dlogp, minlength=length),
+            "position_sum_dp": np.bincount(positions, weights=dp, minlength=length),
+            # the tokens at position k: the rows of more than k tokens
+            "position_count": np.bincount(tokens.counts, minlength=length + 1)[::-1].cumsum()[::-1][1 : length + 1],
+            "prob_sum_dlogp": np.bincount(bins, weights=dlogp, minlength=10),
+            "prob_sum_dp": np.bincount(bins, weights=dp, minlength=10),
+            "prob_count": np.bincount(bins, minlength=10),
+            "decade_sum_dlogp": np.bincount(decades, weights=dlogp, minlength=size),
+            "decade_sum_dp": np.bincount(decades, weights=dp, minlength=size),
+            "decade_count": np.bincount(decades, minlength=size),
+        }
+
+    def add_counts(self, counts: dict[str, Any]) -> None:
+        """`count`'s sums and counts added to these (the positions' grown to the longest response so far)."""
+        length = counts["position_count"].size
         if length > self.position_count.size:
             grow = length - self.position_count.size
             self.position_sum_dlogp = np.concatenate([self.position_sum_dlogp, np.zeros(grow)])
             self.position_sum_dp = np.concatenate([self.position_sum_dp, np.zeros(grow)])
             self.position_count = np.concatenate([self.position_count, np.zeros(grow, dtype=np.int64)])
-        size = self.position_count.size
-        self.position_sum_dlogp += np.bincount(positions, weights=dlogp, minlength=size)
-        self.position_sum_dp += np.bincount(positions, weights=dp, minlength=size)
-        # the tokens at position k: the rows of more than k tokens
-        rows_of_at_least = np.bincount(tokens.counts, minlength=size + 1)[::-1].cumsum()[::-1]
-        self.position_count += rows_of_at_least[1 : size + 1]
-        # the tenth each probability falls in (PROB_EDGES[b] <= p < PROB_EDGES[b + 1], p >= 1 in the last):
-        # the number of inner edges at or below it (NaN: none)
-        p = tokens.p_rollout
-        below = np.zeros(p.size, dtype=np.int8)
-        for edge in self.PROB_EDGES[1:-1]:
-            below += p >= edge
-        bins = below.astype(np.intp)
-        # kept as the report has always placed it: a probability too large for `int64(p * 10)` (a log-prob above
-        # 41, overflowing to INT64_MIN on x86) in the second tenth
-        bins[p * 10.0 >= 2.0**63] = 1
-        self.prob_sum_dlogp += np.bincount(bins, weights=dlogp, minlength=10)
-        self.prob_sum_dp += np.bincount(bins, weights=dp, minlength=10)
-        self.prob_count += np.bincount(bins, minlength=10)
-        # the decade: ceil(-log10 p) - 1 from the log-prob itself (p = 0.1 in the first), p >= 1 in the first,
-        # p = 0 in the last
-        decade = np.ceil(tokens.rollout * (-1.0 / math.log(10.0))) - 1.0
-        decades = np.clip(decade, 0, self.DECADES).astype(np.intp)
-        size = self.DECADES + 1
-        self.decade_sum_dlogp += np.bincount(decades, weights=dlogp, minlength=size)
-        self.decade_sum_dp += np.bincount(decades, weights=dp, minlength=size)
-        self.decade_count += np.bincount(decades, minlength=size)
+        # a shorter batch's sums go into the first positions (adding its zeros past them changed nothing)
+        for name, value in counts.items():
+            getattr(self, name)[: value.size] += value
 
     def by_position(self, buckets: int = 50) -> list[dict[str, Any]]:
         """Mean |dlogp|, |dp| per range of positions (at most `buckets` ranges)."""
@@ -519,8 +556,57 @@ class Profiles:
         return rows
 
 
+_COUNTED = 1 << 16  # from this many values on, order statistics are found by counting first (`order_statistics`)
+
+
+def order_statistics(values: FloatArray, ks: list[int]) -> FloatArray:
+    """The `ks`-th smallest of `values` (0-based; a negative k from the end), each the number `np.partition` puts
+    there, NaN last.
+
+    A large array of numbers >= 0 (probabilities, |dlogp|) is counted first: the bits of such a float64 order as
+    its value, so the top 16 bits of each (the exponent and 4 bits of the mantissa) sort the values into 32768
+    buckets, a count of each says which buckets hold the wanted ranks, and only those buckets' values are
+    partitioned: two passes over the array where `np.partition`'s selection made several. Anything else (a
+    negative number, -0.0, an array of few values or whose wanted buckets hold a quarter of it) goes to
+    `np.partition`. tests/unit/test_report_metrics.py holds both equal to numpy's.
+    """
+    n = values.size
+    wanted = [k % n for k in ks]
+    if n >= _COUNTED and values.dtype == np.float64 and values.flags.c_contiguous:
+        keys = values.view(np.int64)
+        if int(keys.min()) >= 0:
+            top = keys >> 48
+            counts = np.bincount(top, minlength=1 << 15)
+            ends = np.cumsum(counts)
+            buckets = np.searchsorted(ends, wanted, side="right")  # the bucket of each rank: the first ending past it
+            chosen = np.unique(buckets)
+            if int(counts[chosen].sum()) <= n // 4:
+                picked = np.zeros(1 << 15, dtype=bool)
+                picked[chosen] = True
+                kept = values[picked[top]]  # the chosen buckets' values (in the array's order)
+                # a rank within `kept`: past the values of the chosen buckets below its own
+                before = np.cumsum(counts[chosen]) - counts[chosen]
+                starts = dict(zip(chosen.tolist(), (before - (ends[chosen] - counts[chosen])).tolist()))
+                ranks = [k + starts[int(b)] for k, b in zip(wanted, buckets)]
+                ordered = np.partition(kept, sorted(set(ranks)))
+                return ordered[ranks]
+    return np.partition(values, sorted(set(wanted)))[wanted]
+
+
+def median(values: FloatArray) -> float:
+    """`float(np.median(values))` bit for bit (the middle value, or the mean of the two middle ones; NaN if any
+    value is), from `order_statistics`."""
+    n = values.size
+    middle = [n // 2] if n % 2 else [n // 2 - 1, n // 2]
+    found = order_statistics(values, [*middle, n - 1])
+    if np.isnan(found[-1]):  # NaN sorts last
+        return float("nan")
+    # np.mean of the two: their sum (0.0 + a + b, a >= 0 or a pair of numbers) halved
+    return float(found[0]) if n % 2 else float(np.add.reduce(found[:2]) / 2)
+
+
 def quantiles(values: FloatArray, qs: tuple[float, ...]) -> list[float]:
-    """`np.quantile(values, qs).tolist()` (its default, linear method) bit for bit, from one `np.partition`.
+    """`np.quantile(values, qs).tolist()` (its default, linear method) bit for bit, from one selection.
 
     `np.quantile` passes its indexes through `np.unique`, whose masked-array check imports numpy.ma: 20 ms,
     as long as the selection itself. The interpolation is numpy's own (`_lerp`: from the upper neighbour
@@ -534,28 +620,47 @@ def quantiles(values: FloatArray, qs: tuple[float, ...]) -> list[float]:
     lower[last] = -1
     upper[last] = -1
     below, above = lower.astype(np.intp), upper.astype(np.intp)
-    ordered = np.partition(values, sorted({0, n - 1, *(below % n).tolist(), *(above % n).tolist()}))
-    a, b = ordered[below], ordered[above]
+    ranks = sorted({0, n - 1, *(below % n).tolist(), *(above % n).tolist()})
+    found = dict(zip(ranks, order_statistics(values, ranks).tolist()))
+    a = np.array([found[k % n] for k in below.tolist()])
+    b = np.array([found[k % n] for k in above.tolist()])
     gamma = virtual - below
     diff = b - a
     result = a + diff * gamma
     np.subtract(b, diff * (1 - gamma), out=result, where=gamma >= 0.5)
-    if np.isnan(ordered[-1]):  # a NaN sorts last and makes every quantile NaN
-        result[:] = ordered[-1]
+    if math.isnan(found[n - 1]):  # a NaN sorts last and makes every quantile NaN
+        result[:] = found[n - 1]
     return result.tolist()  # type: ignore[no-any-return]
 
 
-def dlogp_histogram(abs_dlogp: FloatArray, bins: int = 50) -> dict[str, Any]:
+def dlogp_histogram(abs_dlogp: FloatArray, bins: int = 50, parts: list[slice] | None = None) -> dict[str, Any]:
     """|dlogp| counted in `bins` logarithmic bins between its smallest and largest positive value.
 
-    `identical` counts the tokens where both sides agree exactly (no place on a log axis).
+    `identical` counts the tokens where both sides agree exactly (no place on a log axis). With `parts` (each
+    step's tokens), `parts` holds each one's counts and identical tokens over the same bins: each part is
+    counted by `np.histogram` over the run's range, whose bin of a value depends on the value alone, so the
+    run's counts are the parts' summed, and equal to one histogram of every token.
     """
-    positive = abs_dlogp[abs_dlogp > 0]
-    identical = int(abs_dlogp.size - positive.size)
-    if not positive.size:
-        return {"edges": [], "counts": [], "identical": identical}
-    low, high = max(float(positive.min()), 1e-300), float(positive.max())
+    positive = abs_dlogp > 0
+    identical = int(abs_dlogp.size - np.count_nonzero(positive))
+    if identical == abs_dlogp.size:
+        empty = [{"counts": [], "identical": int(part.stop - part.start)} for part in parts or []]
+        return {"edges": [], "counts": [], "identical": identical} | ({"parts": empty} if parts is not None else {})
+    values = abs_dlogp[positive] if identical else abs_dlogp
+    low, high = max(float(values.min()), 1e-300), float(values.max())
     if high <= low:
         high = low * 1.0001
-    counts, edges = np.histogram(np.log10(positive, out=positive), bins=bins, range=(math.log10(low), math.log10(high)))
-    return {"edges": (10.0**edges).tolist(), "counts": counts.tolist(), "identical": identical}
+    span = (math.log10(low), math.log10(high))
+    if parts is None:
+        counts, edges = np.histogram(np.log10(values, out=values if identical else None), bins=bins, range=span)
+        return {"edges": (10.0**edges).tolist(), "counts": counts.tolist(), "identical": identical}
+    total = np.zeros(bins, dtype=np.int64)
+    each = []
+    for part in parts:
+        mine = abs_dlogp[part]
+        kept = mine[mine > 0]
+        counts, edges = np.histogram(np.log10(kept, out=kept), bins=bins, range=span)
+        total += counts
+        each.append({"counts": counts.tolist(), "identical": int(mine.size - kept.size)})
+    edges = np.histogram_bin_edges(np.zeros(0), bins=bins, range=span)
+    return {"edges": (10.0**edges).tolist(), "counts": total.tolist(), "identical": identical, "parts": each}

@@ -1,10 +1,12 @@
 """report.html: one self-contained page (plots as inline SVG, no script, no link out) and the text summary.
 
-The plots are matplotlib's (imported when `plots` runs, no pyplot state), drawn from the report's
-aggregates (histogram counts, means per position range and per decade of probability, one point per
-module), so their cost does not grow with the tokens. Each plot's SVG is inlined with its text kept as
-text and its legend and axes tagged (`<plot>-legend`, `<plot>-axes<i>`), so that a browser can check
-what is shown (tests/runtime/test_report_runtime.py).
+The plots are drawn from the report's aggregates (histogram counts, per step too, means per position range
+and per decade of probability, one point per module), so their cost does not grow with the tokens: the token
+plots by `svgplot` (a few dozen bars or points: matplotlib's import alone took longer than reading a
+million tokens, issue 45), the layer plot by matplotlib (imported only when there is a layer compare, no
+pyplot state), whose x axis names the modules. Each plot's SVG is inlined with its text kept as text and its
+legend and axes tagged (`<plot>-legend`, `<plot>-axes<i>`), so that a browser can check what is shown
+(tests/runtime/test_report_runtime.py).
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from __future__ import annotations
 import html
 import math
 import re
-from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.report import svgplot
+from rlprobe_patch.report.next_steps import next_steps
+
 _COLOURS = ["#3b6ea8", "#a85a3b", "#4a8f3c", "#8a4aa8", "#c2a02b", "#2ba3a3", "#b0306a", "#555555"]
+_DASHES = ["", "6 3", "2 2", "8 3 2 3", "", "6 3", "2 2", "8 3 2 3"]  # with the colours: eight lines told apart
 
 
 def _svg(fig: Any, name: str) -> str:
@@ -45,77 +50,151 @@ def _figure(name: str, panels: int = 1, width: float = 7.5, height: float = 3.2)
     return fig, axes
 
 
+_SHOWN_STEPS = 8  # the steps the histogram draws one by one (the worst by mean |dlogp| where there are more)
+
+
 def _histogram(tokens: dict[str, Any]) -> str:
     histogram = tokens["abs_dlogp_histogram"]
-    fig, (ax,) = _figure("histogram")
-    ax.set_title(f"|dlogp| of {tokens['tokens']} tokens ({histogram['identical']} identical on both sides, not drawn)")
-    if histogram["counts"]:
-        from matplotlib.ticker import LogFormatter, LogLocator, NullLocator
-
-        ax.stairs(histogram["counts"], histogram["edges"], fill=True, color=_COLOURS[0])
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        for axis in (ax.xaxis, ax.yaxis):
-            # plain labels (1e-06) on at most 8 decades, no minor ticks: the default's mathtext (a parser run per
-            # tick) and the minor ticks' layout were most of the page's time
-            axis.set_major_locator(LogLocator(numticks=8))
-            axis.set_major_formatter(LogFormatter())
-            axis.set_minor_locator(NullLocator())
-    ax.set_xlabel("|log p_train - log p_rollout| per token")
-    ax.set_ylabel("tokens")
-    return _svg(fig, "histogram")
+    title = f"|dlogp| of {tokens['tokens']} tokens ({histogram['identical']} identical on both sides, not drawn)"
+    xlabel = "|log p_train - log p_rollout| per token (log scale)"
+    if not histogram["counts"]:
+        return svgplot.chart(
+            "histogram", title, svgplot.Scale(), [svgplot.Panel(svgplot.Scale(), [], "tokens")], xlabel
+        )
+    edges, counts = histogram["edges"], histogram["counts"]
+    series = [
+        svgplot.Series("stairs", counts, edges=edges, colour="#b0b0b0", label=f"all {len(tokens['steps'])} step(s)")
+    ]
+    means = {(s["step"], s["kind"]): (s.get("scale") or {}).get("mean_abs_dlogp") or 0.0 for s in tokens["steps"]}
+    steps = [s for s in histogram.get("steps", []) if any(s["counts"])]
+    shown = sorted(steps, key=lambda s: -means.get((s["step"], s["kind"]), 0.0))[:_SHOWN_STEPS]
+    for k, s in enumerate(sorted(shown, key=lambda s: histogram["steps"].index(s))):
+        mean = means.get((s["step"], s["kind"]), 0.0)
+        series.append(
+            svgplot.Series(
+                "stairs",
+                s["counts"],
+                edges=edges,
+                colour=_COLOURS[k % len(_COLOURS)],
+                label=f"step {s['step']} (mean |dlogp| {mean:.3g})",
+                fill=False,
+                dash=_DASHES[k % len(_DASHES)],
+                width=2.0,
+            )
+        )
+    legend = "steps" if len(steps) <= _SHOWN_STEPS else f"the {_SHOWN_STEPS} steps of largest mean |dlogp|"
+    panel = svgplot.Panel(svgplot.logarithmic([c for c in counts if c]), series, "tokens (log scale)")
+    return svgplot.chart("histogram", title, svgplot.logarithmic(edges), [panel], xlabel, legend_title=legend)
 
 
 def _by_position(tokens: dict[str, Any]) -> str:
     rows = tokens["by_position"]
     centres = [(r["first"] + r["last"]) / 2 for r in rows]
-    fig, (top, bottom) = _figure("by_position", panels=2)
-    top.set_title("difference by position in the response (mean over the tokens at that position)")
-    top.plot(centres, [r["mean_abs_dlogp"] for r in rows], marker="o", markersize=3, color=_COLOURS[0])
-    top.set_ylabel("mean |dlogp|")
-    bottom.plot(centres, [r["mean_abs_dp"] for r in rows], marker="o", markersize=3, color=_COLOURS[1])
-    bottom.set_ylabel("mean |dp|")
-    bottom.set_xlabel("position in the response")
-    return _svg(fig, "by_position")
+    dlogp, dp = [r["mean_abs_dlogp"] for r in rows], [r["mean_abs_dp"] for r in rows]
+    panels = [
+        svgplot.Panel(
+            svgplot.linear(dlogp, zero=True),
+            [svgplot.Series("line", dlogp, centres, colour=_COLOURS[0])],
+            "mean |dlogp|",
+        ),
+        svgplot.Panel(
+            svgplot.linear(dp, zero=True), [svgplot.Series("line", dp, centres, colour=_COLOURS[1])], "mean |dp|"
+        ),
+    ]
+    return svgplot.chart(
+        "by_position",
+        "difference by position in the response (mean over the tokens at that position)",
+        svgplot.linear(centres),
+        panels,
+        "position in the response",
+    )
 
 
 def _by_probability(tokens: dict[str, Any]) -> str:
     rows = [r for r in tokens["by_probability_decade"] if r["tokens"]]
     labels = [f"<{r['p_to']:.0e}" if r["p_from"] == 0 else f"{r['p_from']:.0e}-{r['p_to']:.0e}" for r in rows]
-    fig, (top, bottom) = _figure("by_probability", panels=2)
-    top.set_title("difference by the rollout probability of the token (decades)")
-    top.bar(labels, [r["tokens"] for r in rows], color=_COLOURS[2])
-    top.set_ylabel("tokens")
-    bottom.bar(labels, [r["mean_abs_dlogp"] for r in rows], color=_COLOURS[0])
-    bottom.set_ylabel("mean |dlogp|")
-    bottom.set_xlabel("rollout probability of the token")
-    return _svg(fig, "by_probability")
+    counts, dlogp = [float(r["tokens"]) for r in rows], [r["mean_abs_dlogp"] for r in rows]
+    panels = [
+        svgplot.Panel(
+            svgplot.linear(counts, zero=True), [svgplot.Series("bars", counts, colour=_COLOURS[2])], "tokens"
+        ),
+        svgplot.Panel(
+            svgplot.linear(dlogp, zero=True), [svgplot.Series("bars", dlogp, colour=_COLOURS[0])], "mean |dlogp|"
+        ),
+    ]
+    return svgplot.chart(
+        "by_probability",
+        "difference by the rollout probability of the token (decades)",
+        svgplot.Scale(labels=labels),
+        panels,
+        "rollout probability of the token",
+    )
+
+
+_MARKERS = ["o", "s", "^", "v", "D", "P", "X", "*"]
+_NAMED_MODULES = 40  # up to this many modules the x axis names each one; beyond, numbers only
+
+
+def short_names(names: list[str]) -> list[str]:
+    """Module names without the dotted prefix and suffix they all share (`Module.model.`, `.forward.0`)."""
+    if len(names) < 2:
+        return names
+    parts = [n.split(".") for n in names]
+    head = 0
+    while all(len(p) > head + 1 and p[head] == parts[0][head] for p in parts):
+        head += 1
+    tail = 0
+    while all(len(p) > head + tail + 1 and p[-1 - tail] == parts[0][-1 - tail] for p in parts):
+        tail += 1
+    return [".".join(p[head : len(p) - tail]) for p in parts]
+
+
+def _coincide(a: list[Any], b: list[Any]) -> bool:
+    """Two pairs' values that draw the same line: the same modules, each within a thousandth of the values' range."""
+    if len(a) != len(b) or any((x is None) != (y is None) for x, y in zip(a, b)):
+        return False
+    known = [v for v in a + b if v is not None]
+    span = (max(known) - min(known)) if known else 0.0
+    return all(x is None or abs(x - y) <= 1e-3 * span for x, y in zip(a, b))
 
 
 def _layers(layers: dict[str, Any]) -> str:
     pairs = layers["pairs"][:12]
     statistics = pairs[0]["mode"] == "statistics"
-    fig, (ax,) = _figure("layers", width=10.5, height=3.6)
+    fig, (ax,) = _figure("layers", width=10.5, height=5.2)
     ax.set_title("layer divergence, module by module")
-    for k, pair in enumerate(pairs):
-        ys = [m["max_diff"] if statistics else m["cosine"] for m in pair["modules"]]
-        colour = _COLOURS[k % len(_COLOURS)]
-        # the pairs that agree overlap each other: thinner lines drawn first, the disagreeing ones on top
-        diverges = pair["first_divergence"] is not None
+    values = [[m["max_diff"] if statistics else m["cosine"] for m in pair["modules"]] for pair in pairs]
+    firsts = set()
+    for k, (pair, ys) in enumerate(zip(pairs, values)):
+        # pairs whose lines coincide (to a thousandth of the axis) would hide each other: each one under a later
+        # one is drawn wider, and each pair's markers sit side by side within the module's slot
+        same_later = sum(1 for other in values[k + 1 :] if _coincide(ys, other))
+        dodge = (k - (len(pairs) - 1) / 2) * min(0.08, 0.6 / len(pairs))
         ax.plot(
-            range(len(ys)),
+            [i + dodge for i in range(1, len(ys) + 1)],  # one-based, as the text counts modules ("module 12 of 14")
             [float("nan") if y is None else y for y in ys],
-            marker="o",
-            markersize=2.5,
-            linewidth=1.6 if diverges else 0.9,
-            color=colour,
+            marker=_MARKERS[k % len(_MARKERS)],
+            markersize=3.5,
+            linewidth=1.0 + 1.3 * same_later,
+            linestyle=["-", "--", "-.", ":"][(k // len(_COLOURS)) % 4],
+            color=_COLOURS[k % len(_COLOURS)],
             label=pair["label"],
-            zorder=3 if diverges else 2,
+            zorder=2 + k,
+            gid=f"layers-pair-{k}",
         )
         first = next((i for i, m in enumerate(pair["modules"]) if m["diverges"]), None)
-        if first is not None:
-            ax.axvline(first, color="red", linestyle="--", linewidth=0.8, alpha=0.6)
-    ax.set_xlabel("module, in forward order (the tables below name them)")
+        if first is not None and first not in firsts:
+            firsts.add(first)
+            ax.axvline(first + 1, color="red", linestyle="--", linewidth=0.9, alpha=0.7, zorder=1,
+                       gid=f"layers-first-divergence-{first + 1}")  # fmt: skip
+    longest = max(pairs, key=lambda p: len(p["modules"]))
+    names = short_names([m["module"] for m in longest["modules"]])
+    if len(names) <= _NAMED_MODULES:
+        ax.set_xticks(range(1, len(names) + 1), [f"{i} {n}" for i, n in enumerate(names, start=1)], rotation=40,
+                      ha="right", rotation_mode="anchor", fontsize=7)  # fmt: skip
+        for i, label in enumerate(ax.get_xticklabels(), start=1):
+            label.set_gid(f"layers-xtick-{i}")
+    ax.set_xlabel("module, in forward order (numbered as in the tables below)")
     ax.set_ylabel("|max diff|" if statistics else "cosine")
     legend = fig.legend(loc="outside right upper", fontsize=7, title="run / pair (request id)", title_fontsize=7)
     legend.set_gid("layers-legend")
@@ -123,22 +202,23 @@ def _layers(layers: dict[str, Any]) -> str:
 
 
 def plots(report: dict[str, Any]) -> dict[str, str]:
-    """name -> inline SVG (matplotlib), drawn from the report's aggregates (histogram counts, binned means)."""
-    import matplotlib
-
+    """name -> inline SVG, drawn from the report's aggregates (histogram counts, binned means): the token plots by
+    `svgplot`, the layer plot by matplotlib (imported only for it)."""
     out: dict[str, str] = {}
-    # text stays text in the SVG (readable, searchable, checked by the browser test)
-    with matplotlib.rc_context(
-        {"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
-    ):
-        tokens = report.get("tokens")
-        if tokens and tokens["tokens"]:
-            out["histogram"] = _histogram(tokens)
-            out["by_position"] = _by_position(tokens)
-            if sum(1 for r in tokens["by_probability_decade"] if r["tokens"]) > 1:
-                out["by_probability"] = _by_probability(tokens)
-        layers = report.get("layers")
-        if layers and layers["pairs"]:
+    tokens = report.get("tokens")
+    if tokens and tokens["tokens"]:
+        out["histogram"] = _histogram(tokens)
+        out["by_position"] = _by_position(tokens)
+        if sum(1 for r in tokens["by_probability_decade"] if r["tokens"]) > 1:
+            out["by_probability"] = _by_probability(tokens)
+    layers = report.get("layers")
+    if layers and layers["pairs"]:
+        import matplotlib
+
+        # text stays text in the SVG (readable, searchable, checked by the browser test)
+        with matplotlib.rc_context(
+            {"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
+        ):
             out["layers"] = _layers(layers)
     return out
 
@@ -157,13 +237,31 @@ def _fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
+class _State(str):
+    """A state word in a cell, coloured by its class (`ok`, `warn`, `fail`)."""
+
+    def __new__(cls, text: str, css: str) -> _State:
+        state = super().__new__(cls, text)
+        state.css = css
+        return state
+
+    css: str
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, _State):
+        return f"<td class='text {html.escape(value.css)}'>{_fmt(value)}</td>"
+    if isinstance(value, _Raw):
+        return f"<td class='id'>{value}</td>"
+    if isinstance(value, str):  # words read from the left; numbers line up on the right
+        return f"<td class='text'>{_fmt(value)}</td>"
+    return f"<td>{_fmt(value)}</td>"
+
+
 def _table(headers: list[str], rows: list[list[Any]], css: str = "") -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    cell = "<td class='id'>{}</td>".format
-    body = "".join(
-        "<tr>" + "".join(cell(_fmt(c)) if isinstance(c, _Raw) else f"<td>{_fmt(c)}</td>" for c in row) + "</tr>"
-        for row in rows
-    )
+    # verl's long metric names may break after an underscore: a table as wide as the page, not wider
+    head = "".join(f"<th>{html.escape(h).replace('_', '_<wbr>')}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(map(_cell, row)) + "</tr>" for row in rows)
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -178,7 +276,7 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 1400px; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.85em; }
 th, td { border: 1px solid #bbb; padding: 2px 6px; text-align: right; }
 th { background: #eee; } td:first-child { text-align: left; }
-td.id { font-family: monospace; white-space: nowrap; text-align: left; }
+td.id { font-family: monospace; white-space: nowrap; text-align: left; } td.text { text-align: left; }
 .crossed, .fail { color: #b00; font-weight: bold; } .ok { color: #070; } .warn { color: #a60; }
 figure { margin: 0.5em 0 1.5em; } figure svg { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85em; color: #555; }
@@ -216,13 +314,45 @@ def _verdict_html(report: dict[str, Any]) -> list[str]:
         + ("" if judged.get("decides_exit", True) else "; the threshold options given decide the exit code")
         + "</p><ul>",
     ]
+    sources = [f"step {s['step']}" for s in judged["steps"] if s["state"] == state]
+    layers = report.get("layers")
+    if layers and layers["disagreeing_pairs"] and state == "fail":
+        sources.append(f"the layer compare ({len(layers['disagreeing_pairs'])} of {len(layers['pairs'])} pairs)")
+    if state in ("warn", "fail") and sources:
+        parts.insert(1, f"<p id='verdict-from'>{html.escape(state.upper())} from {html.escape(', '.join(sources))}</p>")
     parts += [f"<li>{html.escape(reason)}</li>" for reason in judged["reasons"]]
-    parts.append("</ul></section>")
+    parts.append("</ul>")
+    diagnosis = report.get("diagnosis")
+    if diagnosis and diagnosis.get("causes") and diagnosis.get("steps"):
+        top = diagnosis["causes"][0]
+        parts.append(
+            f"<p id='top-cause'>Top cause (<a href='#diagnosis'>diagnosis</a>): <b>{html.escape(top['cause'])}</b> "
+            f"({top['score']:.2f}), {html.escape(top['title'])}; {html.escape(top['evidence'])}</p>"
+        )
+    parts.append("</section>")
     return parts
 
 
-def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdict: dict[str, Any]) -> list[str]:
+def _floor_state(step: dict[str, Any] | None, floor: dict[str, Any]) -> _State | None:
+    """A step against the diagnosis's noise floor: within, or out and how far (its mean |dlogp| over the limit)."""
+    if step is None:
+        return None
+    if step["within_floor"]:
+        return _State("within", "ok")
+    return _State(f"out, {step['mean_abs_dlogp'] / floor['mean_limit']:.3g}x", "fail")
+
+
+def _tokens_html(
+    tokens: dict[str, Any],
+    images: dict[str, str],
+    top: int,
+    verdict: dict[str, Any],
+    diagnosis: dict[str, Any] | None = None,
+) -> list[str]:
     graded = {(s["step"], s["kind"]): s for s in (verdict or {}).get("steps", [])}
+    # each step against the noise floor too: verl's number can grade every step ok under a FAIL that the layer
+    # compare or the log-probs found (a stale rollout: its steps ok by verl's number, out of the measured floor)
+    judged = {(s["step"], s["kind"]): s for s in (diagnosis or {}).get("steps", [])}
     parts = [
         f"<h2>Tokens</h2><p id='token-count'>{tokens['samples']} request(s), {tokens['tokens']} response "
         f"token(s), {tokens['empty_responses']} empty response(s), {len(tokens['steps'])} step(s)</p>",
@@ -238,14 +368,17 @@ def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdi
                 s["kind"],
                 s["samples"],
                 s["tokens"],
-                g.get("state"),
+                _State(g["state"], g["state"]) if g.get("state") else None,
+                _floor_state(judged.get((s["step"], s["kind"])), diagnosis["floor"]) if diagnosis else None,
                 *(s["metrics"].get(k) for k in _STEP_KEYS),
                 scale.get("probs_diff_mean_ceiling"),
                 scale.get("mean_abs_dlogp"),
                 scale.get("token_multiplicative_error"),
             ]
         )
-    headers = ["step", "source", "samples", "tokens", "verdict", *(k.split("/")[-1] for k in _STEP_KEYS)]
+    floor = "measured" if diagnosis and diagnosis["floor"]["measured"] else "fixed gate"
+    headers = ["step", "source", "samples", "tokens", "by verl's number", f"noise floor ({floor})"]
+    headers += [k.split("/")[-1] for k in _STEP_KEYS]
     headers += ["most diff_mean could be", "mean |dlogp|", "mean exp(|dlogp|)"]
     parts.append(_table(headers, rows, "steps"))
     parts.append(
@@ -256,15 +389,26 @@ def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdi
     parts.append("<details><summary>verl's metrics, all steps together</summary>")
     parts.append(_table(["metric", "value"], [[k, v] for k, v in tokens["overall"].items()], "metrics"))
     parts.append("</details>")
-    parts.append(f"<h3>The {top} worst requests (by max |dp|)</h3>")
+    # a request id once, at its worst step (a run that replays the same requests step after step has them in
+    # every step), with the steps it is among the worst in
+    steps_of: dict[str, list[Any]] = {}
+    worst: list[dict[str, Any]] = []
+    for r in (r for r in tokens["requests"] if r["tokens"]):
+        if r["request_id"] not in steps_of:
+            if len(worst) == top:
+                continue
+            worst.append(r)
+        steps_of.setdefault(r["request_id"], []).append(r["step"])
+    parts.append(f"<h3 id='worst-heading'>The {len(worst)} worst requests (by max |dp|, each at its worst step)</h3>")
     rows = []
-    for r in [r for r in tokens["requests"] if r["tokens"]][:top]:
+    for r in worst:
         w = r["worst_token"]
+        also = [s for s in steps_of[r["request_id"]] if s != r["step"]]
         rows.append(
             [
                 r["rank"],
                 _Raw(_id(r["request_id"])),
-                r["step"],
+                f"{r['step']}" + (f" (also in {', '.join(map(str, also))})" if also else ""),
                 r["dataset_index"],
                 r["tokens"],
                 r["max_abs_dp"],
@@ -307,6 +451,19 @@ def _tokens_html(tokens: dict[str, Any], images: dict[str, str], top: int, verdi
     return parts
 
 
+def _module_state(module: dict[str, Any]) -> str:
+    """One word on a module against msprobe's thresholds, and why when out: its Result column, else the accuracy
+    rule on cosine and MaxAbsErr (which can fail where Result says pass: a row never says both)."""
+    if not module["diverges"]:
+        return "within"
+    if module["result"] in ("warning", "error"):
+        return f"out ({module['result']})"
+    return (
+        "out (msprobe's accuracy rule: cosine below 0.99 with max abs err above 0.001, cosine below 0.9 or max abs "
+        "err above 1)"
+    )
+
+
 def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
     parts = [
         "<h2>Layers (msprobe compare)</h2>",
@@ -322,15 +479,15 @@ def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
     ]
     for pair in sorted(layers["pairs"], key=lambda p: p["first_divergence"] is None):
         tensor = pair["mode"] == "tensor"
-        headers = ["module", *(["cosine", "max abs err"] if tensor else ["|max diff|"]), "Result", "out of thresholds"]
+        headers = ["#", "module", *(["cosine", "max abs err"] if tensor else ["|max diff|"]), "msprobe's thresholds"]
         rows = [
             [
+                i,
                 m["module"],
                 *([m["cosine"], m["max_abs_err"]] if tensor else [m["max_diff"]]),
-                m["result"],
-                "yes" if m["diverges"] else "",
+                _module_state(m),
             ]
-            for m in pair["modules"]
+            for i, m in enumerate(pair["modules"], start=1)
         ]
         agrees = pair["first_divergence"] is None
         parts.append(
@@ -338,7 +495,7 @@ def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
             f"msprobe's thresholds: {_fmt(pair['first_divergence'])}; CSV: {html.escape(pair['path'])}</p>"
         )
         table = _table(headers, rows, "modules")
-        folded = f"<details><summary>{len(rows)} modules, all within</summary>{table}</details>"
+        folded = f"<details><summary>{len(rows)} modules, all within msprobe's thresholds</summary>{table}</details>"
         parts.append(folded if agrees else table)
     return parts
 
@@ -455,58 +612,6 @@ def _sampling_text(sampling: dict[str, Any] | None) -> str:
     return f"{shown} ({sampling.get('source', '?')})"
 
 
-def next_steps(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """What to run next, as (what it is for, the command): replay the worst requests, then the layer compare."""
-    steps: list[tuple[str, str]] = []
-    replay = report.get("replay") or {}
-    inputs = report.get("inputs") or {}
-    captures = str(Path(inputs["captures"][0]).parent) if inputs.get("captures") else "CAPTURES"
-    if replay.get("command"):
-        steps.append(
-            (
-                f"replay the {len(replay['requests'])} worst request(s) through one collection run that dumps both "
-                "sides (the prompts are in " + replay["prompts"] + ")",
-                replay["command"] + "\n  then in the derived script: " + " ".join(replay["overrides"]),
-            )
-        )
-    elif replay.get("why_not"):
-        ranked = (report.get("tokens") or {}).get("requests", [])[: len(replay["requests"])]
-        if any(r["dataset_index"] is not None and r["dataset_index"] >= 0 for r in ranked):
-            steps.append(
-                (
-                    "replay: give the run's dataset, so the worst requests' rows are taken by their dataset index",
-                    f"rlprobe-patch report {captures} --top {len(ranked)} --replay-script YOUR_TRAINING_SCRIPT.sh "
-                    "--data TRAIN.jsonl",
-                )
-            )
-        else:
-            steps.append(
-                (
-                    "replay: this capture keeps no prompt and no dataset index; capture the run with "
-                    "verl.logprob-capture, which keeps both where verl's batch has them, and report again",
-                    "rlprobe-patch apply --verl-root /verl --backend fsdp --only verl.logprob-capture,verl.request-id\n"
-                    "MISMATCH_ON=1 MISMATCH_DIR=caps bash YOUR_TRAINING_SCRIPT.sh "
-                    "actor_rollout_ref.rollout.calculate_log_probs=True",
-                )
-            )
-    layers = report.get("layers")
-    if layers and layers["disagreeing_pairs"]:
-        first = layers["first_common_divergence"] or "the first module out of thresholds in each pair"
-        worst = next(p for p in layers["pairs"] if p["first_divergence"])
-        steps.append((f"look at {first} first: the earliest module where the two sides part", f"open {worst['path']}"))
-    elif not layers:
-        steps.append(
-            (
-                "layer compare via msprobe: pair each request's rollout prefill with its training micro-batch, "
-                "then report both views together",
-                "rlprobe-patch check-dump --actor DUMP/actor --generate DUMP/generate --compare "
-                "--compare-output compare --python /env/bin/python\n"
-                f"rlprobe-patch report {captures} compare",
-            )
-        )
-    return steps
-
-
 def _next_html(report: dict[str, Any]) -> list[str]:
     steps = next_steps(report)
     if not steps:
@@ -536,7 +641,7 @@ def render_html(report: dict[str, Any], images: dict[str, str], top: int) -> str
     if report.get("diagnosis"):
         parts += _diagnosis_html(report["diagnosis"])
     if report.get("tokens"):
-        parts += _tokens_html(report["tokens"], images, top, report.get("verdict") or {})
+        parts += _tokens_html(report["tokens"], images, top, report.get("verdict") or {}, report.get("diagnosis"))
     if report.get("layers"):
         parts += _layers_html(report["layers"], images)
     parts += _next_html(report)

@@ -72,7 +72,7 @@ def at(lst, i):
     return lst[i] if isinstance(lst, (list, tuple)) and i < len(lst) else None
 
 out = []
-for path in json.loads(sys.argv[1]):
+for path in json.loads(sys.stdin.read()):
     item = {"path": path}
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
@@ -124,14 +124,15 @@ print(json.dumps(out))
 
 
 def read_slime_files(files: list[Path], python: str | None) -> list[dict[str, Any]]:
-    proc = run_python(python, _READER, json.dumps([str(f) for f in files]), timeout=1800)
+    proc = run_python(python, _READER, timeout=1800, stdin=json.dumps([str(f) for f in files]))
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("["):
             items: list[dict[str, Any]] = json.loads(line)
             return items
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    more = f" and {len(files) - 1} more" if len(files) > 1 else ""
     raise RefusedError(
-        f"cannot read slime's debug dumps: {tail}",
+        f"cannot read slime's debug dumps ({files[0]}{more}): {tail}",
         hint="they are torch files: pass --python with the training environment's interpreter (it has torch)",
     )
 

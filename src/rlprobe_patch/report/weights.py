@@ -13,7 +13,7 @@ The format, version 1: one JSON object per file, files named `*.rlprobe-weights.
 | `format` | str | `"rlprobe-weights"` (`FORMAT`) |
 | `format_version` | int | `1` |
 | `side` | str | `"training"` or `"rollout"` |
-| `engine` | str | who wrote it (`"verl FSDPEngineWithLMHead"`, `"vllm 0.32.0"`) |
+| `engine` | str | who wrote it (`"verl FSDPEngineWithLMHead"`, `"vllm <its release>"`) |
 | `step` | int or null | the training step whose sync it follows |
 | `dtype` | str | the dtype the bytes were hashed in (the rollout engine's: the trainer casts as the sync does) |
 | `tensors` | object | per tensor, by its Hugging Face name: `{"sha256": hex, "numel": int, "sum": float}` |

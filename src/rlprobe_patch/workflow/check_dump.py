@@ -21,15 +21,13 @@ a prefill pairs with the step that ran the forward on each stage and chunk (`_fo
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.workflow.envprobe import last_json, run_python
+from rlprobe_patch.workflow.envprobe import interpreter, last_json, msprobe_import, run_python
 
 _STEP = re.compile(r"^step_?(\d+)$")
 _RANK = re.compile(r"^(?:rank_?(\d+)|proc(\d+))$")
@@ -174,7 +172,23 @@ def check_dumps(actor: Path, generate: Path | None = None) -> DumpReport:
     if generate is not None:
         _check_generate(report)
         _pair(report)
+        _check_paired_dumps(report)
     return report
+
+
+def _check_paired_dumps(report: DumpReport) -> None:
+    """Each dump.json a pair names must be whole: a file cut short (a run killed while msprobe wrote it, a full
+    disk) pairs by its path and only msprobe's compare would find it out."""
+    named = dict.fromkeys(pair[side]["dump"] for pair in report.pairs for side in ("actor", "generate"))
+    for path in named:
+        try:
+            document = json.loads(Path(path).read_bytes())
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "msg", None) or getattr(exc, "strerror", None) or str(exc)
+            report.problems.append(f"{path}: not a whole msprobe dump.json ({type(exc).__name__}: {why})")
+            continue
+        if not isinstance(document, dict) or not isinstance(document.get("data"), dict):
+            report.problems.append(f'{path}: not an msprobe dump.json (no "data" object)')
 
 
 def _check_actor(report: DumpReport) -> None:
@@ -569,8 +583,7 @@ def vllm_module_mapping(actor: dict[str, Any], generate: dict[str, Any]) -> dict
 _COMPARE = r"""
 import json, sys, io, contextlib, os
 from msprobe.pytorch.compare.pt_compare import pt_compare
-with open(sys.argv[1], encoding="utf-8") as jobs_file:  # a file: a real model's mappings pass ARG_MAX
-    pairs = json.load(jobs_file)
+pairs = json.loads(sys.stdin.read())  # on stdin: a real model's module mappings pass one argument's limit
 
 
 def verdict(out, files):
@@ -677,6 +690,18 @@ print(json.dumps(results))
 """
 
 
+def require_msprobe(python: str | None) -> None:
+    """Refuse `--compare` where msprobe does not import (exit 3), naming the interpreter and why."""
+    found = msprobe_import(python)
+    if not found["ok"]:
+        exe = interpreter(python)
+        raise RefusedError(
+            f"--compare runs msprobe's compare in {exe}, where msprobe does not import: {found['error']}",
+            hint="pass --python with the training environment's interpreter (msprobe and its torch there), or install "
+            f"it: rlprobe-patch doctor --install --python {exe}",
+        )
+
+
 PAIR_FILE = "pair.json"  # in each pair's compare folder: the pair check-dump made (`report` reads it)
 
 
@@ -702,15 +727,7 @@ def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[
             job["view"] = str(output.parent / f"{output.name}.actor-views" / name)
         left_out.append(mapped.get("left_out", {}))
         jobs.append(job)
-    output.mkdir(parents=True, exist_ok=True)
-    # the jobs go in a file beside the pairs: with a real model's module mappings they pass one argument's limit
-    # (MAX_ARG_STRLEN, 128 KiB: "Argument list too long")
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix=".compare-jobs-", dir=output, delete=False) as f:
-        json.dump(jobs, f)
-    try:
-        proc = run_python(python, _COMPARE, f.name, timeout=1800)
-    finally:
-        os.unlink(f.name)
+    proc = run_python(python, _COMPARE, timeout=1800, stdin=json.dumps(jobs))
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("["):
             results: list[dict[str, Any]] = json.loads(line)

@@ -43,6 +43,11 @@ class ConfigError(RefusedError):
     pass
 
 
+class MsprobeMissing(ConfigError):
+    """msprobe cannot load the config in that interpreter (not installed, or it does not import): nothing
+    judged it. `script`, writing its own configs, writes them unchecked and says so."""
+
+
 def build_config(
     mode: str,
     side: str,
@@ -142,7 +147,7 @@ def check_with_msprobe(path: Path, python: str | None, *, training: bool) -> dic
     proc = run_python(python, _CHECK, str(path), TRAINING_DUMP_PATH_STAND_IN if training else "")
     result = last_json(proc, f"msprobe config check in {interpreter(python)}")
     if result.get("msprobe") is None and not result["ok"]:
-        raise RefusedError(
+        raise MsprobeMissing(
             f"msprobe is not installed in {interpreter(python)}: cannot check the config with msprobe",
             hint=(
                 f"install it into that environment (rlprobe-patch doctor --install --python {python})"
@@ -162,7 +167,10 @@ def write_config(config: dict[str, Any], output: Path, python: str | None, *, ch
         raise ConfigError(f"-o {output}: is a directory", hint="name the file, e.g. -o config_actor.json")
     if not output.parent.is_dir():
         raise ConfigError(f"-o {output}: folder {output.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    except OSError as exc:  # the file asked for is what cannot be written, not our temporary name beside it
+        raise OSError(exc.errno, exc.strerror, str(output)) from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
@@ -171,7 +179,7 @@ def write_config(config: dict[str, Any], output: Path, python: str | None, *, ch
         if check:
             result = check_with_msprobe(Path(tmp), python, training="dump_path" not in config)
             if not result["ok"] and result.get("stage") == "import":  # msprobe judged nothing
-                raise ConfigError(
+                raise MsprobeMissing(
                     f"msprobe {result.get('msprobe')} could not be imported in {interpreter(python)}, so the config "
                     f"was not checked: {result['error']}",
                     details=result.get("log", []),
@@ -190,6 +198,38 @@ def write_config(config: dict[str, Any], output: Path, python: str | None, *, ch
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# The mode each side's config is written for, in a collection of `mode` (consistency's generate side in training).
+def side_mode(mode: str, side: str) -> str:
+    return {"actor": "consistency", "training": "training"}.get(side, "consistency" if mode == "training" else mode)
+
+
+def config_beside(script: Path, side: str) -> Path:
+    """Where `script` writes a side's msprobe config it was not given: beside the collection script."""
+    return script.with_name(f"{script.stem}.{side}.json")
+
+
+def dump_beside(script: Path, side: str) -> Path:
+    """The dump_path of a config `script` writes: a folder per side beside the collection script, absolute
+    (the run's processes read it from wherever they run)."""
+    return script.absolute().with_name(f"{script.stem}.dump") / side
+
+
+def write_side_config(
+    mode: str, side: str, script: Path, python: str | None, rollout_backend: str | None
+) -> tuple[dict[str, Any] | None, str]:
+    """The msprobe config of `side` that the `mode` collection script `script` names, written beside it
+    (`config_beside`) with `config`'s rules: (msprobe's check, or None and why msprobe could not check it)."""
+    wanted = side_mode(mode, side)
+    dump = None if wanted == "training" else str(dump_beside(script, side))
+    data = build_config(wanted, side, dump, rollout_backend=rollout_backend)
+    output = config_beside(script, side)
+    try:
+        return write_config(data, output, python, check=True), ""
+    except MsprobeMissing as exc:
+        write_config(data, output, python, check=False)
+        return None, exc.message
 
 
 def read_config(path: Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rlprobe_patch.errors import NotATreeError
+from rlprobe_patch.errors import InterpreterError
 
 # import name -> distribution names that may carry it
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -87,7 +87,11 @@ def interpreter(python: str | None) -> str:
     return python or sys.executable
 
 
-def run_python(python: str | None, code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_python(
+    python: str | None, code: str, *args: str, timeout: float = 300, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`code` run by `python` with `args`; `stdin`, when given, is its standard input (a long list of files
+    goes there: the command line's length is limited, "Argument list too long")."""
     exe = interpreter(python)
     try:
         return subprocess.run(
@@ -96,12 +100,12 @@ def run_python(python: str | None, code: str, *args: str, timeout: float = 300) 
             text=True,
             timeout=timeout,
             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-            stdin=subprocess.DEVNULL,
+            **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
         )
     except FileNotFoundError:
-        raise NotATreeError(f"--python {exe}: no such interpreter") from None
+        raise InterpreterError(f"--python {exe}: no such interpreter") from None
     except PermissionError:
-        raise NotATreeError(f"--python {exe}: not executable") from None
+        raise InterpreterError(f"--python {exe}: not executable") from None
 
 
 def last_json(proc: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
@@ -114,7 +118,7 @@ def last_json(proc: subprocess.CompletedProcess[str], what: str) -> dict[str, An
             if isinstance(document, dict):
                 return document
             break
-    raise NotATreeError(f"{what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-800:]}")
+    raise InterpreterError(f"{what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-800:]}")
 
 
 def packages(python: str | None) -> tuple[dict[str, Package], dict[str, str]]:
@@ -130,5 +134,5 @@ def msprobe_import(python: str | None) -> dict[str, Any]:
     proc = run_python(python, _IMPORT_MSPROBE, timeout=300)
     try:
         return last_json(proc, "importing msprobe")
-    except NotATreeError as exc:
+    except InterpreterError as exc:
         return {"ok": False, "error": exc.message}

@@ -69,7 +69,7 @@ def shards(value):
     return out
 
 results = []
-for path in json.loads(sys.argv[1]):
+for path in json.loads(sys.stdin.read()):
     item = {"path": path}
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
@@ -143,7 +143,7 @@ def read_debug_files(files: list[Path], python: str | None) -> list[dict[str, An
     """Each file's summary, read by torch (weights_only) in `python`."""
     if not files:
         return []
-    proc = run_python(python, _READER, json.dumps([str(f) for f in files]), timeout=600)
+    proc = run_python(python, _READER, timeout=600, stdin=json.dumps([str(f) for f in files]))
     for line in reversed(proc.stdout.strip().splitlines()):
         if line.startswith("["):
             summaries: list[dict[str, Any]] = json.loads(line)

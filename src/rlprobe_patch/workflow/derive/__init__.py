@@ -23,6 +23,7 @@ from rlprobe_patch.workflow.derive.base import (
     Requirements,
     RunOptions,
     ScriptCheck,
+    capture_folder,
     capture_output,
     common_checks,
     default_output,
@@ -74,8 +75,15 @@ def render_script(script: Script, req: Requirements, source_name: str, composed:
 
 
 def capture_run(script: Script, req: Requirements) -> Requirements | None:
-    """The log-prob capture run of a consistency collection (`Framework.capture_run`), None in other modes."""
-    return framework_of(script).capture_run(req) if req.mode == "consistency" and not req.capture else None
+    """The log-prob capture run of a consistency collection (`Framework.capture_run`), None in other modes;
+    its `MISMATCH_DIR` is an absolute path (`capture_folder`)."""
+    if req.mode != "consistency" or req.capture:
+        return None
+    capture = framework_of(script).capture_run(req)
+    folder = capture_folder(script)
+    if capture is not None and folder is not None:
+        capture.env["MISMATCH_DIR"] = folder
+    return capture
 
 
 def is_capture_script(script: Script) -> bool:

@@ -37,6 +37,7 @@ class Requirement:
     why: str
     only_if_present: bool = False  # e.g. skip switches: turned off where the script turns them on
     create: bool = False  # `++key=`: needed even where the release's config has no such key
+    soft: bool = False  # another value still collects (more steps): check-script warns instead of failing
 
     @property
     def text(self) -> str:
@@ -293,6 +294,19 @@ def launch_cwd(script: Script) -> Path:
     """The directory the launch runs in, which its relative paths resolve against: where bash runs the
     script from (--cwd, else the current directory), after the script's own `cd`s."""
     return script.launch.run.cwd.absolute() if script.launch is not None else Path.cwd()
+
+
+def capture_folder(script: Script) -> str | None:
+    """The `MISMATCH_DIR` a capture run must export, absolute, so that the rollout engine's processes
+    (`vllm.rollout-record`), in other working directories, write their records beside the trainer's
+    capture: the script's own relative value (the hooks' default `rlprobe-logprobs` where it sets none)
+    resolved against the directory the launch runs in, the folder the trainer writes to. None where the
+    script's own is absolute (kept as written: `$HOME/caps` stays) or set by the run."""
+    current = script.env.get("MISMATCH_DIR")
+    value = str(current.value).strip() if current is not None else ""
+    if not _exact_env(script, "MISMATCH_DIR") or Path(value).is_absolute():
+        return None
+    return str(launch_cwd(script) / (value or "rlprobe-logprobs"))
 
 
 def resolve_config(script: Script, path: str) -> tuple[Path, str]:

@@ -107,6 +107,11 @@ def capture_checks(script: Script, reader: Any) -> list[ScriptCheck]:
             )
         )
     checks.append(ScriptCheck("log-prob capture", True, f"MISMATCH_DIR {capture['dir']}"))
+    _, relative = reader._rlprobe_rollout_record_dir(capture)  # the rollout engine's record needs it absolute
+    if relative is not None:
+        checks.append(
+            ScriptCheck("log-prob capture: rollout record", True, relative.removeprefix("rlprobe-patch: "), True)
+        )
     return checks
 
 
@@ -264,9 +269,9 @@ def _community_vllm(req: Requirements, engine: VllmEngine, python: str | None) -
     name = f"community vLLM {engine.version}: {', '.join(engine.needed(req.mode))} applied"
     if missing:
         states = ", ".join(f"{pid} {engine.states.get(pid, 'unknown')}" for pid in missing)
-        req.checks.append(
-            ScriptCheck(name, False, f"{states} in {engine.root}: the rollout would dump nothing; fix: {fix}")
-        )
+        # without the dumper nothing is dumped; without the others, what check-dump and report join the dumps by
+        what = "would dump nothing" if engine.dumper() in missing else "would lack what the dumps are joined by"
+        req.checks.append(ScriptCheck(name, False, f"{states} in {engine.root}: the rollout {what}; fix: {fix}"))
         req.notices.append(f"community vLLM {engine.version} in {engine.root} dumps nothing yet: {fix}")
     else:
         req.checks.append(ScriptCheck(name, True, str(engine.root)))
@@ -329,6 +334,16 @@ def _rollout_dump_arg(req: Requirements, versions: dict[str, str | None], option
         req.refusals.append(
             "the rollout backend is unknown: set actor_rollout_ref.rollout.name or pass --rollout-backend"
         )
+
+
+def _steps(req: Requirements, script: Script) -> None:
+    """One step is enough to compare, unless `--set` asks for more: a replay of K prompts at one prompt per
+    step (`report`'s replay command sets K). More steps still collect: check-script warns, it does not fail."""
+    key, given = "trainer.total_training_steps", script.get("trainer.total_training_steps")
+    if given is not None and given.source == "--set" and str(given.value).isdigit() and int(given.value) > 1:
+        req.add(key, int(given.value), f"--set: {given.value} steps, one prompt each", soft=True)
+    else:
+        req.add(key, 1, "one step is enough to compare", soft=True)
 
 
 def _disaggregation(script: Script) -> str | None:
@@ -564,7 +579,6 @@ class Verl(Framework):
             (f"{ROLLOUT}.log_prob_use_dynamic_bsz", False, "dynamic batch sizes regroup samples"),
             ("trainer.balance_batch", False, "balancing reorders samples across ranks"),
             ("trainer.val_before_train", False, "validation would generate (and dump) first"),
-            ("trainer.total_training_steps", 1, "one step is enough to compare"),
             (
                 "algorithm.use_kl_in_reward",
                 False,
@@ -576,6 +590,7 @@ class Verl(Framework):
             ("algorithm.rollout_correction.rollout_is_batch_normalize", False, "rollout correction off"),
         ):
             req.add(key, value, why)
+        _steps(req, script)
         req.add(
             "async_training.partial_rollout",
             False,
@@ -619,9 +634,11 @@ class Verl(Framework):
         capture.env.update({"DUMP_ON": "0", "PROMPTS_ONLY": "0", "MISMATCH_ON": "1"})
         capture.pinned, capture.probes = dict(req.pinned), dict(req.probes)
         capture.notices.append(
-            "the log-prob capture run: one file per training step in MISMATCH_DIR (default rlprobe-logprobs in "
-            "the trainer's working directory), for rlprobe-patch report with check-dump --compare's output; "
-            "it needs verl.logprob-capture and verl.request-id applied (both in apply --mode consistency)"
+            "the log-prob capture run: one file per training step in MISMATCH_DIR (exported as an absolute path: "
+            "the trainer's folder, default rlprobe-logprobs in its working directory), and in MISMATCH_DIR/rollout "
+            "vLLM's record of each request it ran (vllm.rollout-record), for rlprobe-patch report with check-dump "
+            "--compare's output; it needs verl.logprob-capture and verl.request-id applied, and on a vLLM rollout "
+            "vllm.rollout-record (all in apply --mode consistency)"
         )
         return capture
 
@@ -713,11 +730,8 @@ class Verl(Framework):
             elif same_override_value(current.value, r.value):
                 checks.append(ScriptCheck(f"{r.key}={r.text}", True, current.source))
             else:
-                checks.append(
-                    ScriptCheck(
-                        f"{r.key}={r.text}", False, f"is {hydra_text(current.value)} at {current.source} ({r.why})"
-                    )
-                )
+                detail = f"is {hydra_text(current.value)} at {current.source} ({r.why})"
+                checks.append(ScriptCheck(f"{r.key}={r.text}", r.soft, detail, warning=r.soft))
         checks.extend(capture_checks(script, self.switches()))
         if req.capture:
             checks.extend(_capture_run_checks(script, self.config_paths(script, req.mode)))

@@ -1,0 +1,64 @@
+"""Every number of report.json stays what it was when pinned (tests/report_numbers.py says which reports)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from report_numbers import CASES, DATA, report_json
+
+
+def _differences(got: Any, pinned: Any, where: str = "") -> list[str]:
+    """Where `got` differs from `pinned`: a number by any bit, a string, a key, a list's length."""
+    if isinstance(pinned, dict) and isinstance(got, dict):
+        found = [f"{where}.{k}: missing" for k in pinned if k not in got]
+        found += [f"{where}.{k}: not pinned" for k in got if k not in pinned]
+        for k in pinned.keys() & got.keys():
+            found += _differences(got[k], pinned[k], f"{where}.{k}")
+        return found
+    if isinstance(pinned, list) and isinstance(got, list):
+        if len(got) != len(pinned):
+            return [f"{where}: {len(got)} entries, pinned {len(pinned)}"]
+        return [d for i, (g, p) in enumerate(zip(got, pinned)) for d in _differences(g, p, f"{where}[{i}]")]
+    # a float compared by its repr (what JSON holds), an int as an int: 1.0 is not 1
+    if type(got) is not type(pinned) or got != pinned:
+        return [f"{where}: {got!r}, pinned {pinned!r}"]
+    return []
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_report_json_is_the_pinned_one(case: str, tmp_path: Path) -> None:
+    pinned = json.loads(DATA.read_text())[case]
+    got = report_json(case, tmp_path)
+    differences = _differences(got, pinned)
+    assert not differences, f"{len(differences)} difference(s) in {case}'s report.json:\n" + "\n".join(differences[:40])
+
+
+def test_the_comparison_sees_a_last_bit() -> None:
+    """The check itself: one float's last bit, an int for a float, a list cut short are each a difference."""
+    pinned = {"a": [0.1, 2, {"b": 1.0}], "c": "x"}
+    assert _differences(json.loads(json.dumps(pinned)), pinned) == []
+    next_up = math.nextafter(0.1, 1.0)
+    assert _differences({"a": [next_up, 2, {"b": 1.0}], "c": "x"}, pinned) == [f".a[0]: {next_up!r}, pinned 0.1"]
+    assert _differences({"a": [0.1, 2, {"b": 1}], "c": "x"}, pinned) == [".a[2].b: 1, pinned 1.0"]
+    assert _differences({"a": [0.1, 2], "c": "x"}, pinned) == [".a: 2 entries, pinned 3"]
+
+
+def test_threads_compute_what_one_thread_does(tmp_path: Path) -> None:
+    """The report takes its figures in threads: every one equal to the single thread's, to the bit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from report_numbers import write_captures
+
+    from rlprobe_patch.report.build import classify, read_inputs, run_tokens, token_report
+
+    write_captures(tmp_path)
+    batches = read_inputs(classify([tmp_path]), None)[0]
+    alone = token_report(batches)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        side_by_side = token_report(batches, run_tokens(batches), pool)
+    assert json.dumps(side_by_side) == json.dumps(alone)
+    assert len(alone["steps"]) == 3 and alone["tokens"] > 20_000
