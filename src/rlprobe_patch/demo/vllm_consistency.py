@@ -299,7 +299,7 @@ def _write_step(
     old: dict[str, list[float]],
     *,
     rollout_dtype: str,
-    training_dtype: str,
+    training_dtype: str = CPU.dtype,
     prefill: bool,
     source: str,
 ) -> None:
