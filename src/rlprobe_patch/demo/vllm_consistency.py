@@ -27,6 +27,11 @@ the planted run as step 2: both sides' log-probs, the prompt ids the training si
 re-score, the settings) goes through `rlprobe-patch report` with the rollout records, the fingerprints, the
 layer compares and the noise floor (`--baseline`: another clean run, the same weights on both sides, nothing
 planted: the training side against the rollout engine, two implementations of one computation).
+
+`Device` says where the chain runs: the CPU demo's (`CPU`, above), or one GPU with bfloat16 on both sides
+(bench/gpu_chain.py: the vllm GPU wheel, verl's engine with NCCL; the dtype plant then moves the training side to
+float32, the rollout staying bfloat16). `Device.floors` adds the floor's other parts (`noise_floors`): vLLM at
+batch 1 against batched (one more engine session) and the trainer with the floor run in one micro-batch.
 """
 
 from __future__ import annotations
