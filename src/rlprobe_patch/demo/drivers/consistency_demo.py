@@ -77,6 +77,15 @@ def convert_model(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=name, torch_dtype=torch.float32)
     model.config.architectures = [args.architecture]  # the GGUF path leaves it empty; vLLM needs it
+    # transformers >= 5.17 keeps its GGUF quantizer on a model it dequantized while loading (no GGUF kernels: every
+    # weight a plain tensor), and save_pretrained then refuses it ("quantized with QuantizationMethod.GGUF and is not
+    # serializable"): the checkpoint is an ordinary float32 one, saved without the quantizer and its config
+    packed = sorted({str(p.dtype) for p in model.parameters()} - {"torch.float32"})
+    if packed:
+        raise RuntimeError(f"transformers kept GGUF blocks ({', '.join(packed)}), not float32 weights: no checkpoint")
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
     out = staging / "model"
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
