@@ -858,7 +858,7 @@ def _ranked(step: dict[str, Any], n: int = 2) -> str:
     return ", ".join(f"{c['cause']} {float(c['score']):.2f}" for c in causes) or "-"
 
 
-def tables(gpu: Path, cpu_demo: Path, cpu_floors: Path | None) -> str:
+def tables(gpu: Path, cost: Path, cpu_demo: Path, cpu_floors: Path | None) -> str:
     chain_result = json.loads((gpu / "chain.json").read_text())
     reports = json.loads((gpu / "reports.json").read_text())
     cpu_reports = {
@@ -882,23 +882,23 @@ def tables(gpu: Path, cpu_demo: Path, cpu_floors: Path | None) -> str:
         )
     lines += [
         "",
-        "| plant | cause planted | GPU: step 2 mean abs(d) | GPU: verdict | GPU: ranked first (score), second |"
-        " CPU: step 2 mean abs(d) | CPU: verdict | CPU: ranked first (score), second |",
-        "|---|---|---|---|---|---|---|---|",
+        "| plant | cause planted | GPU: mean abs(d) | GPU: step | GPU: clip share | GPU: ranked first (score), second |"
+        " CPU: mean abs(d) | CPU: step | CPU: clip share | CPU: ranked first (score), second |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for plant, result in chain_result["plants"].items():
-        g, c = reports.get(plant, {}), cpu_reports.get(plant, {})
-        lines.append(
-            f"| {plant} | {result['cause']} | {_g(_step2(g).get('mean_abs_dlogp'))} | {g.get('verdict', '-')} | "
-            f"{_ranked(_step2(g))} | {_g(_step2(c).get('mean_abs_dlogp'))} | {c.get('verdict', '-')} | "
-            f"{_ranked(_step2(c))} |"
-        )
+        g, c = _step2(reports.get(plant, {})), _step2(cpu_reports.get(plant, {}))
+        cells = [
+            f"{_g(x.get('mean_abs_dlogp'))} | {x.get('state', '-')} | {_g(x.get('clip'), 2)} | {_ranked(x)}"
+            for x in (g, c)
+        ]
+        lines.append(f"| {plant} | {result['cause']} | {cells[0]} | {cells[1]} |")
     train = (
-        json.loads((gpu / "cost_train.json").read_text()).get("interleaved", {})
-        if (gpu / "cost_train.json").is_file()
+        json.loads((cost / "cost_train.json").read_text()).get("interleaved", {})
+        if (cost / "cost_train.json").is_file()
         else {}
     )
-    decode = json.loads((gpu / "cost_decode.json").read_text()) if (gpu / "cost_decode.json").is_file() else {}
+    decode = json.loads((cost / "cost_decode.json").read_text()) if (cost / "cost_decode.json").is_file() else {}
     lines += [
         "",
         "| everything off | pristine | patched | patched / pristine | median of paired ratios | pairs |",
@@ -927,7 +927,8 @@ def tables(gpu: Path, cpu_demo: Path, cpu_floors: Path | None) -> str:
 
 
 def table(args: argparse.Namespace) -> None:
-    text = tables(Path(args.gpu), Path(args.cpu_demo), Path(args.cpu_floors) if args.cpu_floors else None)
+    cpu_floors = Path(args.cpu_floors) if args.cpu_floors else None
+    text = tables(Path(args.gpu), Path(args.cost or args.gpu), Path(args.cpu_demo), cpu_floors)
     if args.write:
         doc = Path(args.write)
         before, rest = doc.read_text().split(BEGIN, 1)
@@ -982,7 +983,8 @@ def main() -> None:
     p.add_argument("--to", required=True)
     p.add_argument("--max-s", type=float, default=0)
     p = sub.add_parser("table", help="here: the docs' tables from what came back")
-    p.add_argument("--gpu", required=True, help="the chain's and the cost's --out, as fetched")
+    p.add_argument("--gpu", required=True, help="the chain's --out, as fetched")
+    p.add_argument("--cost", help="the cost's --out, as fetched (default: --gpu)")
     p.add_argument("--cpu-demo", required=True, help="a CPU `demo --consistency --plant all` workdir")
     p.add_argument("--cpu-floors", help="a CPU `chain --device cpu` --out (the floor's parts on the CPU)")
     p.add_argument("--write", help="the docs page whose gpu-chain markers get the tables")
