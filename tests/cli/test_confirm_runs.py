@@ -48,9 +48,13 @@ def test_a_line_is_a_run_of_the_script_with_one_setting_changed(tmp_path: Path, 
     assert plain.exit_code == ExitCode.OK, plain.output
     base = _settings(tmp_path / "plain.sh")
     ran = 0
+    seen: set[tuple[str, ...]] = set()
     for cause in CAUSES:
         for line in confirm_lines(cause, script.name):
             command = shlex.split(line, comments=True)
+            if tuple(command) in seen:  # one setting that confirms two causes (the rollout in float32): one run
+                continue
+            seen.add(tuple(command))
             key, _, value = command[command.index("--set") + 1].partition("=")
             result = cli(*command[1:])
             assert result.exit_code == ExitCode.OK, (line, result.output)

@@ -85,14 +85,19 @@ def next_steps(report: dict[str, Any]) -> list[tuple[str, str]]:
                 )
             )
     layers = report.get("layers")
-    if layers and layers["disagreeing_pairs"]:
-        first = layers["first_common_divergence"] or "the first module out of thresholds in each pair"
-        worst = next(p for p in layers["pairs"] if p["first_divergence"])
+    # the layer compare as the diagnosis read it (against its own floor: msprobe flags float rounding in some
+    # same-weights pairs), else msprobe's own verdicts
+    view = (report.get("diagnosis") or {}).get("layers")
+    disagreeing = view["disagreeing"] if view else (layers or {}).get("disagreeing_pairs", [])
+    if layers and disagreeing:
+        common = view["first_common"] if view else layers["first_common_divergence"]
+        first = common or "the first module out of the floor in each pair"
+        worst = next(p for p in layers["pairs"] if p["label"] == disagreeing[0])
         # a file to read, not a command: the page's module table shows the same rows
         steps.append(
             (
                 f"look at {first} first: the earliest module where the two sides part (the page's layer section; "
-                "msprobe's rows of the first pair that leaves its thresholds are in this CSV)",
+                "msprobe's rows of the first pair that leaves the floor are in this CSV)",
                 worst["path"],
             )
         )

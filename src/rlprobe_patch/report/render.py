@@ -316,8 +316,9 @@ def _verdict_html(report: dict[str, Any]) -> list[str]:
     ]
     sources = [f"step {s['step']}" for s in judged["steps"] if s["state"] == state]
     layers = report.get("layers")
-    if layers and layers["disagreeing_pairs"] and state == "fail":
-        sources.append(f"the layer compare ({len(layers['disagreeing_pairs'])} of {len(layers['pairs'])} pairs)")
+    out_of_floor = _layer_disagreeing(report)
+    if layers and out_of_floor and state == "fail":
+        sources.append(f"the layer compare ({len(out_of_floor)} of {len(layers['pairs'])} pairs)")
     if state in ("warn", "fail") and sources:
         parts.insert(1, f"<p id='verdict-from'>{html.escape(state.upper())} from {html.escape(', '.join(sources))}</p>")
     parts += [f"<li>{html.escape(reason)}</li>" for reason in judged["reasons"]]
@@ -464,12 +465,33 @@ def _module_state(module: dict[str, Any]) -> str:
     )
 
 
-def _layers_html(layers: dict[str, Any], images: dict[str, str]) -> list[str]:
+def _layer_disagreeing(report: dict[str, Any]) -> list[str]:
+    """The pairs out of the layer floor as the diagnosis read them, else those msprobe's thresholds flag."""
+    view = (report.get("diagnosis") or {}).get("layers")
+    return list(view["disagreeing"]) if view else list((report.get("layers") or {}).get("disagreeing_pairs", []))
+
+
+def _layer_reading(report: dict[str, Any]) -> str:
+    """One sentence on the layer compare: against its floor where the diagnosis read it, msprobe's own count."""
+    layers = report["layers"]
+    view = (report.get("diagnosis") or {}).get("layers")
+    flagged = f"msprobe's thresholds flag {len(layers['disagreeing_pairs'])} of {len(layers['pairs'])} pair(s)"
+    if not view:
+        return (
+            f"first divergence common to every disagreeing pair: {_fmt(layers['first_common_divergence'])} ({flagged})"
+        )
+    noise = f", {len(view['within_floor'])} of them within the floor (float rounding)" if view["within_floor"] else ""
+    return (
+        f"first module out of the layer floor common to every pair that leaves it: {_fmt(view['first_common'])} "
+        f"({len(view['disagreeing'])} of {view['pairs']} pair(s) out of the floor; {flagged}{noise})"
+    )
+
+
+def _layers_html(report: dict[str, Any], images: dict[str, str]) -> list[str]:
+    layers = report["layers"]
     parts = [
         "<h2>Layers (msprobe compare)</h2>",
-        f"<p id='common-divergence'>first divergence common to every disagreeing pair: "
-        f"{_fmt(layers['first_common_divergence'])} ({len(layers['disagreeing_pairs'])} of "
-        f"{len(layers['pairs'])} pair(s) disagree)</p>",
+        f"<p id='common-divergence'>{html.escape(_layer_reading(report))}</p>",
         _figure_html(
             images,
             "layers",
@@ -643,7 +665,7 @@ def render_html(report: dict[str, Any], images: dict[str, str], top: int) -> str
     if report.get("tokens"):
         parts += _tokens_html(report["tokens"], images, top, report.get("verdict") or {}, report.get("diagnosis"))
     if report.get("layers"):
-        parts += _layers_html(report["layers"], images)
+        parts += _layers_html(report, images)
     parts += _next_html(report)
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -670,10 +692,7 @@ def summary_lines(report: dict[str, Any], top: int) -> list[str]:
             )
     layers = report.get("layers")
     if layers:
-        lines.append(
-            f"layers: {len(layers['disagreeing_pairs'])} of {len(layers['pairs'])} pair(s) disagree; "
-            f"first common divergence: {layers['first_common_divergence'] or '-'}"
-        )
+        lines.append(f"layers: {_layer_reading(report)}")
         for pair in layers["pairs"]:
             lines.append(f"  {pair['label']}: first divergence {pair['first_divergence'] or '-'}")
     return lines
