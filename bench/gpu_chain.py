@@ -831,6 +831,27 @@ def _converted_model(work: Path) -> Path:
     return found[0].parent
 
 
+def rereport(args: argparse.Namespace) -> None:
+    """Each plant's report again, from a chain's workdir as it came back (its captures, records, fingerprints and
+    layer compares), with this checkout's `report`: the diagnosis of the code as it is now on the same
+    measurements (the report runs on any machine; the measurements needed the GPU)."""
+    work, out = Path(args.work), Path(args.out)
+    result = json.loads(Path(args.chain).read_text())
+    reports = {}
+    for plant, data in result["plants"].items():
+        capture = work / f"capture-{plant}"
+        compares = [
+            work / "compare" / r for r in dict.fromkeys(("generate", data["run"])) if (work / "compare" / r).is_dir()
+        ]
+        target = out / f"report-{plant}"
+        cmd = [sys.executable, "-m", "rlprobe_patch", "report", str(capture), str(work / "records")]
+        cmd += [str(work / f"weights-{plant}"), *map(str, compares), "--baseline", str(work / "capture-floor")]
+        subprocess.run([*cmd, "-o", str(target), "--json"], capture_output=True, text=True, env={**os.environ, **ENV})
+        reports[plant] = report_summary(target / "report.json")
+        print(f"{plant}: {reports[plant]['top']}", flush=True)
+    (out / "reports.json").write_text(json.dumps(reports, indent=1))
+
+
 # --------------------------------------------------------------------------------------------------
 # Here: the docs' tables.
 
@@ -858,13 +879,17 @@ def _ranked(step: dict[str, Any], n: int = 2) -> str:
     return ", ".join(f"{c['cause']} {float(c['score']):.2f}" for c in causes) or "-"
 
 
-def tables(gpu: Path, cost: Path, cpu_demo: Path, cpu_floors: Path | None) -> str:
+def tables(gpu: Path, cost: Path, cpu_demo: Path, cpu_floors: Path | None, reports_from: Path | None = None) -> str:
     chain_result = json.loads((gpu / "chain.json").read_text())
-    reports = json.loads((gpu / "reports.json").read_text())
-    cpu_reports = {
-        path.parent.name.removeprefix("report-"): report_summary(path)
-        for path in sorted(cpu_demo.glob("report-*/report.json"))
-    }
+    reports = json.loads(((reports_from or gpu) / "reports.json").read_text())
+    cpu_reports = (
+        json.loads(cpu_demo.read_text())  # a reports.json of the summaries
+        if cpu_demo.is_file()
+        else {
+            p.parent.name.removeprefix("report-"): report_summary(p)
+            for p in sorted(cpu_demo.glob("report-*/report.json"))
+        }
+    )
     floors = chain_result["floor"]["parts"]
     cpu_parts = json.loads((cpu_floors / "chain.json").read_text())["floor"]["parts"] if cpu_floors else {}
     lines = [
@@ -875,7 +900,8 @@ def tables(gpu: Path, cost: Path, cpu_demo: Path, cpu_floors: Path | None) -> st
         g, c = floors.get(key, {}), cpu_parts.get(key, {})
         tokens = str(g.get("tokens", "-"))
         if key == "batched_vs_batch1" and g:
-            tokens += f" ({g['parted']} of {g['requests']} requests parted, at {g['parted_at']})"
+            parted = f"{g['parted']} of {g['requests']} requests sampled otherwise from position {g['parted_at']}"
+            tokens += f" ({parted if g['parted'] else 'every request sampled the same tokens'})"
         lines.append(
             f"| {said} | {tokens} | {_g(g.get('mean_abs'))} | {_g(g.get('p99_abs'))} | {_g(g.get('max_abs'))} | "
             f"{_g(g.get('k3'))} | {_g(c.get('mean_abs'))} | {_g(c.get('max_abs'))} |"
@@ -928,7 +954,8 @@ def tables(gpu: Path, cost: Path, cpu_demo: Path, cpu_floors: Path | None) -> st
 
 def table(args: argparse.Namespace) -> None:
     cpu_floors = Path(args.cpu_floors) if args.cpu_floors else None
-    text = tables(Path(args.gpu), Path(args.cost or args.gpu), Path(args.cpu_demo), cpu_floors)
+    reports = Path(args.reports) if args.reports else None
+    text = tables(Path(args.gpu), Path(args.cost or args.gpu), Path(args.cpu_demo), cpu_floors, reports)
     if args.write:
         doc = Path(args.write)
         before, rest = doc.read_text().split(BEGIN, 1)
@@ -978,6 +1005,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=40)
     p.add_argument("--budget-s", type=float, default=90)
+    p = sub.add_parser("rereport", help="here: each plant's report again from a workdir that came back")
+    p.add_argument("--work", required=True, help="the chain's workdir, unpacked from workdir.tar.gz")
+    p.add_argument("--chain", required=True, help="the chain's chain.json")
+    p.add_argument("--out", required=True)
     p = sub.add_parser("wait", help="device: until a phase is done, then what it wrote to --to")
     p.add_argument("--dir", required=True)
     p.add_argument("--to", required=True)
@@ -985,7 +1016,10 @@ def main() -> None:
     p = sub.add_parser("table", help="here: the docs' tables from what came back")
     p.add_argument("--gpu", required=True, help="the chain's --out, as fetched")
     p.add_argument("--cost", help="the cost's --out, as fetched (default: --gpu)")
-    p.add_argument("--cpu-demo", required=True, help="a CPU `demo --consistency --plant all` workdir")
+    p.add_argument("--reports", help="a rereport's --out: its reports.json instead of the device's")
+    p.add_argument(
+        "--cpu-demo", required=True, help="a CPU `demo --consistency --plant all` workdir (or its reports.json)"
+    )
     p.add_argument("--cpu-floors", help="a CPU `chain --device cpu` --out (the floor's parts on the CPU)")
     p.add_argument("--write", help="the docs page whose gpu-chain markers get the tables")
     args = parser.parse_args()
@@ -1003,6 +1037,8 @@ def main() -> None:
         decode_child(args)
     elif args.cmd == "wait":
         wait(args)
+    elif args.cmd == "rereport":
+        rereport(args)
     else:
         table(args)
 
