@@ -65,7 +65,7 @@ def test_the_batch1_session_runs_the_floor_runs_requests_and_seeds_one_at_a_time
     # no record, no fingerprints, no dump: its requests share the floor run's ids and must not join the report
     assert not {"record", "fingerprints", "dump_config"} & set(sessions["batch1"])
     assert "batch1" not in _sessions(runs, DemoModel(tmp_path / "m", True, "", PROMPTS, 64, 8, 40), tmp_path, CPU)
-    assert [r for r in runs.values() if r.name == CLEAN][0].training_dtype == "bfloat16"
+    assert runs[CLEAN].training_dtype == "bfloat16"
 
 
 def test_spread_compares_the_requests_both_hold_up_to_their_shared_tokens() -> None:
