@@ -33,7 +33,8 @@ def _differences(got: Any, pinned: Any, where: str = "") -> list[str]:
         return [d for i, (g, p) in enumerate(zip(got, pinned)) for d in _differences(g, p, f"{where}[{i}]")]
     # a float to REL_TOL, an int as an int: 1.0 is not 1
     if type(got) is float and type(pinned) is float:
-        return [] if math.isclose(got, pinned, rel_tol=REL_TOL, abs_tol=0.0) else [f"{where}: {got!r}, pinned {pinned!r}"]
+        close = math.isclose(got, pinned, rel_tol=REL_TOL, abs_tol=0.0)
+        return [] if close else [f"{where}: {got!r}, pinned {pinned!r}"]
     if type(got) is not type(pinned) or got != pinned:
         return [f"{where}: {got!r}, pinned {pinned!r}"]
     return []
