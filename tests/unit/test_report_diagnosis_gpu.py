@@ -22,16 +22,8 @@ from rlprobe_patch.report.build import build, classify, read_baseline, read_evid
 from rlprobe_patch.report.diagnosis import choose_floor
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "results" / "chain-h100" / "chain"
-PLANTS = {
-    "layer": "broken-layer",
-    "stale": "stale-weights",
-    "template": "token-mismatch",
-    "token": "token-mismatch",
-    "dtype": "compute-dtype",
-    "temperature": "logprob-kind",
-    "top-p": "sampler-support",
-    "none": "precision-noise",
-}
+CHAIN = json.loads((RESULTS / "chain.json").read_text())
+PLANTS = {plant: data["cause"] for plant, data in CHAIN["plants"].items()}  # each plant and the cause it plants
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +38,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reports(work: Path) -> dict[str, dict[str, Any]]:
     """Each plant's report document, its inputs as the chain's rereport gives them: the plant's capture, the engine's
     records, the plant's fingerprints, the clean run's layer compare and the plant's own, the floor as --baseline."""
-    runs = {plant: data["run"] for plant, data in json.loads((RESULTS / "chain.json").read_text())["plants"].items()}
-    assert set(runs) == set(PLANTS)
+    runs = {plant: data["run"] for plant, data in CHAIN["plants"].items()}
+    assert len(runs) == 8 and PLANTS["none"] == "precision-noise" and PLANTS["top-p"] == "sampler-support"
     floor = choose_floor([], read_baseline(work / "capture-floor"), None)
     clip = run_settings(None).clip
     documents = {}
@@ -93,12 +85,15 @@ def test_tails_and_one_signed_shifts_leave_a_bfloat16_floor_that_their_mean_stay
     """The broken layer (mean 0.166) and top-p 0.8 (0.159) are under the floor's mean limit (4 x 0.042), yet a third
     of their tokens are beyond the floor's 99th percentile, and top-p's gap is one-signed (the rollout's log-prob above
     the trainer's, by -log of the kept mass): each leaves the floor, and says by which test."""
-    for plant, test in (("layer", "beyond the floor's 99th percentile"), ("top-p", "one-signed")):
+    for plant, test, said in (("layer", "tail", "a tail: 85 of 256 tokens"), ("top-p", "sign", "one-signed: d < 0")):
         step = reports[plant]["diagnosis"]["steps"][1]
         assert step["mean_abs_dlogp"] < reports[plant]["diagnosis"]["floor"]["mean_limit"]
-        assert not step["within_floor"], step["causes"][0]
+        assert not step["within_floor"] and test in step["leaves_floor_by"], step["leaves_floor_by"]
+        assert "mean" not in step["leaves_floor_by"]
         noise = next(c for c in step["causes"] if c["cause"] == "precision-noise")
-        assert noise["score"] == 0.0 and test in noise["evidence"], noise["evidence"]
+        assert noise["score"] == 0.0 and said in noise["evidence"], noise["evidence"]
+    none = reports["none"]["diagnosis"]["steps"]
+    assert [s["leaves_floor_by"] for s in none] == [[], []]
 
 
 def test_direct_evidence_wins_within_the_floor_and_says_so(reports: dict[str, Any]) -> None:
