@@ -33,6 +33,7 @@ from rlprobe_patch.report.diagnosis import (
     diagnose,
     measure_floor,
 )
+from rlprobe_patch.report.floor import chance_bound
 from rlprobe_patch.report.layers import layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import Tokens
 from rlprobe_patch.report.weights import read_weights
@@ -315,3 +316,17 @@ def test_a_baseline_floor_says_what_its_capture_says_it_is() -> None:
 
 def base_mean(batch: TokenBatch) -> float:
     return float(np.abs(batch.training - batch.rollout)[batch.mask].mean())
+
+
+@pytest.mark.parametrize(
+    ("count", "total", "share"),
+    [(6, 256, 4 / 255), (25, 256, 4 / 255), (85, 256, 4 / 255), (253, 256, 0.48), (3, 5, 0.1)],
+)
+def test_the_floors_chance_bound_is_an_upper_bound_of_the_binomial_tail(count: int, total: int, share: float) -> None:
+    """The tail and sign tests' significance (Chernoff's bound): never below the exact binomial tail P(X >= count),
+    so a step it calls unlikely is at least that unlikely; the counts are the GPU chain's (the clean step's 6 tokens
+    beyond the floor's 99th percentile, the stale step's 25, the broken layer's 85; top-p's 253 of 256 one-signed)."""
+    exact = sum(math.comb(total, k) * share**k * (1 - share) ** (total - k) for k in range(count, total + 1))
+    bound = chance_bound(count, total, share)
+    assert exact <= bound <= 1.0 and bound <= max(1e3 * exact, exact**0.5), (exact, bound)
+    assert chance_bound(2, 256, 4 / 255) == 1.0  # at or below the expected share: no evidence at all

@@ -3,31 +3,35 @@
 First the facts that are not numbers (`identity.py`): a request whose prompt or response ids differ between
 the sides (the capture against the rollout engine's own record) is `token-mismatch`, named with the first
 differing position, and leaves the numeric diagnosis; weight fingerprints from both sides name stale or
-half-synced tensors (`stale-weights`); the dtypes each side computed in and the sampling settings the
-engine applied come from the engine's record and the capture's provenance.
+half-synced tensors (`stale-weights`); the dtypes each side computed in (`compute-dtype`: bf16 against fp32,
+where both sides recorded theirs and the floor was not measured with the same pair) and the sampling settings
+the engine applied come from the engine's record and the capture's provenance. A fact ranks above precision
+noise even where the gap is within the floor ("within the floor, but ..."), precision noise then at most half
+of it: the gap a float32 trainer makes beside a bfloat16 rollout is smaller than two bfloat16 sides make.
 
 Then the numbers of the remaining tokens (d = log p_train - log p_rollout per token), against a noise floor
-measured on two implementations of the same computation (`--baseline`: the training side against the
-rollout engine, the same weights, nothing planted; never the rollout engine against itself alone, never
-tighter than the compute dtype resolves). A step within the floor is `precision-noise` and nothing else
-scores there. Out of it, each cause's signature is scored from 0 to 1:
+measured on two implementations of the same computation (`floor.py`: `--baseline`, the training side against
+the rollout engine, the same weights, nothing planted; never the rollout engine against itself alone, never
+tighter than the compute dtype resolves), judged on its distribution: the mean, the share of tokens beyond the
+floor's 99th percentile, and the sign of d. A step within the floor by all three is `precision-noise` and
+nothing but a fact scores there. Out of it, each cause's signature is scored from 0 to 1:
 
-- `compute-dtype`: the two sides computed in other dtypes (bf16 against fp32), as their records say;
 - `logprob-kind`: log-probs at another temperature than the trainer's (raw vs processed): d is a slope in
   log p (T - 1), the settings say the temperatures differ, and the engine's own prefill re-score (raw) agrees
   with the trainer where its decode output does not;
 - `sampler-support`: top-p / top-k renormalisation: processed log-probs over the kept tokens, the trainer
-  over the whole vocabulary: d = log S_t <= 0, one-signed, the kept mass (verl#6240);
-- `broken-layer`: the layer compare's first module out of the floor, common to every disagreeing pair, is
-  inside the model, the weights being the same;
+  over the whole vocabulary: d = log S_t <= 0, one-signed beyond the floor's tail, the kept mass (verl#6240);
+- `broken-layer`: the layer compare's first module out of the layer floor (`layers.py`: msprobe's agreeing pairs
+  and the clean steps', module by module), common to every disagreeing pair, is inside the model, the weights
+  being the same;
 - `stale-weights` without fingerprints: that first module is the model's first (every weight differs), or
   the gap grows from step to step and resets;
 - `token-mismatch` without records: requests agree up to a position > 0 and part from there;
 - `low-probability-tail`: the gap lives on unlikely tokens, where no cause above explains it;
 - `unexplained`: out of the floor, no signature fits.
 
-The verdict follows the same steps (`step_state`): a step within the floor is ok, one out of it at least a
-warning, one whose tokens differ a failure; the two never disagree on a step.
+The verdict follows the same steps (`step_state`): a step whose top cause is precision noise is ok, any other
+at least a warning, one whose tokens differ a failure; the two never disagree on a step.
 """
 
 from __future__ import annotations
@@ -39,26 +43,26 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
 from rlprobe_patch.report.confirm import confirm_lines, sampling_of
-from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors
-from rlprobe_patch.report.metrics import Tokens, quantiles
-from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
 
-FLOOR_FACTOR = 4.0  # how far above the floor's spread a step or a token must be to leave it
+# Floor, choose_floor and measure_floor: the floor's names the diagnosis' readers import from here, with `diagnose`
+from rlprobe_patch.report.floor import Floor as Floor
+from rlprobe_patch.report.floor import FloorReading, dtype_name, read_floor, split_means
+from rlprobe_patch.report.floor import choose_floor as choose_floor
+from rlprobe_patch.report.floor import measure_floor as measure_floor
+from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors
+from rlprobe_patch.report.layers import LayerView, layer_view
+from rlprobe_patch.report.metrics import Tokens
+
 GROWTH = 1.25  # a step's gap above this times the step before's: it grew (not a fluctuation)
 SLOPE_SAID = 0.01  # a slope of d in log p below this is not worth a temperature in the evidence
 TAIL_P = 0.1  # "low-probability" tokens: rollout p below this
-ULPS = 2.0  # the rounding of a log-prob in its compute dtype, in units of that dtype's epsilon
 UNEXPLAINED = 0.4  # out of the floor with no cause scoring above it: unexplained ranks first
 ONE_SIGNED = 0.9  # the share of a gap's tokens on one side for it to be one-signed
-# a module whose outputs differ by less than this, relative, is within any layer floor: float32 rounding through a
-# model's layers stays near 1e-6 (the demo's same-weights pairs: 4e-7 to 9e-7), a real difference is far above
-LAYER_RESOLUTION = 1e-4
-# the unit roundoff of each compute dtype a log-prob may have been computed in
-EPSILON = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
-DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
+# precision noise's score, at most, where the gap is within the floor but a recorded fact names a cause: issue 41's
+# margin (the second cause at most half the first's)
+NOISE_BESIDE_FACT = 0.5
 
 TITLES = {
     "token-mismatch": "token or chat-template mismatch: the sides scored other tokens",
@@ -72,30 +76,6 @@ TITLES = {
     "precision-noise": "precision noise only, within the noise floor",
 }
 STRUCTURAL = ("token-mismatch", "stale-weights", "compute-dtype", "logprob-kind", "sampler-support", "broken-layer")
-
-
-def dtype_name(value: Any) -> str | None:
-    """A dtype as the records and configs write it (`torch.bfloat16`, `bf16`, `float32`), by its full name."""
-    if not isinstance(value, str) or not value:
-        return None
-    name = value.strip().lower().removeprefix("torch.")
-    return DTYPE_NAMES.get(name, name)
-
-
-@dataclass(frozen=True)
-class Floor:
-    """The spread that is not a bug, and the limits derived from it."""
-
-    measured: bool
-    how: str  # how it was measured, or that it was not
-    mean_limit: float  # a step's mean |d| above it leaves the floor
-    token_limit: float  # a token's |d| above it leaves the floor
-    tokens: int = 0
-    mean_abs_dlogp: float | None = None
-    p99_abs_dlogp: float | None = None
-    max_abs_dlogp: float | None = None
-    dtype: str = "float32"  # the coarsest dtype of the computations it measured
-    split: dict[str, float] | None = None  # trainer vs the engine's prefill, prefill vs decode (means)
 
 
 @dataclass
@@ -113,87 +93,6 @@ class Cause:
 
 def _g(value: float) -> str:
     return f"{value:.3g}"
-
-
-def resolution(dtype: str, logp: Any) -> tuple[float, float]:
-    """What a log-prob computed in `dtype` resolves, for one token and for a mean: a few units of the dtype's
-    epsilon, relative to the log-probs' size (at least the float32 capture's own rounding)."""
-    eps = max(EPSILON.get(dtype, EPSILON["float32"]), EPSILON["float32"])
-    size = np.abs(logp)
-    largest = float(size.max()) if size.size else 1.0
-    typical = float(size.mean()) if size.size else 1.0
-    return ULPS * eps * max(1.0, largest), ULPS * eps * max(1.0, typical)
-
-
-def split_means(tokens: Tokens, prefill: Any) -> dict[str, float] | None:
-    """The three-way split where the engine's prefill re-score exists: mean |trainer - prefill| (two
-    implementations), mean |prefill - decode| (the engine against itself: cache, batch, kernels, the kind of
-    log-probs it returns), and the whole gap's."""
-    if prefill is None or not tokens.size:
-        return None
-    return {
-        "trainer_vs_prefill": float(np.abs(tokens.training - prefill).mean()),
-        "prefill_vs_decode": float(np.abs(prefill - tokens.rollout).mean()),
-        "trainer_vs_decode": float(tokens.abs_dlogp.mean()),
-    }
-
-
-def measure_floor(batches: list[TokenBatch], how: str) -> Floor:
-    """The floor from `batches`, two computations of the same tokens that should agree (`how` says which)."""
-    tokens = Tokens.join([(b.rollout, b.training, b.mask, None) for b in batches])
-    if not tokens.size:
-        return no_floor(f"{how} has no response token: no floor measured")
-    d = tokens.abs_dlogp
-    dtype = _coarsest([d for b in batches for d in _dtypes(b.provenance)]) or "float32"
-    token_res, mean_res = resolution(dtype, tokens.rollout)
-    mean, (p99,) = float(d.mean()), quantiles(d, (0.99,))
-    prefill = [b for b in batches if b.prefill is not None]
-    split = None
-    if prefill and len(prefill) == len(batches):
-        split = split_means(tokens, np.concatenate([b.prefill[b.mask] for b in batches]))  # type: ignore[index]
-    said = (
-        f"; trainer vs the engine's prefill {_g(split['trainer_vs_prefill'])}, prefill vs decode "
-        + _g(split["prefill_vs_decode"])
-        if split
-        else ""
-    )
-    return Floor(
-        measured=True,
-        how=f"{how}: {tokens.size} tokens, mean |dlogp| {_g(mean)}, 99th percentile {_g(p99)}{said}; a step leaves it "
-        f"above {FLOOR_FACTOR:g}x the mean, a token above {FLOOR_FACTOR:g}x the 99th percentile (each at least what "
-        f"{dtype} resolves: {_g(mean_res)} for a mean, {_g(token_res)} for a token)",
-        mean_limit=FLOOR_FACTOR * max(mean, mean_res),
-        token_limit=FLOOR_FACTOR * max(p99, token_res),
-        tokens=tokens.size,
-        mean_abs_dlogp=mean,
-        p99_abs_dlogp=p99,
-        max_abs_dlogp=float(d.max()),
-        dtype=dtype,
-        split=split,
-    )
-
-
-def no_floor(why: str) -> Floor:
-    """NeMo-RL's fixed gate in place of a measured floor: mean exp(|d|) 1.05, so |d| about log 1.05."""
-    gate = math.log(TME_GATE)
-    return Floor(
-        measured=False,
-        how=f"{why}; the fixed gate stands in: mean exp(|dlogp|) {TME_GATE} ({TME_SOURCE}), |dlogp| {_g(gate)} "
-        "(give --baseline CAPTURE: the training side against the rollout engine on the same weights with nothing "
-        "planted, e.g. a clean step captured the same way; or --floor-step N, such a step of the inputs)",
-        mean_limit=gate,
-        token_limit=gate,
-    )
-
-
-def _dtypes(provenance: dict[str, Any] | None) -> list[str]:
-    found = [dtype_name((provenance or {}).get(k)) for k in ("training_dtype", "rollout_dtype")]
-    return [d for d in found if d]
-
-
-def _coarsest(dtypes: list[str]) -> str | None:
-    known = [d for d in dtypes if d in EPSILON]
-    return max(known, key=EPSILON.__getitem__) if known else None
 
 
 # --- what one step brings -------------------------------------------------------------------------------
@@ -221,11 +120,17 @@ class Step:
         )
 
     @property
+    def reading(self) -> FloorReading:
+        """The comparable tokens against the floor: their mean, tail and sign (`floor.read_floor`)."""
+        return read_floor(self.tokens, self.floor)
+
+    @property
     def within(self) -> bool:
-        """Within the floor: the comparable tokens' mean, where no request's ids differ (those are no noise)."""
+        """Within the floor by every test of `reading`, where no request's ids differ (those are no noise); with no
+        floor measured, verl's guidance must agree."""
         if self.identity is not None and self.identity.differences:
             return False
-        return self.mean <= self.floor.mean_limit and (self.floor.measured or self.guidance_ok)
+        return self.reading.within and (self.floor.measured or self.guidance_ok)
 
     @property
     def engine(self) -> dict[str, Any]:
@@ -322,6 +227,15 @@ def compute_dtype(step: Step) -> Cause:
         )
     if training == rollout:
         return Cause("compute-dtype", 0.0, 0.0, f"both sides computed in {training}")
+    if step.floor.sides == (training, rollout):
+        # the floor was measured with the same dtypes: what they do is in the floor, not beside it
+        return Cause(
+            "compute-dtype",
+            0.0,
+            1.0,
+            f"the training side computed in {training}, the rollout in {rollout}, as in the floor's measurement: "
+            "part of the floor",
+        )
     d = step.tokens.log_ratio
     said = f"the training side computed in {training}, the rollout in {rollout}"
     if d.size:
@@ -416,7 +330,11 @@ def sampler_support(step: Step) -> Cause:
     d = step.tokens.log_ratio
     if not d.size:
         return Cause("sampler-support", 0.0, 0.0, "no comparable token")
-    out = np.abs(d) > step.floor.token_limit
+    # beyond the floor's own tail (its 99th percentile, where measured): top-p 0.8 moves a token by at most -log 0.8,
+    # within a bfloat16 floor's token limit
+    measured = step.floor.tail_limit is not None
+    out = np.abs(d) > (step.floor.tail_limit if measured else step.floor.token_limit)
+    beyond = "the floor's 99th percentile" if measured else "the fixed gate"
     below = int((d[out] < 0).sum())
     moved = int(out.sum())
     share = below / moved if moved else 0.0
@@ -425,7 +343,7 @@ def sampler_support(step: Step) -> Cause:
     fit = min(fit, 1.0)
     kept = int((step.tokens.rollout[out] >= -1e-6).sum())  # p = 1 after renormalisation: the only token kept
     evidence = (
-        f"{below} of {moved} token(s) out of the floor have the rollout's log-prob above the trainer's (d < 0: "
+        f"{below} of {moved} token(s) beyond {beyond} have the rollout's log-prob above the trainer's (d < 0: "
         f"{share:.0%}; renormalised over a kept set, every one does, by -log of the kept mass)"
         + (f"; {kept} of them have rollout p = 1 (the only token kept)" if kept else "")
     )
@@ -496,14 +414,11 @@ def _thirds(tokens: Tokens) -> list[Any]:
 
 
 def precision_noise(step: Step) -> Cause:
-    floor, mean = step.floor, step.mean
-    excess = mean / floor.mean_limit if floor.mean_limit else math.inf
-    where = "within" if step.within else "above"
-    evidence = (
-        f"mean |dlogp| {_g(mean)} is {where} the floor's limit {_g(floor.mean_limit)} ({_g(excess)}x; "
-        f"{'measured' if floor.measured else 'not measured: the fixed gate'})"
-    )
-    if not floor.measured and not step.guidance_ok and mean <= floor.mean_limit:
+    """Within the floor by every test: the gap is noise (1); `diagnose_step` keeps half of that where a recorded
+    fact names a cause all the same."""
+    floor = step.floor
+    evidence = step.reading.said()
+    if not floor.measured and not step.guidance_ok and step.reading.within:
         evidence += ", but verl's guidance grades the step above its warning level"
     if step.identity is not None and step.identity.differences:
         evidence += f"; but {len(step.identity.differing_rows)} request(s) scored other tokens on each side: no noise"
@@ -547,98 +462,6 @@ def _unsure(fit: float, evidence: str, floor: Floor) -> tuple[float, str]:
     return fit / 2, evidence + " (half the fit: with no floor measured, a token within the fixed gate may be chance)"
 
 
-def _error(module: dict[str, Any]) -> float | None:
-    """A module's error in either of msprobe's modes: MaxAbsErr (tensor) or |Max diff| (statistics)."""
-    value = module["max_abs_err"] if module["max_abs_err"] is not None else module["max_diff"]
-    return None if value is None else abs(float(value))
-
-
-def layer_floor(layers: dict[str, Any] | None) -> dict[str, float] | None:
-    """Per module, the largest error in the pairs msprobe finds within its thresholds (the same computation on
-    both sides, as the demo's same-weights run): the layer compare's own noise floor; None without such a pair."""
-    agreeing = [p for p in (layers or {}).get("pairs", []) if p["first_divergence"] is None]
-    if not agreeing:
-        return None
-    floor: dict[str, float] = {}
-    for pair in agreeing:
-        for m in pair["modules"]:
-            error = _error(m)
-            if error is not None:
-                floor[m["module"]] = max(floor.get(m["module"], 0.0), error)
-    return floor
-
-
-@dataclass(frozen=True)
-class LayerView:
-    """The layer compare read against its own floor: the pairs that leave it, those msprobe flags within it (its
-    statistics rules flag float rounding: "the norm relative error of output is 10 times that of input"), and
-    the first module out of it common to every pair that leaves it."""
-
-    pairs: int
-    disagreeing: list[str]  # pair labels
-    within_floor: list[str]  # flagged by msprobe, every module within the layer floor
-    first_common: str | None
-    depth: int | None  # where first_common sits in the forward order (0: the first module)
-    modules: int
-    how: str
-
-    @property
-    def agree(self) -> bool:
-        return self.pairs > 0 and not self.disagreeing
-
-
-def layer_view(layers: dict[str, Any] | None, request_ids: set[str] | None = None) -> LayerView | None:
-    """The layer compare against its floor (from every pair msprobe finds within its thresholds: the same computation
-    on both sides), read on the pairs of `request_ids` where some pair is of one of them (a step's own requests:
-    check-dump's pair.json names each pair's), else on every pair."""
-    if not layers or not layers["pairs"]:
-        return None
-    floor = layer_floor(layers)
-    pairs = layers["pairs"]
-    if request_ids and any(p["request_id"] in request_ids for p in pairs):
-        pairs = [p for p in pairs if p["request_id"] in request_ids]
-    flagged = [p for p in pairs if p["label"] in set(layers["disagreeing_pairs"])]
-    if floor is None:
-        how = "out of msprobe's thresholds"
-        outs = [{m["module"] for m in p["modules"] if m["diverges"]} for p in flagged]
-    else:
-        typical = float(np.median(list(floor.values()))) if floor else 0.0
-        outs = [{m["module"] for m in p["modules"] if _out_of_layer_floor(m, floor, typical)} for p in flagged]
-        agreeing = len(layers["pairs"]) - len(layers["disagreeing_pairs"])
-        how = (
-            f"out of the layer floor ({FLOOR_FACTOR:g}x each module's largest error in the {agreeing} pair(s) within "
-            f"msprobe's thresholds, and at least {FLOOR_FACTOR:g}x the median module's, {_g(typical)})"
-        )
-    disagreeing = [p for p, o in zip(flagged, outs) if o]
-    noise = [p for p, o in zip(flagged, outs) if not o]
-    out = [o for o in outs if o]
-    shared = set.intersection(*out) if out else set()
-    common = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None) if out else None
-    depth = modules = None
-    if common is not None and disagreeing:
-        names = [m["module"] for m in disagreeing[0]["modules"]]
-        depth, modules = names.index(common), len(names)
-    return LayerView(
-        pairs=len(pairs),
-        disagreeing=[p["label"] for p in disagreeing],
-        within_floor=[p["label"] for p in noise],
-        first_common=common,
-        depth=depth,
-        modules=modules or 0,
-        how=how,
-    )
-
-
-def _out_of_layer_floor(module: dict[str, Any], floor: dict[str, float], typical: float) -> bool:
-    # above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no rounding there), and
-    # above the rounding any float32 computation leaves, relative to the module's outputs
-    error = _error(module)
-    relative = module.get("max_rel_err")
-    if relative is not None and relative < LAYER_RESOLUTION:
-        return False
-    return error is not None and error > FLOOR_FACTOR * max(floor.get(module["module"], 0.0), typical)
-
-
 def _divergence_depth(view: LayerView | None) -> tuple[int | None, str]:
     """Where the first module out of the floor in every disagreeing pair sits in the forward order (0: the first)."""
     if view is None or not view.disagreeing:
@@ -671,11 +494,13 @@ def _ranked(causes: list[Cause]) -> list[Cause]:
 
 
 def diagnose_step(step: Step) -> list[Cause]:
-    """The step's causes, ranked: the facts (ids, weights) whatever the numbers; the numbers' signatures only
-    out of the floor; the tail only where no structural cause explains the gap; unexplained where none fits."""
-    facts = [token_mismatch(step), stale_weights(step)]
-    numeric = [compute_dtype(step), logprob_kind(step), sampler_support(step), broken_layer(step)]
+    """The step's causes, ranked: the facts (ids, weights, dtypes as both sides recorded them) whatever the numbers,
+    above precision noise even within the floor; the numbers' signatures only out of the floor; the tail only where
+    no structural cause explains the gap; unexplained where none fits."""
+    facts = [token_mismatch(step), stale_weights(step), compute_dtype(step)]
+    numeric = [logprob_kind(step), sampler_support(step), broken_layer(step)]
     tail = low_probability_tail(step.tokens)
+    noise = precision_noise(step)
     if step.within:
         for c in numeric + [tail]:
             c.score = 0.0
@@ -683,6 +508,12 @@ def diagnose_step(step: Step) -> list[Cause]:
         for c in facts:
             if not _is_fact(c, step):
                 c.score = 0.0
+        if named := [c for c in facts if c.score > 0]:
+            # direct evidence wins without a tie: the gap is as small as noise, but the records name a cause
+            for c in named:
+                c.evidence = f"within the floor, but {c.evidence}"
+            noise.score = noise.fit = min(noise.score, NOISE_BESIDE_FACT * max(c.score for c in named))
+            noise.evidence += f"; but both sides' records name {', '.join(c.cause for c in named)}"
     else:
         best = max(c.score for c in facts + numeric)
         tail.score = tail.fit * (1.0 - best)
@@ -692,22 +523,25 @@ def diagnose_step(step: Step) -> list[Cause]:
         "unexplained",
         UNEXPLAINED if not step.within and top < UNEXPLAINED else 0.0,
         0.0,
-        f"mean |dlogp| {_g(step.mean)} above the floor's limit {_g(step.floor.mean_limit)} and no signature scores "
+        f"out of the floor by its {' and '.join(step.reading.leaving) or 'ids'} and no signature scores "
         f"{UNEXPLAINED:g} or more"
         if not step.within
         else "within the floor",
     )
-    return _ranked([*causes, unexplained, precision_noise(step)])
+    return _ranked([*causes, unexplained, noise])
 
 
 def _is_fact(cause: Cause, step: Step) -> bool:
-    """Whether a cause's score comes from what both sides recorded (ids, weight hashes), not from the numbers."""
+    """Whether a cause's score comes from what both sides recorded (ids, weight hashes, compute dtypes), not from
+    the numbers."""
     identity = step.identity
     if cause.cause == "token-mismatch":
         return identity is not None and identity.checked
     if cause.cause == "stale-weights":
         weights = identity.weights if identity else None
         return weights is not None and weights.comparable and weights.compared > 0
+    if cause.cause == "compute-dtype":
+        return all(step.dtypes())
     return False
 
 
@@ -736,26 +570,6 @@ def growth_and_reset(means: list[float], floor: Floor) -> Cause:
         f"mean |dlogp| by step {series}: {rises} rise(s) by {GROWTH:g}x or more out of the floor, "
         f"{resets} reset(s) (a fall by half or more)",
     )
-
-
-def choose_floor(batches: list[TokenBatch], baseline: list[TokenBatch], floor_step: int | None) -> Floor:
-    """The floor from the baseline captures (`--baseline`), or from step `floor_step` of the inputs, else none."""
-    if baseline and floor_step is not None:
-        raise RefusedError("--baseline and --floor-step both name a noise floor: give one")
-    if baseline:
-        where = ", ".join(sorted({b.path for b in baseline}))
-        # what the baseline is, as its writer said it (`source`), else what --baseline asks for
-        said = "; ".join(sorted({b.source for b in baseline if b.source})) or "the same computation twice"
-        return measure_floor(baseline, f"measured on the baseline capture(s) {where} ({said})")
-    if floor_step is not None:
-        chosen = [b for b in batches if b.step == floor_step]
-        if not chosen:
-            steps = ", ".join(str(b.step) for b in batches)
-            raise RefusedError(f"--floor-step {floor_step}: no such step in the inputs (steps {steps})")
-        return measure_floor(
-            chosen, f"measured on step {floor_step} of the inputs (given as run with the same weights)"
-        )
-    return no_floor("no noise floor measured (no --baseline, no --floor-step)")
 
 
 def clip_shares(tokens: Tokens, clip: tuple[float, float]) -> dict[str, float]:
@@ -794,26 +608,14 @@ def diagnose(
     best: dict[str, Cause] = {}
     best_key: dict[str, tuple[float, bool, float]] = {}
     means = []
-    view = layer_view(layers)  # the run's, of every pair; each step reads its own requests' pairs
     order = sorted(range(len(batches)), key=lambda i: (batches[i].step is None, batches[i].step or 0))
-    for index in order:
-        b = batches[index]
-        identity = (identities or {}).get(index)
-        mask = identity_rows(b, identity)
-        tokens = parts[index] if parts is not None and mask is b.mask else Tokens.of(b.rollout, b.training, mask)
-        if not tokens.size and not (identity and identity.differences):
-            continue
-        settings = {"source": f"step {b.step}'s capture", **b.sampling} if b.sampling is not None else sampling
-        step = Step(
-            batch=b,
-            tokens=tokens,
-            floor=floor,
-            identity=identity,
-            layers=layer_view(layers, set(b.request_ids)),
-            settings=settings,
-            guidance_ok=(guidance or {}).get(index, "ok") in ("ok", "no value"),
-            prefill=b.prefill[mask] if b.prefill is not None else None,
-        )
+    judged = [s for s in (_step(batches[i], i, floor, sampling, identities, guidance, parts) for i in order) if s]
+    # the layer floor: msprobe's agreeing pairs and the clean steps' (in bfloat16 msprobe's thresholds fail them all)
+    clean = _clean_requests([step for _, step in judged])
+    view = layer_view(layers, None, clean)  # the run's, of every pair; each step reads its own requests' pairs
+    for index, step in judged:
+        b = step.batch
+        step.layers = layer_view(layers, set(b.request_ids), clean)
         causes = diagnose_step(step)
         means.append(step.mean)
         state = step_state(causes[0].cause, step, (guidance or {}).get(index, "ok"))
@@ -823,16 +625,17 @@ def diagnose(
             "kind": b.kind,
             "mean_abs_dlogp": step.mean,
             "within_floor": step.within,
+            "leaves_floor_by": step.reading.leaving,
             "state": state,
-            "tokens": tokens.size,
-            "sampling": settings,
+            "tokens": step.tokens.size,
+            "sampling": step.settings,
             "engine": step.engine or None,
-            "identity": _identity_json(identity),
-            "split": split_means(tokens, step.prefill),
+            "identity": _identity_json(step.identity),
+            "split": split_means(step.tokens, step.prefill),
             "causes": [_plain(c) for c in causes],
         }
         if clip is not None:
-            entry["clip"] = {"low": clip[0], "high": clip[1], **clip_shares(tokens, clip)}
+            entry["clip"] = {"low": clip[0], "high": clip[1], **clip_shares(step.tokens, clip)}
         steps.append(entry)
         for c in causes:
             # the step that shows the cause best: by score, then a step out of the floor (a clean step's reading of
@@ -844,17 +647,13 @@ def diagnose(
     if "stale-weights" in best and trend.score > best["stale-weights"].score:
         best["stale-weights"] = trend
     if steps:
-        # noise is the run's verdict only where every step is within the floor
-        worst = max(steps, key=lambda s: s["mean_abs_dlogp"])
-        noise = next(c for c in worst["causes"] if c["cause"] == "precision-noise")
-        within = all(s["within_floor"] for s in steps)
+        # noise is the run's verdict only as far as every step is noise: the least noise-like step's score
+        worst = min(steps, key=lambda s: (_noise(s)["score"], -s["mean_abs_dlogp"]))
+        noise = _noise(worst)
         best["precision-noise"] = Cause(
-            "precision-noise",
-            1.0 if within else 0.0,
-            1.0 if within else 0.0,
-            f"step {worst['step']}: {noise['evidence']}",
+            "precision-noise", noise["score"], noise["fit"], f"step {worst['step']}: {noise['evidence']}"
         )
-        if within:
+        if all(s["within_floor"] for s in steps):
             best["unexplained"] = Cause("unexplained", 0.0, 0.0, "every step within the floor")
     ranked = _ranked(list(best.values()))
     for c in ranked:
@@ -868,6 +667,62 @@ def diagnose(
         "top": ranked[0].cause if ranked else None,
         "steps": steps,
     }
+
+
+def _step(
+    b: TokenBatch,
+    index: int,
+    floor: Floor,
+    sampling: dict[str, Any] | None,
+    identities: dict[int, StepIdentity] | None,
+    guidance: dict[int, str] | None,
+    parts: list[Tokens] | None,
+) -> tuple[int, Step] | None:
+    """Batch `index`'s evidence as a step (its layer view comes once the clean steps are known), or None where it has
+    nothing to judge."""
+    identity = (identities or {}).get(index)
+    mask = identity_rows(b, identity)
+    tokens = parts[index] if parts is not None and mask is b.mask else Tokens.of(b.rollout, b.training, mask)
+    if not tokens.size and not (identity and identity.differences):
+        return None
+    step = Step(
+        batch=b,
+        tokens=tokens,
+        floor=floor,
+        identity=identity,
+        settings={"source": f"step {b.step}'s capture", **b.sampling} if b.sampling is not None else sampling,
+        guidance_ok=(guidance or {}).get(index, "ok") in ("ok", "no value"),
+        prefill=b.prefill[mask] if b.prefill is not None else None,
+    )
+    return index, step
+
+
+def _is_clean(step: Step) -> bool:
+    """A step whose layer compare can be the layer floor: within a measured token floor, its ids the engine's, and
+    no weight or compute dtype recorded different on the two sides."""
+    if not (step.floor.measured and step.within):
+        return False
+    weights = step.identity.weights if step.identity else None
+    training, rollout = step.dtypes()
+    stale = weights is not None and weights.comparable and bool(weights.differing)
+    return not stale and not (training and rollout and training != rollout)
+
+
+def _clean_requests(steps: list[Step]) -> set[str]:
+    """The request ids whose layer compare pairs are the clean steps': a clean step's ids, less those a step that is
+    not clean shares with another rollout of them (an engine that numbers its requests from 0 each session: the pair
+    could be either run's). A step that scored other tokens of the same rollout (the template, a changed token: the
+    engine's log-probs the same) leaves the id the clean step's."""
+    rollouts: dict[str, list[bytes]] = {}
+    for step in steps:
+        for row, request in enumerate(step.batch.request_ids):
+            rollouts.setdefault(request, []).append(step.batch.rollout[row][step.batch.mask[row]].tobytes())
+    clean = {r for step in steps if _is_clean(step) for r in step.batch.request_ids}
+    return {r for r in clean if len(set(rollouts[r])) == 1}
+
+
+def _noise(entry: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in entry["causes"] if c["cause"] == "precision-noise")
 
 
 def _identity_json(identity: StepIdentity | None) -> dict[str, Any] | None:

@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.report.floor import FLOOR_FACTOR
 
 _BASIC = [
     "NPU Name",
@@ -178,6 +181,8 @@ def read_compare_csv(path: Path) -> PairCompare:
                 "max_abs_err": None,
                 "max_diff": None,
                 "max_rel_err": None,  # msprobe's MaxRelativeErr of the outputs, as a fraction
+                "min_diff": None,  # statistics mode: |Min diff|, the other end of the outputs (None in tensor mode)
+                "min_rel_err": None,
                 "result": "pass",
                 "accuracy_fails": False,
                 "diverges": False,
@@ -196,14 +201,11 @@ def read_compare_csv(path: Path) -> PairCompare:
                 entry["max_abs_err"] = err if entry["max_abs_err"] is None else max(entry["max_abs_err"], err)
             entry["accuracy_fails"] = entry["accuracy_fails"] or accuracy_fails(cosine, err)
         else:
-            diff = _number(row[col["Max diff"]])
-            if diff is not None:
-                diff = abs(diff)
-                entry["max_diff"] = diff if entry["max_diff"] is None else max(entry["max_diff"], diff)
-        relative = _number(row[col["MaxRelativeErr"]].strip().removesuffix("%")) if "MaxRelativeErr" in col else None
-        if relative is not None:
-            relative = abs(relative) / (100.0 if row[col["MaxRelativeErr"]].strip().endswith("%") else 1.0)
-            entry["max_rel_err"] = relative if entry["max_rel_err"] is None else max(entry["max_rel_err"], relative)
+            for key, column in (("max_diff", "Max diff"), ("min_diff", "Min diff")):
+                _keep_largest(entry, key, _number(row[col[column]]))
+        for key, column in (("max_rel_err", "MaxRelativeErr"), ("min_rel_err", "MinRelativeErr")):
+            if column in col and (mode == "statistics" or key == "max_rel_err"):
+                _keep_largest(entry, key, _relative(row[col[column]]))
         if _rank(result) > _rank(entry["result"]):
             entry["result"] = result
         entry["diverges"] = entry["accuracy_fails"] or entry["result"] in ("warning", "error")
@@ -231,6 +233,18 @@ def read_compare_csv(path: Path) -> PairCompare:
     )
 
 
+def _keep_largest(entry: dict[str, Any], key: str, value: float | None) -> None:
+    """A module's figure over its output rows: the largest magnitude."""
+    if value is not None:
+        entry[key] = abs(value) if entry[key] is None else max(entry[key], abs(value))
+
+
+def _relative(text: str) -> float | None:
+    """msprobe's relative errors as a fraction (it writes `0.47%` in statistics mode, a plain number in tensor mode)."""
+    value = _number(text.strip().removesuffix("%"))
+    return None if value is None else value / (100.0 if text.strip().endswith("%") else 1.0)
+
+
 def _rank(result: str) -> int:
     return {"pass": 0, "warning": 1, "error": 2}.get(result, 0)
 
@@ -249,3 +263,123 @@ def layer_summary(pairs: list[PairCompare]) -> dict[str, Any]:
         "disagreeing_pairs": [p.label for p in disagreeing],
         "first_common_divergence": common,
     }
+
+
+# --- the compare against its own floor -------------------------------------------------------------------------
+
+# a module whose outputs differ by less than this, relative, is within any layer floor: float32 rounding through a
+# model's layers stays near 1e-6 (the demo's same-weights pairs: 4e-7 to 9e-7), a real difference is far above
+LAYER_RESOLUTION = 1e-4
+
+
+def _errors(module: dict[str, Any]) -> dict[str, tuple[float, float | None]]:
+    """A module's errors, each with its relative error where msprobe gives one: in tensor mode MaxAbsErr; in statistics
+    mode |Max diff| and |Min diff|, both ends of its outputs (a broken layer can leave one end where it was)."""
+    pairs = [("max_abs_err", "max_rel_err")] if module["max_abs_err"] is not None else []
+    pairs += [("max_diff", "max_rel_err"), ("min_diff", "min_rel_err")] if module["max_abs_err"] is None else []
+    return {k: (float(module[k]), module.get(r)) for k, r in pairs if module.get(k) is not None}
+
+
+def reference_pairs(layers: dict[str, Any] | None, clean: set[str] | None = None) -> list[dict[str, Any]]:
+    """The pairs that make the layer floor: those msprobe finds within its thresholds (the same computation on both
+    sides, as float32 leaves it), and those of the `clean` requests (a step the diagnosis found within its measured
+    token floor, with the same ids, weights and dtypes on both sides: the clean run's compare, which in bfloat16 leaves
+    msprobe's absolute thresholds in every pair)."""
+    pairs = (layers or {}).get("pairs", [])
+    return [p for p in pairs if p["first_divergence"] is None or p["request_id"] in (clean or set())]
+
+
+def layer_floor(reference: list[dict[str, Any]]) -> dict[str, dict[str, float]] | None:
+    """Per error (`_errors`) and module, the largest in the reference pairs: the layer compare's own noise floor;
+    None without a reference pair."""
+    if not reference:
+        return None
+    floor: dict[str, dict[str, float]] = {}
+    for pair in reference:
+        for m in pair["modules"]:
+            for name, (error, _) in _errors(m).items():
+                by_module = floor.setdefault(name, {})
+                by_module[m["module"]] = max(by_module.get(m["module"], 0.0), error)
+    return floor
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """The layer compare read against its own floor: the pairs that leave it, those msprobe flags within it (its
+    statistics rules flag float rounding: "the norm relative error of output is 10 times that of input"; in bfloat16
+    its absolute thresholds flag every pair), and the first module out of it common to every pair that leaves it."""
+
+    pairs: int
+    disagreeing: list[str]  # pair labels
+    within_floor: list[str]  # flagged by msprobe, every module within the layer floor
+    first_common: str | None
+    depth: int | None  # where first_common sits in the forward order (0: the first module)
+    modules: int
+    how: str
+    reference: list[str] = field(default_factory=list)  # the pairs the layer floor is made of (labels)
+
+    @property
+    def agree(self) -> bool:
+        return self.pairs > 0 and not self.disagreeing
+
+
+def layer_view(
+    layers: dict[str, Any] | None, request_ids: set[str] | None = None, clean: set[str] | None = None
+) -> LayerView | None:
+    """The layer compare against its floor (`reference_pairs`: msprobe's agreeing pairs and the `clean` requests'),
+    read on the pairs of `request_ids` where some pair is of one of them (a step's own requests: check-dump's
+    pair.json names each pair's), else on every pair."""
+    if not layers or not layers["pairs"]:
+        return None
+    reference = reference_pairs(layers, clean)
+    floor = layer_floor(reference)
+    pairs = layers["pairs"]
+    if request_ids and any(p["request_id"] in request_ids for p in pairs):
+        pairs = [p for p in pairs if p["request_id"] in request_ids]
+    flagged = [p for p in pairs if p["label"] in set(layers["disagreeing_pairs"])]
+    if floor is None:
+        how = "out of msprobe's thresholds"
+        outs = [{m["module"] for m in p["modules"] if m["diverges"]} for p in flagged]
+    else:
+        typical = {name: float(np.median(list(by_module.values()))) for name, by_module in floor.items()}
+        outs = [{m["module"] for m in p["modules"] if _out_of_layer_floor(m, floor, typical)} for p in flagged]
+        agreeing = sum(p["first_divergence"] is None for p in reference)
+        clean_pairs = len(reference) - agreeing
+        parts = [f"{agreeing} pair(s) within msprobe's thresholds", f"the clean step(s)' {clean_pairs} pair(s)"]
+        made_of = " and ".join(part for part, count in zip(parts, (agreeing, clean_pairs)) if count)
+        medians = ", ".join(f"{name} {value:.3g}" for name, value in typical.items())
+        how = (
+            f"out of the layer floor ({FLOOR_FACTOR:g}x each module's largest error in {made_of}, and at least "
+            f"{FLOOR_FACTOR:g}x the median module's: {medians})"
+        )
+    disagreeing = [p for p, o in zip(flagged, outs) if o]
+    noise = [p for p, o in zip(flagged, outs) if not o]
+    out = [o for o in outs if o]
+    shared = set.intersection(*out) if out else set()
+    common = next((m["module"] for m in disagreeing[0]["modules"] if m["module"] in shared), None) if out else None
+    depth = modules = None
+    if common is not None and disagreeing:
+        names = [m["module"] for m in disagreeing[0]["modules"]]
+        depth, modules = names.index(common), len(names)
+    return LayerView(
+        pairs=len(pairs),
+        disagreeing=[p["label"] for p in disagreeing],
+        within_floor=[p["label"] for p in noise],
+        first_common=common,
+        depth=depth,
+        modules=modules or 0,
+        how=how,
+        reference=[p["label"] for p in reference],
+    )
+
+
+def _out_of_layer_floor(module: dict[str, Any], floor: dict[str, dict[str, float]], typical: dict[str, float]) -> bool:
+    # one of its errors above FLOOR_FACTOR times the module's own floor and the typical module's (a floor of 0: no
+    # rounding there), and above the rounding any float32 computation leaves, relative to the module's outputs
+    for name, (error, relative) in _errors(module).items():
+        if relative is not None and relative < LAYER_RESOLUTION:
+            continue
+        limit = FLOOR_FACTOR * max(floor.get(name, {}).get(module["module"], 0.0), typical.get(name, 0.0))
+        if error > limit:
+            return True
+    return False

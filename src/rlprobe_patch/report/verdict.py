@@ -7,8 +7,10 @@
   mismatch (its ceiling, the mean of max(p_train, p_rollout), below 0.01: a random or untrained model), it
   is uninformative there: the step is graded on its log-probs instead, by NeMo-RL's token multiplicative
   error, mean exp(|dlogp|), against the gate NeMo-RL asserts (`TME_GATE`), and the verdict says so.
-- msprobe's layer compare, where given: a pair with a module out of msprobe's thresholds is a mismatch,
-  named by the first module that diverges in every disagreeing pair.
+- msprobe's layer compare, where given: a pair with a module out of the layer floor is a mismatch, named by the
+  first module that leaves it in every disagreeing pair. The diagnosis reads the compare against its floor (the
+  pairs msprobe finds within its thresholds and the clean steps' pairs, module by module: in bfloat16 msprobe's
+  absolute thresholds flag every pair, the clean run's too); without the diagnosis, msprobe's thresholds decide.
 
 A threshold option (`--max-prob-diff-mean` ...) decides the exit code instead; the verdict is still shown.
 """
@@ -119,9 +121,14 @@ def verdict(report: dict[str, Any], grades: list[dict[str, Any]] | None = None) 
     view = (report.get("diagnosis") or {}).get("layers")
     if view:  # the diagnosis read the compare against its own floor: msprobe's flags on float rounding are noise
         disagreeing, pairs = len(view["disagreeing"]), view["pairs"]
-        noise = (
-            f" ({len(view['within_floor'])} flagged by msprobe within the layer floor)" if view["within_floor"] else ""
-        )
+        flagged = set((layers or {}).get("disagreeing_pairs", []))
+        clean = [label for label in view.get("reference", []) if label in flagged]
+        said = []
+        if view["within_floor"]:
+            said.append(f"{len(view['within_floor'])} flagged by msprobe within the layer floor")
+        if clean:  # in bfloat16 msprobe's absolute thresholds flag the clean run's pairs too: they are the floor
+            said.append(f"{len(clean)} of them the clean step(s)' pairs, the floor itself")
+        noise = f" ({'; '.join(said)})" if said else ""
         if disagreeing:
             states.append("fail")
             reasons.append(
