@@ -25,10 +25,10 @@ from click.testing import CliRunner, Result
 from runtime import venvs
 
 from rlprobe_patch import matrix
+from rlprobe_patch.base.fsio import sha256
 from rlprobe_patch.catalogue.releases import PACKAGE_FILES, patches_dir, releases
 from rlprobe_patch.cli import main
 from rlprobe_patch.codemod import Payload
-from rlprobe_patch.fsio import sha256
 from rlprobe_patch.launch.hydra_compose import Arg
 
 # Helper modules beside this file whose asserts pytest explains as it does a test's.

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from rlprobe_patch.base.errors import PatchError, RefusedError
+from rlprobe_patch.base.fsio import atomic_write, sha256
 from rlprobe_patch.catalogue.patches import Patch, load_catalogue
 from rlprobe_patch.catalogue.releases import patches_dir, releases
 from rlprobe_patch.catalogue.trees import find_tree
-from rlprobe_patch.errors import PatchError, RefusedError
-from rlprobe_patch.fsio import atomic_write, sha256
 from rlprobe_patch.record.folder import RECORD_FOLDER_NAME
 
 APPLIED, REFUSED, NATIVE, FAILING = "applied", "refused-by-design", "native", "failing"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import cli, cli_json, snapshot
 
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import sha256
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import sha256
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 

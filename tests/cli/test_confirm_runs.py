@@ -16,8 +16,8 @@ import pytest
 from conftest import WORKFLOW_SCRIPTS, cli
 from printed import printed_commands
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.report.confirm import confirm_lines, sampling_of
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from conftest import cli_json
 
-from rlprobe_patch.diffs import unified_diff
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import sha256
-from rlprobe_patch.gitsafe import run_git
+from rlprobe_patch.base.diffs import unified_diff
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import sha256
+from rlprobe_patch.base.gitsafe import run_git
 from rlprobe_patch.record.folder import RecordFolder
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import WORKFLOW_SCRIPTS, cli, cli_json
 from printed import definitions, printed_commands, printed_other
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.report.capture_format import FORMAT, read_capture, write_capture
 from rlprobe_patch.report.layers import read_compare_csv
 

@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 from script_oracle import SHARED
 
+from rlprobe_patch.base.errors import PatchError
 from rlprobe_patch.cli import main
-from rlprobe_patch.errors import PatchError
 from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.workflow.config import build_config
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import CONFIGS, FIXTURES, cli
 from script_oracle import SHARED
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.workflow.detect import detect_script
 

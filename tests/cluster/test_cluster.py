@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from conftest import FIXTURES, SLIME_MODEL, changed_catalogue, snapshot
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import get_patch
 from rlprobe_patch.catalogue.releases import CATALOGUE_ENV
-from rlprobe_patch.errors import ExitCode
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'rlprobe-patch[ray]' (in the test extra)")
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -19,9 +19,9 @@ from conftest import SLIME_MODEL, cli, cli_json, snapshot
 from script_oracle import SHARED
 
 from rlprobe_patch import matrix
+from rlprobe_patch.base.errors import ExitCode, NotATreeError
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.catalogue.trees import find_tree
-from rlprobe_patch.errors import ExitCode, NotATreeError
 
 pytestmark = pytest.mark.skipif(
     not (SHARED / "upstream" / "slime").is_dir(), reason="../shared/upstream/slime is not beside the repository"

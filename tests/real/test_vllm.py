@@ -18,9 +18,9 @@ from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, package_wheel, snapshot
 from packaging.version import Version
 
 from rlprobe_patch import matrix
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import get_patch, load_catalogue
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import ExitCode
 
 VLLM = releases("vllm")
 MODEL_RUNNER = get_patch("vllm.model-runner")

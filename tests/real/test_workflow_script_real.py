@@ -16,7 +16,7 @@ from conftest import CONFIG_FILES, CONFIGS, cli, cli_json, msprobe_configs
 from omegaconf import OmegaConf
 from script_oracle import SHARED, compose_config, run_in_checkout
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
 
 TRAINING = str(

@@ -20,7 +20,7 @@ from conftest import TESTS, cli_json
 from script_oracle import SHARED
 
 from rlprobe_patch import matrix
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
 
 pytestmark = pytest.mark.skipif(

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.patches import patches_dir
 from rlprobe_patch.codemod import Payload
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.capture_format import read_capture
 
 PAYLOAD = patches_dir() / "verl.logprob-capture" / "payload.py"

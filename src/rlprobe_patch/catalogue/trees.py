@@ -13,8 +13,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from rlprobe_patch.base.errors import NotATreeError
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import NotATreeError
 
 BACKENDS = ("fsdp", "fsdp2", "megatron")
 WORKER_IMPLS = ("auto", "engine", "legacy")  # which verl worker path apply hooks (core.rules.resolve_worker_impl)

@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.trees import ROOT_OPTIONS
 from rlprobe_patch.cli.options import apply_options, lock_timeout_option, read_options, reader_options, tree_options
 from rlprobe_patch.cli.output import Out, command, parse_ids, print_notices, print_tree
 from rlprobe_patch.core.roots import Roots
-from rlprobe_patch.errors import ExitCode
 
 
 @click.command("apply")
@@ -45,10 +45,10 @@ def apply_cmd(
     **reader: Any,
 ) -> int:
     """Patch verl (engine of BACKEND, or a mode's set), SGLang and vLLM-Ascend; each change a revertible diff."""
+    from rlprobe_patch.base.diffs import diffstat
     from rlprobe_patch.core.apply import apply
     from rlprobe_patch.core.plan import Plan, plan_apply, raise_if_refused
     from rlprobe_patch.core.selection import select_trees, wants_trainer
-    from rlprobe_patch.diffs import diffstat
     from rlprobe_patch.launch.script import read_run_facts
 
     only_ids, skip_ids = parse_ids(only), parse_ids(skip)

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, RefusedError, UsageError
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
 from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs, judge_compare, require_msprobe
 from rlprobe_patch.workflow.slime_dumps import check_slime_debug, debug_files
 

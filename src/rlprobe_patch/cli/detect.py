@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli.options import cwd_option, python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.workflow.derive import framework_of, verl_tree_of
 from rlprobe_patch.workflow.detect import detect_script, found_trees, refusal_hint
 

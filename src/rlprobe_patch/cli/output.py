@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, PatchError, RefusedError
 from rlprobe_patch.cli.paths import check_path_options, os_error
-from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 
 if TYPE_CHECKING:
     from rlprobe_patch.catalogue.trees import Tree

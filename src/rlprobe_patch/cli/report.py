@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command, require
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode
 
 
 class _Progress:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, RefusedError
 from rlprobe_patch.cli.options import lock_timeout_option, tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone
 from rlprobe_patch.core.roots import Roots
-from rlprobe_patch.errors import ExitCode, RefusedError
 
 
 @click.command("revert")

@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, RefusedError, UsageError
 from rlprobe_patch.cli.options import cwd_option, python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
 from rlprobe_patch.workflow.config import SIDES, config_beside, write_side_config
 from rlprobe_patch.workflow.derive import (
     ScriptCheck,

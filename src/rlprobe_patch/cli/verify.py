@@ -7,12 +7,12 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.trees import BACKENDS, PATCH_MODES
 from rlprobe_patch.cli.options import read_options, reader_options, tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone, print_tree
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.core.roots import Roots
-from rlprobe_patch.errors import ExitCode
 
 
 @click.command("verify")

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlprobe_patch import __version__
+from rlprobe_patch.base.diffs import provenance_header
+from rlprobe_patch.base.fsio import digest
 from rlprobe_patch.catalogue.trees import Tree
 from rlprobe_patch.codemod import State
 from rlprobe_patch.core.plan import Plan, plan_apply, raise_if_refused, show_params
 from rlprobe_patch.core.selection import Selection
-from rlprobe_patch.diffs import provenance_header
-from rlprobe_patch.fsio import digest
 from rlprobe_patch.record.folder import FileRecord, Journal, JournalFile, PatchRef, Record, RecordFolder
 from rlprobe_patch.record.transaction import recover, run_journal, write_phase
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlprobe_patch.base.diffs import unified_diff
+from rlprobe_patch.base.errors import RefusedError, RevertBlockedError
+from rlprobe_patch.base.fsio import digest, read_or_none
 from rlprobe_patch.catalogue.trees import Tree
-from rlprobe_patch.diffs import unified_diff
-from rlprobe_patch.errors import RefusedError, RevertBlockedError
-from rlprobe_patch.fsio import digest, read_or_none
 from rlprobe_patch.record.folder import Journal, JournalFile, Ledger, Record, RecordFolder
 from rlprobe_patch.record.integrity import refuse_damaged
 from rlprobe_patch.record.reversal import plan_reversal

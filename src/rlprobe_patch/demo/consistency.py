@@ -33,9 +33,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import ExitCode, LockedError, PatchError, RefusedError
+from rlprobe_patch.base.fsio import locked
 from rlprobe_patch.catalogue.releases import releases_dir
-from rlprobe_patch.errors import ExitCode, LockedError, PatchError, RefusedError
-from rlprobe_patch.fsio import locked
 
 if sys.version_info >= (3, 11):
     import tomllib

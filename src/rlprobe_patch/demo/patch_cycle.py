@@ -18,12 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.diffs import diffstat
+from rlprobe_patch.base.fsio import sha256
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.core.apply import apply
 from rlprobe_patch.core.revert import revert
 from rlprobe_patch.core.verify import verify
-from rlprobe_patch.diffs import diffstat
-from rlprobe_patch.fsio import sha256
 from rlprobe_patch.record.folder import RECORD_FOLDER_NAME
 
 

@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.trees import Tree
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.launch import hydra_compose, slime_args
 from rlprobe_patch.launch.commands import Launch, launches
 from rlprobe_patch.launch.model import Override, RunPath, Script, Setting, YamlFile, arg_source

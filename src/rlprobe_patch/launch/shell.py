@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 
 MAX_BYTES = 2_000_000  # launch scripts are a few KiB; bigger files are not launch scripts
 MAX_DEPTH = 16  # nested `source`, functions and `bash other.sh`

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from gitdb import IStream, LooseObjectDB
 from gitdb.exc import BadObject
 
-from rlprobe_patch.errors import RefusedError, WriteFailedError
-from rlprobe_patch.fsio import atomic_write, create_new, dump_json, locked, remove_stale_temp_files, sha256
-from rlprobe_patch.gitsafe import config_entries, open_repository, run_git
+from rlprobe_patch.base.errors import RefusedError, WriteFailedError
+from rlprobe_patch.base.fsio import atomic_write, create_new, dump_json, locked, remove_stale_temp_files, sha256
+from rlprobe_patch.base.gitsafe import config_entries, open_repository, run_git
 from rlprobe_patch.record.registry import check_state_folder
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ and every hash in ledger.json must match the blob history.git holds.
 
 from __future__ import annotations
 
-from rlprobe_patch.diffs import diff_paths
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import sha256
+from rlprobe_patch.base.diffs import diff_paths
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import sha256
 from rlprobe_patch.record.folder import Record, RecordFolder
 
 

@@ -12,10 +12,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlprobe_patch.diffs import unified_diff
-from rlprobe_patch.errors import RevertBlockedError
-from rlprobe_patch.fsio import digest, read_or_none
-from rlprobe_patch.gitsafe import run_git
+from rlprobe_patch.base.diffs import unified_diff
+from rlprobe_patch.base.errors import RevertBlockedError
+from rlprobe_patch.base.fsio import digest, read_or_none
+from rlprobe_patch.base.gitsafe import run_git
 from rlprobe_patch.record.folder import Record, RecordFolder
 
 

@@ -16,8 +16,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from rlprobe_patch.errors import WriteFailedError
-from rlprobe_patch.fsio import (
+from rlprobe_patch.base.errors import WriteFailedError
+from rlprobe_patch.base.fsio import (
     atomic_write,
     checkpoint,
     digest,

@@ -29,7 +29,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.fsio import atomic_write
+from rlprobe_patch.base.fsio import atomic_write
 
 
 def _plain(value: Any) -> Any:

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import atomic_write
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import atomic_write
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
 from rlprobe_patch.report.diagnosis import Floor, choose_floor, diagnose
 from rlprobe_patch.report.identity import StepIdentity, check_step, index_records, weights_for_step

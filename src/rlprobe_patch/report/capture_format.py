@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 
 FORMAT = "rlprobe-logprobs"
 FORMAT_VERSION = 1

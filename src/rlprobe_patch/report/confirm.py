@@ -21,8 +21,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import PatchError
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import PatchError
 
 ROLLOUT = "actor_rollout_ref.rollout."
 

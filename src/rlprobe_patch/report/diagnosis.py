@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
 from rlprobe_patch.report.confirm import confirm_lines, sampling_of
 from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
 from rlprobe_patch.workflow.envprobe import run_python
 from rlprobe_patch.workflow.slime_dumps import _EVAL

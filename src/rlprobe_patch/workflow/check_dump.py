@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.workflow.envprobe import interpreter, last_json, msprobe_import, run_python
 
 _STEP = re.compile(r"^step_?(\d+)$")

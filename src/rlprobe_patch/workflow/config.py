@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.workflow.envprobe import interpreter, last_json, run_python
 from rlprobe_patch.workflow.pairing import GENERATE_STEPS, GENERATE_STEPS_WHY
 

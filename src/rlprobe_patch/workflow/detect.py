@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import PatchError
 from rlprobe_patch.catalogue.trees import find_verl_tree
-from rlprobe_patch.errors import PatchError
 from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.workflow.engines import vllm_engine

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rlprobe_patch.errors import InterpreterError
+from rlprobe_patch.base.errors import InterpreterError
 
 # import name -> distribution names that may carry it
 PACKAGES: dict[str, tuple[str, ...]] = {

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlprobe_patch.base.errors import PatchError, RefusedError
 from rlprobe_patch.catalogue.trees import find_verl_tree
-from rlprobe_patch.errors import PatchError, RefusedError
 from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.workflow.derive.base import (
     Change,

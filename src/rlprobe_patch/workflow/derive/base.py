@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 
 from packaging.version import InvalidVersion, Version
 
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import atomic_write
 from rlprobe_patch.catalogue.releases import patches_dir
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.launch.shell import Probe
 from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, read_config, rule_problems

@@ -25,8 +25,8 @@ from typing import Any
 
 from packaging.version import Version
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.launch.hydra_compose import ACTOR, FACT_KEYS, REF, ROLLOUT
 from rlprobe_patch.launch.model import Script, Setting, is_true
 from rlprobe_patch.workflow.derive.base import (

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import LockedError, RefusedError
+from rlprobe_patch.base.errors import LockedError, RefusedError
 
 
 def sha256(data: bytes) -> str:
