@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import functools
 import operator
 import os
 import re
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.interpreter import finds
 
 MAX_BYTES = 2_000_000  # launch scripts are a few KiB; bigger files are not launch scripts
 MAX_DEPTH = 16  # nested `source`, functions and `bash other.sh`
@@ -1145,7 +1145,6 @@ def _bash_verdict(path: Path) -> str | None:
 
 
 PROBE_VIA = "import probe answered by"
-_FIND_SPEC = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)"
 
 
 def _import_probe(name: str, args: list[str], python: str) -> bool | None:
@@ -1155,25 +1154,7 @@ def _import_probe(name: str, args: list[str], python: str) -> bool | None:
     m = re.fullmatch(r"\s*import\s+([A-Za-z_][\w.]*)\s*;?\s*", args[1])
     if not m:
         return None
-    return _finds(python, m.group(1).split(".")[0])
-
-
-@functools.cache
-def _finds(python: str, module: str) -> bool | None:
-    if python == sys.executable:
-        import importlib.util
-
-        try:
-            return importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            return None
-    import subprocess
-
-    try:
-        proc = subprocess.run([python, "-c", _FIND_SPEC, module], capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return {0: True, 1: False}.get(proc.returncode)
+    return finds(python, m.group(1).split(".")[0])
 
 
 def _opaque(text: str) -> str:

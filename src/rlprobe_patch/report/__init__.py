@@ -1,7 +1,7 @@
 """`rlprobe-patch report`: per-token train-vs-rollout log-probs joined with the layer compare.
 
-Above `workflow` (it reads slime's dumps through `workflow.slime_dumps`' finder and
-`workflow.envprobe`), below `matrix`, `demo` and `cli`:
+Beside `workflow` (neither imports the other: what both read, slime's dumps and msprobe's folders, is
+`dumps`), below `matrix`, `demo` and `cli`:
 
 - `capture_format.py`: the per-step capture file (`write_capture`, `read_capture`, `TokenBatch`);
 - `slime_logprobs.py`: slime's debug dumps joined by rollout position, else sample index;

@@ -19,6 +19,7 @@ import numpy as np
 
 from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.base.fsio import atomic_write
+from rlprobe_patch.dumps.msprobe import TENSORS
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
 from rlprobe_patch.report.diagnosis import Floor, choose_floor, diagnose
 from rlprobe_patch.report.identity import StepIdentity, check_step, index_records, weights_for_step
@@ -99,10 +100,6 @@ def read_evidence(inputs: Inputs) -> Evidence:
     return evidence
 
 
-# msprobe keeps each dump's tensors in this folder (also check-dump's actor views): torch files, never slime's
-MSPROBE_TENSORS = "dump_tensor_data"
-
-
 def classify(paths: list[Path]) -> Inputs:
     """Sort the paths given into captures, slime dumps and compare CSVs; refuse what is none of them. A file
     given twice (itself and in a folder given) is read once."""
@@ -110,7 +107,7 @@ def classify(paths: list[Path]) -> Inputs:
     for path in paths:
         if path.is_dir():
             found.captures += sorted(path.rglob(f"*{SUFFIX}"))
-            scanned = sorted(p for p in path.rglob("*.pt") if p.is_file() and MSPROBE_TENSORS not in p.parts)
+            scanned = sorted(p for p in path.rglob("*.pt") if p.is_file() and TENSORS not in p.parts)
             found.slime += scanned
             found.slime_found.update(p.resolve() for p in scanned)
             found.compares += compare_files([path])

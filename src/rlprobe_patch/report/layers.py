@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.dumps.msprobe import PAIR_FILE
 
 _BASIC = [
     "NPU Name",
@@ -207,10 +208,6 @@ def read_compare_csv(path: Path) -> PairCompare:
         if _rank(result) > _rank(entry["result"]):
             entry["result"] = result
         entry["diverges"] = entry["accuracy_fails"] or entry["result"] in ("warning", "error")
-    # imported here: check-dump's module brings the interpreter probe (logging, subprocess), which a report of
-    # captures alone does not need (10 ms of a report's start, issue 45)
-    from rlprobe_patch.workflow.check_dump import PAIR_FILE
-
     info_path = path.parent / PAIR_FILE
     problem = ""
     try:

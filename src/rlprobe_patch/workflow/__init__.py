@@ -7,9 +7,9 @@
     check_dump.py      the dump layout and the generate/actor pairs; msprobe's compare per pair
     slime_dumps.py     slime's own debug dumps, tied to the actor steps
     doctor.py          can the training interpreter run msprobe
-    envprobe.py        what that interpreter has installed (asked in a subprocess)
+    engines.py         which engine serves verl's vLLM rollout there, and whether it dumps
 
 The skill (`rl-msprobe`) does these steps with grep scripts and templates; here they read the
 training script as shell words and Hydra overrides (`launch/`), load the YAML files it names,
-and ask the training interpreter what is installed.
+and ask the training interpreter what is installed (`base.interpreter`). It does not import `report`.
 """

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.base.errors import PatchError
+from rlprobe_patch.base.interpreter import packages
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.workflow.engines import vllm_engine
-from rlprobe_patch.workflow.envprobe import packages
 from rlprobe_patch.workflow.pairing import SGLANG_PAIRING, same_value
 
 COLLECTION_MODES = ("training", "inference", "consistency")  # what `detect` tells apart

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlprobe_patch.base.errors import PatchError, RefusedError
+from rlprobe_patch.base.interpreter import packages
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.workflow.derive.base import (
@@ -34,7 +35,6 @@ from rlprobe_patch.workflow.derive.slime import Slime
 from rlprobe_patch.workflow.derive.verl import Verl
 from rlprobe_patch.workflow.detect import Detection, cwd_dependent, detect_script
 from rlprobe_patch.workflow.engines import COMMUNITY, vllm_engine
-from rlprobe_patch.workflow.envprobe import packages
 
 __all__ = [
     "FRAMEWORKS",
