@@ -23,9 +23,9 @@ import time
 import zipfile
 from pathlib import Path
 
+from rlprobe_patch.catalogue.wheels import fetch_wheel
 from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.launch.shell import read_shell
-from rlprobe_patch.matrix import fetch_wheel
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "upstream" / "verl-examples"
 

@@ -330,15 +330,15 @@ def test_slime_root_reaches_every_node(rc: RayCluster, monkeypatch: pytest.Monke
     """`--slime-root` is one of the tree options every command takes: each node gets it (it was dropped)."""
     from script_oracle import SHARED
 
-    from rlprobe_patch import matrix
+    from rlprobe_patch.catalogue import wheels
     from rlprobe_patch.catalogue.releases import releases
 
     monkeypatch.setenv("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
     version = releases("slime").tested[-1]
-    archive = matrix.fetch_release("slime", version)
+    archive = wheels.fetch_release("slime", version)
     rc.reset()
     for name in ("head", "b", "c"):
-        matrix.unpack_release(archive, rc.dirs[name] / "slime", "slime")
+        wheels.unpack_release(archive, rc.dirs[name] / "slime", "slime")
     code, doc = rc.cli("apply", "--slime-root", "$RLPROBE_NODE_DIR/slime", "--dry-run")
     assert code == ExitCode.OK, doc
     assert len(doc["nodes"]) == 3
