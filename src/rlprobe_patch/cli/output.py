@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rlprobe_patch.base.errors import ExitCode, PatchError, RefusedError
+from rlprobe_patch.base.errors import ExitCode, PatchError
 from rlprobe_patch.cli.paths import check_path_options, os_error
 
 if TYPE_CHECKING:
@@ -90,28 +90,6 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
         sys.exit(code)
 
     return wrapper
-
-
-# Modules a command needs that a broken install can lack (`pip install --no-deps`): the requirement to name.
-REQUIREMENTS = {"numpy": "numpy>=1.24", "matplotlib": "matplotlib>=3.7"}
-
-
-def require(module: str, what: str) -> None:
-    """Refuse at the start of `what` when `module` cannot be imported, naming the line that installs it here.
-
-    numpy is a dependency (and the `report` extra): the README's `pip install .` brings it, so this
-    is for an install without its dependencies, found before any work starts, not ten minutes in.
-    """
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        requirement = REQUIREMENTS.get(module, module)
-        raise RefusedError(
-            f"{what} needs {module}, which this Python cannot import ({sys.executable})",
-            hint=f"{sys.executable} -m pip install '{requirement}' (or pip install 'rlprobe-patch[report]')",
-        ) from None
 
 
 def parse_ids(text: str | None) -> tuple[str, ...]:

@@ -3,6 +3,7 @@
 Beside `workflow` (neither imports the other: what both read, slime's dumps and msprobe's folders, is
 `dumps`), below `matrix`, `demo` and `cli`:
 
+- `make.py`: the command as one call, `make_report(ReportRequest) -> Report` (what the CLI prints, its exit);
 - `capture_format.py`: the per-step capture file (`write_capture`, `read_capture`, `TokenBatch`);
 - `slime_logprobs.py`: slime's debug dumps joined by rollout position, else sample index;
 - `layers.py`: msprobe's compare CSVs, module by module in forward order;

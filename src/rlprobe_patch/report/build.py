@@ -21,7 +21,8 @@ from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.base.fsio import atomic_write
 from rlprobe_patch.dumps.msprobe import TENSORS
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
-from rlprobe_patch.report.diagnosis import Floor, choose_floor, diagnose
+from rlprobe_patch.report.confirm import ConsistencySettings
+from rlprobe_patch.report.diagnosis import Floor, diagnose
 from rlprobe_patch.report.identity import StepIdentity, check_step, index_records, weights_for_step
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import (
@@ -236,7 +237,7 @@ def read_inputs(
             progress(f"reading captures: {done} of {len(inputs.captures)}")
     notes: list[str] = []
     if inputs.slime:
-        # imported here: the slime reader brings the workflow's interpreter probe (subprocess and all),
+        # imported here: the slime reader brings the interpreter probe (subprocess and all),
         # which a report of captures alone does not need
         from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
 
@@ -403,14 +404,18 @@ def build(
     batches: list[TokenBatch],
     pairs: list[PairCompare],
     limits: dict[str, float | None],
-    floor: Floor | None = None,
+    floor: Floor,
     script: str | None = None,
     sampling: dict[str, Any] | None = None,
     evidence: Evidence | None = None,
     clip: tuple[float, float] | None = None,
+    *,
+    consistency: ConsistencySettings | None = None,
+    clip_source: str | None = None,
 ) -> dict[str, Any]:
-    """The report's document; `floor` (else none measured) is the noise floor the diagnosis judges against,
-    `evidence` the engine's records and the weight fingerprints, `clip` the run's PPO clip range."""
+    """The report's figures, diagnosis, thresholds and verdict; `floor` is the noise floor the diagnosis judges
+    against (`diagnosis.choose_floor`), `evidence` the engine's records and the weight fingerprints, `clip` the
+    run's PPO clip range (read from `clip_source`), `consistency` what a consistency script of `script` sets."""
     run = run_tokens(batches)
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
@@ -420,7 +425,6 @@ def build(
     }
     grades = grade_steps(report)
     if batches:
-        floor = floor or choose_floor(batches, [], None)
         # the verdict's step grades are in the batches' order (token_report keeps it)
         by_batch = {index: grade["state"] for index, grade in enumerate(grades)}
         identities = (evidence or Evidence()).identities(batches)
@@ -432,7 +436,17 @@ def build(
         # with the machine's number of cores
         with threadpool_limits(limits=1, user_api="blas"):
             report["diagnosis"] = diagnose(
-                batches, report["layers"], floor, script, sampling, identities, by_batch, clip, run.part_list()
+                batches,
+                report["layers"],
+                floor,
+                script,
+                sampling,
+                identities,
+                by_batch,
+                clip,
+                run.part_list(),
+                consistency=consistency,
+                clip_source=clip_source,
             )
     report["thresholds"] = check_thresholds(report, limits)
     report["verdict"] = verdict(report, grades)

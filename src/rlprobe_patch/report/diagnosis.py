@@ -41,7 +41,7 @@ import numpy as np
 
 from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
-from rlprobe_patch.report.confirm import confirm_lines, sampling_of
+from rlprobe_patch.report.confirm import ConsistencySettings, confirm_lines, sampling_of
 from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors
 from rlprobe_patch.report.metrics import Tokens, quantiles
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
@@ -781,13 +781,17 @@ def diagnose(
     guidance: dict[int, str] | None = None,
     clip: tuple[float, float] | None = None,
     parts: list[Tokens] | None = None,
+    *,
+    consistency: ConsistencySettings | None = None,
+    clip_source: str | None = None,
 ) -> dict[str, Any]:
     """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step).
 
     `sampling` is the run's rollout settings (`run_settings`), where its launch script was read: a step whose
     capture recorded its own (`TokenBatch.sampling`) is judged against those, and the engine's record beats
     both. `identities` (by the batch's index) hold each step's identity check; `guidance` each step's state by
-    verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range.
+    verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range (read
+    from `clip_source`). `consistency`: what a consistency script of `script` sets (`confirm.confirm_lines`).
     `parts`: each batch's valid tokens as the report took them out (`Tokens.part_list`), in the order of
     `batches`, read where no row is left out (else taken out here)."""
     steps: list[dict[str, Any]] = []
@@ -858,16 +862,22 @@ def diagnose(
             best["unexplained"] = Cause("unexplained", 0.0, 0.0, "every step within the floor")
     ranked = _ranked(list(best.values()))
     for c in ranked:
-        c.confirm = confirm_lines(c.cause, script, sampling_of(steps, c.cause))
+        c.confirm = confirm_lines(c.cause, script, consistency, sampling_of(steps, c.cause))
     return {
         "floor": asdict(floor),
         "layers": asdict(view) if view is not None else None,
         "sampling": sampling,
-        "clip": {"low": clip[0], "high": clip[1]} if clip is not None else None,
+        "clip": _clip_json(clip, clip_source),
         "causes": [_plain(c) for c in ranked],
         "top": ranked[0].cause if ranked else None,
         "steps": steps,
     }
+
+
+def _clip_json(clip: tuple[float, float] | None, source: str | None) -> dict[str, Any] | None:
+    if clip is None:
+        return None
+    return {"low": clip[0], "high": clip[1], **({"source": source} if source is not None else {})}
 
 
 def _identity_json(identity: StepIdentity | None) -> dict[str, Any] | None:

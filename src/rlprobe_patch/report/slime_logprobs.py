@@ -1,6 +1,6 @@
 """Per-sample log-probs from slime's debug dumps: the rollout's against training's, sample by sample.
 
-The files are the ones `check-dump --slime-debug` reads (`workflow.slime_dumps`: found the same
+The files are the ones `check-dump --slime-debug` reads (`dumps.slime`: read by one probe, found the same
 way, read with torch `weights_only=True` in `--python`):
 
 - the rollout dump: `samples` in rollout order (a sample's position in that list is its rollout

@@ -13,6 +13,7 @@ reader of its launch in `launch/`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rlprobe_patch.base.errors import PatchError, RefusedError
 from rlprobe_patch.base.interpreter import packages
@@ -47,6 +48,7 @@ __all__ = [
     "capture_run",
     "check_script",
     "checked_requirements",
+    "consistency_settings",
     "default_output",
     "derive",
     "framework_of",
@@ -227,3 +229,16 @@ def derive(
                 "--python, or pass --env to set what it decides)"
             )
     return detection, req, root
+
+
+def consistency_settings(script: str, keys: frozenset[str]) -> tuple[frozenset[str], dict[str, Any]] | None:
+    """What a plain consistency collection script of `script` sets (the keys of its settings), and the values
+    `script` runs with for `keys`, read as `rlprobe-patch script SCRIPT --mode consistency` reads it; None where
+    no consistency script can be derived from it (the report's confirming runs: `report.confirm`)."""
+    try:
+        detection, req, _ = derive(Path(script), mode="consistency")
+    except PatchError:
+        return None
+    if req.refusals or req.blocked:
+        return None
+    return frozenset(r.key for r in req.settings), {k: detection.script.value(k) for k in keys}
