@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rlprobe_patch.catalogue.trees import Tree
     from rlprobe_patch.core.plan import PatchPlan
     from rlprobe_patch.core.roots import Roots
+    from rlprobe_patch.core.skill_checks import SkillReport
 
 
 class Out:
@@ -118,19 +119,12 @@ def print_notices(out: Out, plans: list[PatchPlan]) -> None:
             out.line(f"WARNING ({p.patch.id}): {warning}", fg="red", bold=True)
 
 
-def skill_report(ok: bool, lines: list[str], as_json: bool) -> None:
-    """Print a skill checker's lines as the skill does, or as one JSON document; exit 0 PASS, 1 FAIL."""
-    code = 0 if ok else 1
+def skill_report(report: SkillReport, as_json: bool) -> None:
+    """Print a skill checker's report as the skill does, or as one JSON document; exit 0 PASS, 1 FAIL."""
+    document = report.to_json()
     if as_json:
-        checks: list[dict[str, Any]] = []
-        for line in lines:
-            word, sep, rest = line.partition(": ")
-            if sep and word in ("PASS", "FAIL", "INFO"):
-                checks.append({"status": word, "subject": rest, "errors": []})
-            elif line.startswith("  - ") and checks:
-                checks[-1]["errors"].append(line[4:])
-        click.echo(json.dumps({"ok": ok, "exit_code": code, "checks": checks, "lines": lines}, indent=2))
+        click.echo(json.dumps(document, indent=2))
     else:
-        for line in lines:
+        for line in document["lines"]:
             click.echo(line)
-    sys.exit(code)
+    sys.exit(document["exit_code"])
