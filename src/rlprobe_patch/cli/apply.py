@@ -65,7 +65,7 @@ def apply_cmd(
         lock_timeout,
     )
     reading = read_options(dict(reader))
-    read_facts = (lambda tree: read_run_facts(script, tree, **reading)) if script is not None else None
+    read_facts = (lambda tree: read_run_facts(script, tree, reading)) if script is not None else None
     applied = apply_many(roots, request, read_facts, out.progress)
     out.emit(applied.to_json())
     for note in applied.notes:

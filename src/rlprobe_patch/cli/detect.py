@@ -59,9 +59,8 @@ def detect_cmd(
     """Collection mode, training and rollout backends of SCRIPT, with the source of each value (exit 3 when
     neither backend is known)."""
 
-    reader = read_options(opts)
     root, release = verl_tree_of(verl_root, python)
-    d = detect_script(script, hint, verl_root=root, release=release, cwd=cwd, python=python, **reader)
+    d = detect_script(script, hint, read_options(opts, verl_root=root, release=release, cwd=cwd, python=python))
     trees = None if no_trees or verl_root is not None else found_trees(python)
     s = d.script
     # nothing to collect from: neither backend is known (no verl launch read, or Hydra refused it)

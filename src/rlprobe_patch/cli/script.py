@@ -14,14 +14,16 @@ from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.workflow.config import SIDES, config_beside, write_side_config
 from rlprobe_patch.workflow.derive import (
-    ScriptCheck,
+    CollectOptions,
     capture_output,
     capture_run,
+    check_given_configs,
     check_script,
     checked_requirements,
     default_output,
     derive,
-    framework_of,
+    refuse_blocked,
+    refuse_underivable,
     render_script,
     write_script,
 )
@@ -66,31 +68,26 @@ def _script_options(fn: Any) -> Any:
 
 def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
     """(detection, requirements, verl root) of SCRIPT under the options `_script_options` define."""
-
-    reader = read_options(opts)
-    stages = tuple(s.strip() for s in opts["stages"].split(",") if s.strip()) if opts["stages"] else ()
-    return derive(
-        script,
-        mode=opts["mode"],
-        hint=opts["hint"],
-        verl_root=opts["verl_root"],
-        python=opts["python"],
-        args=reader["args"],
-        env=reader["env"],
-        sets=tuple(opts.get("sets", ())),
+    reader = read_options(
+        opts, verl_root=opts["verl_root"], extra=tuple(opts.get("sets", ())), cwd=opts["cwd"], python=opts["python"]
+    )
+    collect = CollectOptions(
         train_backend=opts["train_backend"],
         rollout_backend=opts["rollout_backend"],
         n_gpus=opts["n_gpus"],
-        configs={
-            side: opts[f"{side}_config"] for side in ("actor", "generate", "training") if opts.get(f"{side}_config")
-        },
-        stages=stages,
+        configs=_configs(opts),
+        stages=tuple(s.strip() for s in opts["stages"].split(",") if s.strip()) if opts["stages"] else (),
         save_path=opts["save_path"],
         sglang_version=opts["sglang_version"],
         vllm_ascend_version=opts["vllm_ascend_version"],
         vllm_version=opts["vllm_version"],
-        cwd=opts["cwd"],
     )
+    return derive(script, opts["mode"], reader, collect, opts["hint"])
+
+
+def _configs(opts: dict[str, Any]) -> dict[str, str]:
+    """The msprobe configs given, by side."""
+    return {side: opts[f"{side}_config"] for side in ("actor", "generate", "training") if opts.get(f"{side}_config")}
 
 
 # The options of `_script_options` that say how the script is read (not what to collect): `script`'s
@@ -164,26 +161,16 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
             raise UsageError(f"--set {item!r}: expected a Hydra override KEY=VALUE")
 
     carried = _reader_flags(opts)  # before _derive takes --arg / --env out of opts
-    _given_configs_exist(opts)
+    check_given_configs(_configs(opts), opts["cwd"])
     detection, req, verl_root = _derive(original, dict(opts))
-    _refuse_blocked(original, req)
+    refuse_blocked(original, req)
     output = output or default_output(original, req.mode)
     # the msprobe configs neither given nor named by the script: written beside the collection script
     missing = [side for side in SIDES[req.mode] if side not in req.configs]
     if missing:
         opts.update({f"{side}_config": str(config_beside(output, side)) for side in missing})
         detection, req, verl_root = _derive(original, dict(opts))
-    if req.refusals:
-        fixes = [f for f in dict.fromkeys(req.fixes) if f.startswith("--set")]
-        others = [f for f in req.fixes if not f.startswith("--set")]
-        hint = "nothing was written"
-        if fixes:
-            given = set(opts.get("sets", ()))
-            sets = [word for fix in fixes for word in shlex.split(fix) if word != "--set" and word not in given]
-            rerun = [*_invocation(), *(word for item in sets for word in ("--set", item))]
-            instead = f" (or with {' / '.join(others)} instead of the --set options)" if others else ""
-            hint += f"; to collect with these values{instead}, run: {shlex.join(rerun)}"
-        raise RefusedError(f"{original}: cannot derive a {req.mode} collection script", details=req.refusals, hint=hint)
+    refuse_underivable(original, req, _invocation(), tuple(opts.get("sets", ())))
     text, changes = render_script(detection.script, req, original.name, composed=verl_root is not None)
     # check-script reads the derived script as this command read the original: same tree, environment, arguments
     next_command = ["rlprobe-patch", "check-script", str(output), "--mode", req.mode, *carried]
@@ -292,10 +279,9 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
     refuse its overrides)."""
 
     detection, req, _ = _derive(script, opts)
-    _refuse_blocked(script, req)
+    refuse_blocked(script, req)
     req = checked_requirements(detection.script, req)
     checks = check_script(detection.script, req)
-    _missing_dump_arg(detection.script, req, checks)
     ok = all(c.ok for c in checks)
     out.emit(
         {
@@ -316,39 +302,3 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
         )
     out.line("script OK" if ok else "script check FAILED", fg="green" if ok else "red", bold=True)
     return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
-
-
-def _given_configs_exist(opts: dict[str, Any]) -> None:
-    """Each msprobe config given must be there: the run's processes read it from the directory the script runs
-    in (--cwd, else this one), where a relative path is resolved."""
-    base = Path(opts["cwd"]) if opts.get("cwd") else Path.cwd()
-    for side in ("actor", "generate", "training"):
-        given = opts.get(f"{side}_config")
-        if given and not (base / given).is_file():
-            raise RefusedError(
-                f"--{side}-config {given}: no such file" + (f" (in {base})" if not Path(given).is_absolute() else ""),
-                hint=f"write it with rlprobe-patch config, or leave --{side}-config out: script then writes one beside "
-                "the collection script",
-            )
-
-
-def _refuse_blocked(script: Path, req: Any) -> None:
-    """A run no option can make collectable in this mode: refused (exit 3) before any rule is checked."""
-    if req.blocked:
-        raise RefusedError(
-            f"{script}: no {req.mode} collection is possible for this run",
-            details=[req.blocked],
-            hint="run the rollout on a backend msprobe dumps (vllm, sglang), or collect with --mode training",
-        )
-
-
-def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:
-
-    if req.mode in ("inference", "consistency") and not req.capture and "generate" not in req.configs:
-        if not (req.rollout_backend == "sglang" and any("ModelRunner" in n for n in req.notices)):
-            where = framework_of(script).dump_config_arg
-            checks.append(ScriptCheck("rollout dump config", False, f"no {where} argument in the script"))
-    if req.mode == "training" and "training" not in req.configs:
-        checks.append(
-            ScriptCheck("precision_debugger.config_path", False, "not set (global_tool_config.precision_debugger)")
-        )

@@ -56,7 +56,7 @@ def verify_cmd(
             selection if tree.package == "verl" else None,
             {t.package: t.root for t in trees if t is not tree},
             recheck=recheck,
-            run=(script, read_run_facts(script, tree, **reading)) if script and tree.package == "verl" else None,
+            run=(script, read_run_facts(script, tree, reading)) if script and tree.package == "verl" else None,
             trust_record=roots.trust_record,
         )
         for tree in trees

@@ -199,10 +199,10 @@ def run_settings(script: Path | None, python: str | None = None) -> RunSettings:
     if script is None:
         return RunSettings(None, clip, clip_source)
     # imported here: the script reader (bash and Hydra) only where a script is given
-    from rlprobe_patch.launch.script import read_script
+    from rlprobe_patch.launch.script import ReaderOptions, read_script
 
     try:
-        read = read_script(script, python=python)
+        read = read_script(script, ReaderOptions(python=python))
     except RefusedError as exc:
         return RunSettings(None, clip, clip_source, f"--replay-script {script}: not read ({exc.message})")
     values = {k: read.value(f"actor_rollout_ref.rollout.{k}") for k in SAMPLING_KEYS}
