@@ -265,11 +265,11 @@ def _write_apply(folder: RecordFolder, plan: Plan) -> tuple[Record | None, str]:
     before_tree, after_tree = {}, {}
     blobs: dict[str, str] = {}  # path -> blob of the planned content
     for rel, change in sorted(plan.files.items()):
-        blobs[rel] = "" if change.after is None else folder.store_blob(change.after)
+        blobs[rel] = "" if change.after is None else folder.history.store_blob(change.after)
         if not change.recorded:
             continue
         assert change.after is not None  # a record adds or patches files; it never removes one
-        before_blob = "" if change.before is None else folder.store_blob(change.before)
+        before_blob = "" if change.before is None else folder.history.store_blob(change.before)
         fr = FileRecord(rel, change.mode, digest(change.before), digest(change.after), before_blob, blobs[rel])
         files.append(fr)
         if change.before is not None:  # a file the patch adds is absent from the "before" commit
@@ -278,7 +278,7 @@ def _write_apply(folder: RecordFolder, plan: Plan) -> tuple[Record | None, str]:
     record: Record | None = None
     diff = ""
     branches: dict[str, str] = {}
-    head = previous_head = folder.branch_head(tree.package)
+    head = previous_head = folder.history.branch_head(tree.package)
     if files:
         params = {k: v for p in applied for k, v in p.params.items()}
         patch_list = [PatchRef(p.patch.id, p.patch.revision) for p in applied]
@@ -299,9 +299,11 @@ def _write_apply(folder: RecordFolder, plan: Plan) -> tuple[Record | None, str]:
         )
         diff = header + plan.record_diff()
         diff_rel = folder.write_diff(record_id, diff)
-        commit_before = folder.commit_files(before_tree, f"{tree.package} {tree.version}: before {record_id}", head)
+        commit_before = folder.history.commit_files(
+            before_tree, f"{tree.package} {tree.version}: before {record_id}", head
+        )
         message = f"rlprobe-patch {'upgrade' if replaced else 'apply'} {', '.join(p.id for p in patch_list)}"
-        head = folder.commit_files(after_tree, f"{message}\n\n{header}", commit_before)
+        head = folder.history.commit_files(after_tree, f"{message}\n\n{header}", commit_before)
         record = Record(
             id=record_id,
             package=tree.package,
@@ -333,7 +335,7 @@ def _write_apply(folder: RecordFolder, plan: Plan) -> tuple[Record | None, str]:
                 c.mode,
                 digest(c.after),
                 digest(c.current),
-                folder.store_blob(c.current) if c.current is not None else "",
+                folder.history.store_blob(c.current) if c.current is not None else "",
             )
             for rel, c in sorted(plan.writes.items())
         )

@@ -80,9 +80,9 @@ def revert(
             package_files = {path for r in live if r.package == package for path in r.paths}
             tree_files = {rel: (t.blob, t.mode) for rel, t in targets.items() if t.blob and rel in package_files}
             message = f"rlprobe-patch revert {', '.join(r.id for r in reverted if r.package == package)}"
-            branches[package] = folder.commit_files(tree_files, message, folder.branch_head(package))
+            branches[package] = folder.history.commit_files(tree_files, message, folder.history.branch_head(package))
         for s in superseded:  # dropped: its package is unregistered with the rest
-            head = folder.branch_head(s.record.package)
+            head = folder.history.branch_head(s.record.package)
             if head is not None:
                 branches.setdefault(s.record.package, head)
         files = tuple(

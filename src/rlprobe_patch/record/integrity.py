@@ -35,7 +35,7 @@ def hash_problems(folder: RecordFolder, record: Record) -> list[str]:
             if not want and not blob:
                 continue  # a file the patch added has no "before"
             try:
-                ok = sha256(folder.read_blob(blob)) == want
+                ok = sha256(folder.history.read_blob(blob)) == want
             except Exception:  # not a blob id, or absent from history.git
                 ok = False
             if not ok:
