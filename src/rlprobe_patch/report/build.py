@@ -29,7 +29,6 @@ from rlprobe_patch.report.metrics import (
     Profiles,
     Tokens,
     dlogp_histogram,
-    quantiles,
     tokens_debug_metrics,
     tokens_offpolicy_metrics,
     tokens_per_request,
@@ -326,7 +325,7 @@ def _distribution(run: Tokens) -> tuple[list[float], dict[str, Any]]:
     dlogp = run.abs_dlogp
     ends = np.cumsum([0] + [part.size for part in run.part_list()]).tolist()
     histogram = dlogp_histogram(dlogp, parts=[slice(a, b) for a, b in itertools.pairwise(ends)])
-    return (quantiles(dlogp, _LEVELS) if dlogp.size else []), histogram
+    return (np.quantile(dlogp, _LEVELS).tolist() if dlogp.size else []), histogram
 
 
 def _per_step(

@@ -43,7 +43,7 @@ from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
 from rlprobe_patch.report.confirm import ConsistencySettings, confirm_lines, sampling_of
 from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors
-from rlprobe_patch.report.metrics import Tokens, quantiles
+from rlprobe_patch.report.metrics import Tokens
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
 
 FLOOR_FACTOR = 4.0  # how far above the floor's spread a step or a token must be to leave it
@@ -146,7 +146,7 @@ def measure_floor(batches: list[TokenBatch], how: str) -> Floor:
     d = tokens.abs_dlogp
     dtype = _coarsest([d for b in batches for d in _dtypes(b.provenance)]) or "float32"
     token_res, mean_res = resolution(dtype, tokens.rollout)
-    mean, (p99,) = float(d.mean()), quantiles(d, (0.99,))
+    mean, p99 = float(d.mean()), float(np.quantile(d, 0.99))
     prefill = [b for b in batches if b.prefill is not None]
     split = None
     if prefill and len(prefill) == len(batches):
