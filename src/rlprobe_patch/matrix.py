@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.version import Version
@@ -55,13 +55,7 @@ class Cell:
     detail: str = ""
 
     def to_json(self) -> dict[str, str]:
-        return {
-            "patch": self.patch,
-            "package": self.package,
-            "release": self.release,
-            "outcome": self.outcome,
-            "detail": self.detail,
-        }
+        return asdict(self)
 
 
 def expected(patch: Patch, release: str) -> str:
@@ -100,7 +94,7 @@ def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[
     failure = ""
     if result.record is not None:
         checked = verify(tree)
-        bad = [f"{c.name}: {c.detail}" for c in checked.checks if not c.ok]
+        bad = [f"{c.check}: {c.detail}" for c in checked.checks if not c.ok]
         if bad:
             failure = "verify: " + "; ".join(bad)
         patched = snapshot(root)

@@ -22,7 +22,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +133,7 @@ class Package:
     distribution: str | None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "found": self.found,
-            "location": self.location,
-            "version": self.version,
-            "distribution": self.distribution,
-        }
+        return {key: value for key, value in asdict(self).items() if key != "name"}  # the name is its key
 
 
 def packages(python: str | None) -> tuple[dict[str, Package], dict[str, str]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
@@ -28,12 +28,7 @@ class Tree:
     version_source: str  # "version file", "dist-info", "fingerprint", "setup.py"
 
     def to_json(self) -> dict[str, str]:
-        return {
-            "package": self.package,
-            "root": str(self.root),
-            "version": str(self.version),
-            "version_source": self.version_source,
-        }
+        return {key: str(value) for key, value in asdict(self).items()}
 
 
 PACKAGES = ("verl", "sglang", "vllm_ascend", "vllm", "slime")

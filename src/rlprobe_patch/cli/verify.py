@@ -82,7 +82,7 @@ def verify_cmd(
         for c in r.checks:
             word = "WARN" if c.warning else ("PASS" if c.ok else "FAIL")
             out.line(
-                f"  {word}  {c.name}" + (f": {c.detail}" if c.detail and (c.warning or not c.ok) else ""),
+                f"  {word}  {c.check}" + (f": {c.detail}" if c.detail and (c.warning or not c.ok) else ""),
                 fg="yellow" if c.warning else (None if c.ok else "red"),
             )
     print_gone(out, roots)

@@ -133,7 +133,7 @@ def run_demo(
         verified = all(r.ok for r in results)
         for r in results:
             for check in r.checks:
-                say(f"    {'PASS' if check.ok else 'FAIL'}  {check.name}", fg=None if check.ok else "red")
+                say(f"    {'PASS' if check.ok else 'FAIL'}  {check.check}", fg=None if check.ok else "red")
         say(f"verify: {'all checks pass' if verified else 'FAILED'}", fg="green" if verified else "red")
         reverted = revert(tree.root, tree, progress=progress)
         after = snapshot(tree_root)

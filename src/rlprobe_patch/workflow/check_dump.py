@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +110,7 @@ class CompareVerdict:
         return f"{self.pairs} pair(s) compared by msprobe: {counts}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "pairs": self.pairs,
-            "agree": self.agree,
-            "disagree": self.disagree,
-            "unknown": self.unknown,
-        }
+        return {"ok": self.ok, **asdict(self)}
 
 
 @dataclass

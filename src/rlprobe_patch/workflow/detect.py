@@ -11,7 +11,7 @@ Hydra from the tree's config (or the release defaults in the catalogue, marked a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,7 @@ class Signal:
     where: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "decision": self.decision,
-            "value": self.value,
-            "points": self.points,
-            "evidence": self.evidence,
-            "where": self.where,
-        }
+        return asdict(self)
 
 
 @dataclass

@@ -27,7 +27,7 @@ index; the request id the actor logs must be the first id the rollout sent for t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ class SlimeDebugReport:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"files": self.files, "rollouts": self.rollouts, "problems": self.problems, "notes": self.notes}
+        return asdict(self)
 
 
 def debug_files(paths: list[Path]) -> list[Path]:

@@ -14,7 +14,7 @@ import datetime as dt
 import functools
 import importlib.util
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -123,14 +123,7 @@ class Change:
     old: Any = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "value": self.value,
-            "why": self.why,
-            "action": self.action,
-            "source": self.source,
-            "old": self.old,
-        }
+        return asdict(self)
 
 
 def default_output(original: Path, mode: str) -> Path:
@@ -159,7 +152,7 @@ class ScriptCheck:
     warning: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail, "warning": self.warning}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
