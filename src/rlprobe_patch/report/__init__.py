@@ -16,11 +16,13 @@ Beside `workflow` (neither imports the other: what both read, slime's dumps and 
   the diagnosis' step by step; `confirm.py`: the runs that would confirm one (the launch script with one
   setting changed, printed only where that differs from its consistency script);
 - `next_steps.py`: the commands printed next (`next:`), each as it runs, placeholders defined on the line;
-- `render.py`: report.html (SVG plots drawn from the aggregates, embedded) and the text summary;
-- `svgplot.py`: the token plots' small SVG charts (matplotlib draws the layer plot);
+- `summary.py`: the text the command prints, and the readings the page shares with it;
+- `page.py` with `templates/report.html`: report.html by a Jinja2 template with autoescape (every value escaped);
+- `plots.py`: the plots' inline SVG (`svgplot.py` the token plots' small charts, matplotlib the layer plot);
 - `write_outputs` (here): report.json and report.html, each whole or not at all.
 
-numpy is the `report` extra; it is imported when the command runs.
+numpy, matplotlib and Jinja2 are dependencies (the `report` extra is kept for old install lines); they are imported
+when the command runs, matplotlib only for a layer compare.
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ from rlprobe_patch.report.build import (
 from rlprobe_patch.report.confirm import ConsistencyOf, confirming_keys
 from rlprobe_patch.report.diagnosis import choose_floor
 from rlprobe_patch.report.next_steps import next_steps
-from rlprobe_patch.report.render import diagnosis_lines, plots, render_html, summary_lines
+from rlprobe_patch.report.page import render_html
+from rlprobe_patch.report.plots import plots
+from rlprobe_patch.report.summary import diagnosis_lines, summary_lines
 
 # a line the command prints, and its style (click.secho's keywords: fg, bold)
 Line = tuple[str, dict[str, Any]]
