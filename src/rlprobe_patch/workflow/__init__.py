@@ -2,6 +2,7 @@
 
     detect.py          the collection mode and backends of a training script, with their sources
     derive/            `script` / `check-script`: one adapter per training framework (verl, slime)
+    collection.py      `script`'s work: the collection script, its capture run and configs, derived and written
     config.py          msprobe config.json per mode and side, checked by msprobe itself
     pairing.py         what an SGLang or vLLM rollout needs for its prefills to pair by request id
     check_dump.py      the dump layout and the generate/actor pairs; msprobe's compare per pair
