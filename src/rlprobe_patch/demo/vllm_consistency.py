@@ -330,7 +330,7 @@ def run_vllm_demo(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     with ExitStack() as stack:  # both venvs held until the demo has reverted them
-        return _run(stack, plants, python, vllm_python, workdir, say, progress)
+        return _run(_prepare_chain(stack, plants, python, vllm_python, workdir, say, progress), plants)
 
 
 @dataclass
@@ -356,16 +356,8 @@ class _Chain:
         self.since = now
 
 
-def _run(
-    stack: ExitStack,
-    plants: tuple[str, ...],
-    python: str | None,
-    vllm_python: str | None,
-    workdir: Path | None,
-    say: Callable[..., None],
-    progress: Callable[[str], None],
-) -> dict[str, Any]:
-    chain = _prepare_chain(stack, plants, python, vllm_python, workdir, say, progress)
+def _run(chain: _Chain, plants: tuple[str, ...]) -> dict[str, Any]:
+    """The chain's phases, in order, and what it found."""
     sessions = _sessions(chain.runs, chain.model, chain.work)
     if "stale" in sessions:
         _stale_checkpoint(chain)
@@ -373,12 +365,10 @@ def _run(
     score, old, applied = _training_side(chain, plants)
     layer_runs = _layer_compares(chain)
     floor, floor_tokens = _noise_floor(chain, score, old)
-    results = {
-        plant: _plant_report(
-            chain, plant, "" if len(plants) == 1 else f"-{plant}", score, old, fingerprints, layer_runs, floor
-        )
-        for plant in plants
-    }
+    results = {}
+    for plant in plants:
+        suffix = "" if len(plants) == 1 else f"-{plant}"
+        results[plant] = _plant_report(chain, plant, suffix, score, old, fingerprints, layer_runs, floor)
     chain.lap("report")
     ok = _summary(chain, results, layer_runs)
     for layer in layer_runs.values():

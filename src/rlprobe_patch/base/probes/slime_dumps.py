@@ -10,27 +10,15 @@ import sys
 import torch
 
 
-def ints(value):
+def numbers(value, kind):
+    """A tensor's or a list's values as `kind` (int, float); None where they are not numbers."""
     if value is None:
         return None
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
         try:
-            return [int(v) for v in value]
-        except (TypeError, ValueError):
-            return None
-    return None
-
-
-def floats(value):
-    if value is None:
-        return None
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        try:
-            return [float(v) for v in value]
+            return [kind(v) for v in value]
         except (TypeError, ValueError):
             return None
     return None
@@ -63,35 +51,35 @@ def shards(value):
             out.append(
                 {
                     "dp_rank": plain(shard.get("dp_rank", rank)),
-                    "rollout_positions": ints(positions),
-                    "sample_indices": ints(shard.get("sample_indices")),
+                    "rollout_positions": numbers(positions, int),
+                    "sample_indices": numbers(shard.get("sample_indices"), int),
                 }
             )
         else:
-            out.append({"dp_rank": rank, "rollout_positions": ints(shard), "sample_indices": None})
+            out.append({"dp_rank": rank, "rollout_positions": numbers(shard, int), "sample_indices": None})
     return out
 
 
 def train_from_rollout_data(data, check, logprobs):
     rd = data["rollout_data"] if isinstance(data["rollout_data"], dict) else {}
     check["kind"] = "train"
-    check["sample_indices"] = ints(rd.get("sample_indices"))
-    check["rollout_positions"] = ints(rd.get("partition"))
+    check["sample_indices"] = numbers(rd.get("sample_indices"), int)
+    check["rollout_positions"] = numbers(rd.get("partition"), int)
     check["rollout_data_keys"] = sorted(str(k) for k in rd)
     if not isinstance(data["rollout_data"], dict):
         logprobs["error"] = f"its rollout_data holds a {type(data['rollout_data']).__name__}, not a dict"
         return
     logprobs["kind"], logprobs["format_version"] = "train", 1
-    positions = ints(rd.get("partition"))
-    for i, index in enumerate(ints(rd.get("sample_indices")) or []):
+    positions = numbers(rd.get("partition"), int)
+    for i, index in enumerate(numbers(rd.get("sample_indices"), int) or []):
         logprobs["samples"].append(
             {
                 "sample_index": index,
                 "rollout_position": at(positions, i) if positions else None,
-                "log_probs": floats(at(rd.get("log_probs"), i)),
-                "rollout_log_probs": floats(at(rd.get("rollout_log_probs"), i)),
+                "log_probs": numbers(at(rd.get("log_probs"), i), float),
+                "rollout_log_probs": numbers(at(rd.get("rollout_log_probs"), i), float),
                 "response_length": plain(at(rd.get("response_lengths"), i)),
-                "tokens": ints(at(rd.get("tokens"), i)),
+                "tokens": numbers(at(rd.get("tokens"), i), int),
             }
         )
 
@@ -108,10 +96,10 @@ def train_from_samples(data, check, logprobs):
             {
                 "sample_index": plain(s.get("sample_index", s.get("index"))),
                 "rollout_position": plain(s.get("rollout_position", s.get("partition"))),
-                "log_probs": floats(s.get("log_probs")),
-                "rollout_log_probs": floats(s.get("rollout_log_probs")),
+                "log_probs": numbers(s.get("log_probs"), float),
+                "rollout_log_probs": numbers(s.get("rollout_log_probs"), float),
                 "response_length": plain(s.get("response_length")),
-                "tokens": ints(s.get("tokens")),
+                "tokens": numbers(s.get("tokens"), int),
             }
         )
 
@@ -135,9 +123,9 @@ def rollout(data, check, logprobs):
             {
                 "sample_index": plain(s.get("index")),
                 "rollout_position": position,
-                "rollout_log_probs": floats(s.get("rollout_log_probs")),
+                "rollout_log_probs": numbers(s.get("rollout_log_probs"), float),
                 "response_length": plain(s.get("response_length")),
-                "tokens": ints(s.get("tokens")),
+                "tokens": numbers(s.get("tokens"), int),
                 "prompt": text(s.get("prompt")),
                 "request_id": str(ids[0]) if isinstance(ids, list) and ids else None,
             }
