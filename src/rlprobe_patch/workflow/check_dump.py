@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.base.interpreter import interpreter, last_json, last_line, msprobe_import, run_probe
 from rlprobe_patch.dumps.msprobe import PAIR_FILE
+from rlprobe_patch.workflow.slime_dumps import SlimeDebugReport, check_slime_debug, debug_files
 
 _STEP = re.compile(r"^step_?(\d+)$")
 _RANK = re.compile(r"^(?:rank_?(\d+)|proc(\d+))$")
@@ -655,3 +657,63 @@ def judge_compare(report: DumpReport, results: list[dict[str, Any]]) -> CompareV
             report.problems.append(f"msprobe: no verdict for {rid} ({result['output']}): {why}")
     report.compared = verdict
     return verdict
+
+
+@dataclass(frozen=True)
+class CheckDumpRequest:
+    """What `check-dump` checks: the actor's dump path, the generate side's, slime's debug dumps, and whether
+    msprobe compares each pair (into `compare_output`, in `python`)."""
+
+    actor: Path
+    generate: Path | None = None
+    slime_debug: tuple[Path, ...] = ()
+    compare: bool = False
+    compare_output: Path = Path("rlprobe_compare")
+    python: str | None = None
+
+
+@dataclass
+class CheckedDumps:
+    """`check-dump`'s result: the dump report (with msprobe's verdicts after a compare) and slime's debug dumps."""
+
+    report: DumpReport
+    slime: SlimeDebugReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.report.to_json()
+        if self.slime is not None:
+            data["slime_debug"] = {"files": self.slime.files, "rollouts": self.slime.rollouts}
+        return data
+
+
+def check_dump(request: CheckDumpRequest, progress: Callable[[str], None] = lambda _: None) -> CheckedDumps:
+    """The command as one call: the layout and the pairs, msprobe's compare of each pair where asked (refused
+    before anything is written where msprobe does not import in `request.python`), slime's debug dumps tied to
+    the actor's log."""
+    if request.compare:
+        output = request.compare_output
+        made = not output.exists()
+        output.mkdir(parents=True, exist_ok=True)  # msprobe writes there: refuse now, not per pair
+        try:
+            require_msprobe(request.python)  # before a pair.json is written: none left by a compare that cannot run
+        except RefusedError:
+            if made:
+                output.rmdir()
+            raise
+    report = check_dumps(request.actor, request.generate)
+    compared: list[dict[str, Any]] = []
+    if request.compare and report.pairs:
+        progress(f"msprobe compare on {len(report.pairs)} pair(s)")
+        compared = compare_pairs(report, request.compare_output, request.python)
+    if request.compare:
+        judge_compare(report, compared)
+    slime = None
+    if request.slime_debug:
+        slime = check_slime_debug(report.actor_log, debug_files(list(request.slime_debug)), request.python)
+        report.problems += slime.problems
+        report.notes += slime.notes
+    return CheckedDumps(report, slime)
