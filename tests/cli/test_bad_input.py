@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import cli, cli_json, snapshot
 
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import sha256
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import sha256
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 
@@ -84,6 +84,32 @@ def test_ledger_that_is_not_json(applied) -> None:
         assert "ledger.json is unreadable" in out["message"] and "edited by hand" in out["hint"]
     result = cli("revert", "--verl-root", root)
     assert result.exit_code == ExitCode.REFUSED and "error: " in result.stderr and "Traceback" not in result.stderr
+    assert everything(root) == before
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        (("files", "mode"), "420"),  # a mode as text: chmod would fail halfway (issue 44)
+        (("files", "path"), ["verl", "x.py"]),  # not a path
+        (("files", "before_blob"), None),
+        (("patches", "revision"), "one"),
+        (("files", "planted"), "by hand"),  # a key rlprobe-patch does not write
+    ],
+)
+def test_ledger_with_a_field_of_another_type_is_refused(applied, where: tuple[str, str], value: object) -> None:
+    """The ledger comes from a tree others can write: each field is checked against its type (and no unknown key
+    is taken) before anything is read or written; refused (exit 3) as unreadable, never an internal error."""
+    root, _, ledger = applied
+    entry = ledger["records"][0][where[0]][0]
+    entry[where[1]] = value
+    write_ledger(root, ledger)
+    before = everything(root)
+    for command in ("verify", "revert", "status"):
+        code, out = cli_json(command, "--verl-root", root)
+        assert code == ExitCode.REFUSED, (command, out)
+        assert "ledger.json is unreadable" in out["message"] and "edited by hand" in out["hint"]
+        assert where[1] in out["message"]  # the field named
     assert everything(root) == before
 
 

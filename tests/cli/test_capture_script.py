@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_json, msprobe_configs
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 
 def _capture_checks(script: Path) -> dict[str, dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import TESTS, cli, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 LOGS = TESTS / "data" / "check-dump-megatron-pp2-vpp2"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, TESTS, cli, cli_json, snapshot
 
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import locked
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import locked
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 MEGATRON = "verl/workers/engine/megatron/transformer_impl.py"

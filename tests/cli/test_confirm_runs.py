@@ -16,10 +16,11 @@ import pytest
 from conftest import WORKFLOW_SCRIPTS, cli
 from printed import printed_commands
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
-from rlprobe_patch.report.confirm import confirm_lines, sampling_of
+from rlprobe_patch.report.confirm import confirm_lines, confirming_keys, sampling_of
+from rlprobe_patch.workflow.derive import consistency_settings
 
 CAUSES = sorted({c.cause for c in releases("verl").confirms})
 
@@ -30,6 +31,13 @@ def _run(tmp_path: Path, extra: str = "") -> Path:
     if extra:
         script.write_text(script.read_text().replace("trainer.total_epochs=15", f"trainer.total_epochs=15 {extra}"))
     return script
+
+
+def _confirm(cause: str, script: str | None, sampling: dict | None = None) -> tuple[str, ...]:
+    """The lines the report prints: what a consistency script of `script` sets, asked of the workflow as the
+    report command asks it (`report.make.make_report`'s `consistency`)."""
+    plain = consistency_settings(script, confirming_keys()) if script else None
+    return confirm_lines(cause, script, plain, sampling)
 
 
 def _settings(path: Path) -> dict[str, object]:
@@ -50,7 +58,7 @@ def test_a_line_is_a_run_of_the_script_with_one_setting_changed(tmp_path: Path, 
     ran = 0
     seen: set[tuple[str, ...]] = set()
     for cause in CAUSES:
-        for line in confirm_lines(cause, script.name):
+        for line in _confirm(cause, script.name):
             command = shlex.split(line, comments=True)
             if tuple(command) in seen:  # one setting that confirms two causes (the rollout in float32): one run
                 continue
@@ -83,17 +91,18 @@ def test_a_line_is_a_run_of_the_script_with_one_setting_changed(tmp_path: Path, 
 def test_a_setting_the_run_has_is_no_line(
     tmp_path: Path, cause: str, sampling: dict | None, extra: str, keys: list[str]
 ) -> None:
-    lines = confirm_lines(cause, str(_run(tmp_path, extra)), sampling)
+    lines = _confirm(cause, str(_run(tmp_path, extra)), sampling)
     assert [shlex.split(line, comments=True)[6].split("=")[0].rsplit(".", 1)[-1] for line in lines] == keys
 
 
 def test_no_line_without_a_script_that_derives(tmp_path: Path) -> None:
     """No launch script: no run to name (the report's `next:` says to give one); a script `script` would refuse
     (its rollout unknown): no line either, since it would not run as printed."""
-    assert confirm_lines("logprob-kind", None) == ()
+    assert _confirm("logprob-kind", None) == ()
     bare = tmp_path / "bare.sh"
     bare.write_text("python3 -m verl.trainer.main_ppo trainer.total_epochs=1\n")
-    assert confirm_lines("logprob-kind", str(bare)) == ()
+    assert consistency_settings(str(bare), confirming_keys()) is None
+    assert _confirm("logprob-kind", str(bare)) == ()
     assert cli("script", bare, "--mode", "consistency", "--dry-run").exit_code == ExitCode.REFUSED
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, cli_json, snapshot
 
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import sha256
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import sha256
 
 TARGET = "verl/workers/engine/megatron/transformer_impl.py"
 DELAY = 0.03  # seconds slept at each write checkpoint, so that a random kill lands inside the write phase

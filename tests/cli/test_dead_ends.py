@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import CONFIGS, WORKFLOW_SCRIPTS
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli import main
-from rlprobe_patch.errors import ExitCode
 
 SCRIPT = "grpo_fsdp_vllm.sh"
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, cli, cli_json, snapshot
 
-from rlprobe_patch import fsio
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import sha256
+from rlprobe_patch.base import fsio
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import sha256
 
 MEGATRON = "verl/workers/engine/megatron/transformer_impl.py"
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"

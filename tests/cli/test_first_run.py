@@ -32,12 +32,13 @@ OPTIONAL = {"ray": "ray"}
 
 
 def third_party_imports() -> dict[str, set[str]]:
-    """Top-level module -> the engine files importing it (the drivers run in the demo's venvs: skipped)."""
+    """Top-level module -> the engine files importing it (the drivers run in the demo's venvs, the probes in the
+    training interpreter: skipped)."""
     # tomllib: the standard library's from 3.11; on 3.10 the `sys.version_info` gate imports tomli instead
     local = set(sys.stdlib_module_names) | {"rlprobe_patch", "__future__", "tomllib"}
     found: dict[str, set[str]] = {}
     for path in SRC.rglob("*.py"):
-        if "drivers" in path.relative_to(SRC).parts:
+        if {"drivers", "probes"} & set(path.relative_to(SRC).parts):
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):

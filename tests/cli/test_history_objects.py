@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from conftest import cli_json
 
-from rlprobe_patch.diffs import unified_diff
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import sha256
-from rlprobe_patch.gitsafe import run_git
+from rlprobe_patch.base.diffs import unified_diff
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import sha256
+from rlprobe_patch.base.gitsafe import run_git
 from rlprobe_patch.record.folder import RecordFolder
 
 
@@ -72,7 +72,7 @@ def test_git_reads_the_objects_we_write(fixture_tree) -> None:
     assert not list((history / "objects").glob("??/*"))
     state = RecordFolder(root)
     blob = second["files"][0]["after_blob"]
-    assert sha256(state.read_blob(blob)) == second["files"][0]["after"]
+    assert sha256(state.history.read_blob(blob)) == second["files"][0]["after"]
     assert cli_json("verify", "--verl-root", root)[0] == ExitCode.OK
     assert cli_json("revert", "--verl-root", root)[0] == ExitCode.OK
 
@@ -97,10 +97,10 @@ def test_a_damaged_loose_object_reads_as_an_io_error(fixture_tree, content: byte
     path.chmod(0o644)
     path.write_bytes(content)
     with pytest.raises(OSError) as raised:
-        RecordFolder(root).read_blob(blob)
+        RecordFolder(root).history.read_blob(blob)
     assert raised.value.errno == errno.EIO and blob in str(raised.value)
     with pytest.raises(ValueError, match="not a blob id"):
-        RecordFolder(root).read_blob("../" + blob[3:])
+        RecordFolder(root).history.read_blob("../" + blob[3:])
 
 
 def test_one_git_diff_gives_the_per_file_text(tmp_path: Path) -> None:

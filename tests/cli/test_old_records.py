@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, TESTS, cli, cli_json, snapshot
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import get_patch
-from rlprobe_patch.errors import ExitCode
 
 DATA = TESTS / "data"
 TREES = [f"verl-{family}-{backend}" for family in ("0.6", "0.8", "0.9") for backend in ("fsdp", "megatron")]

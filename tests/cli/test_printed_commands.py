@@ -16,7 +16,7 @@ import pytest
 from conftest import WORKFLOW_SCRIPTS, cli, msprobe_configs
 from printed import printed_commands
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 
 @pytest.mark.parametrize("mode", ["consistency", "inference", "training"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_json, registry
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 
 def test_state_folder_is_created_private(fixture_tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ import pytest
 from conftest import WORKFLOW_SCRIPTS, cli, cli_json
 from printed import definitions, printed_commands, printed_other
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.report.capture_format import FORMAT, read_capture, write_capture
 from rlprobe_patch.report.layers import read_compare_csv
 
@@ -473,3 +473,20 @@ def test_next_names_the_csv_to_read_not_a_command_that_fails(tmp_path: Path) -> 
     for command in printed_commands(result.output):
         used = {w.split("/")[0] for w in command if w.isupper() or w.split("/")[0].isupper()}
         assert used <= definitions(result.output), (command, definitions(result.output))
+
+
+def test_values_of_the_capture_are_escaped_on_the_page_and_plain_in_the_summary(tmp_path: Path) -> None:
+    """Request ids and prompts come from the run's capture (anyone's): the page's template escapes every value
+    on its way in (autoescape), so a request id that looks like markup is text on the page; the summary prints it
+    as it is."""
+    planted = "<img src=x onerror=alert(1)>&\"'"
+    mask = np.ones((2, 4), dtype=bool)
+    lp = np.log(np.full((2, 4), 0.5))
+    write_capture(tmp_path / "cap", step=1, request_ids=[planted, "plain"], prompt_lengths=[3, 3],
+                  responses=np.arange(8).reshape(2, 4), response_mask=mask, rollout_log_probs=lp - 0.1,
+                  old_log_probs=lp)  # fmt: skip
+    result = cli("report", tmp_path / "cap", "-o", tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert planted not in page and "<img" not in page
+    assert '<span title="&lt;img src=x onerror=alert(1)&gt;&amp;&quot;&#x27;">' in page
+    assert f" {planted} (step 1): max |dp|" in result.stdout

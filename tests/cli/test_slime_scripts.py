@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 from script_oracle import SHARED
 
+from rlprobe_patch.base.errors import PatchError
 from rlprobe_patch.cli import main
-from rlprobe_patch.errors import PatchError
-from rlprobe_patch.launch.script import read_script
+from rlprobe_patch.launch.script import ReaderOptions, read_script
 from rlprobe_patch.workflow.config import build_config
 
 UPSTREAM = SHARED / "upstream" / "slime"
@@ -140,7 +140,7 @@ def test_every_launch_script_of_the_four_releases_is_read(trees: dict[str, Path]
         read[release] = 0
         for script in scripts:
             try:
-                s = read_script(script, env=SCRIPT_ENV)
+                s = read_script(script, ReaderOptions(env=SCRIPT_ENV))
             except PatchError as exc:
                 refused.setdefault(release, []).append(f"{script.name}: {exc.message}")
                 continue
@@ -176,7 +176,7 @@ def test_facts_of_real_scripts(trees: dict[str, Path]) -> None:
     assert fully_async.fact("train_backend") == "fsdp"
     asyncs = [p for p in launch_scripts(trees["0.3.1"]) if "train_async.py" in p.read_text()]
     assert asyncs
-    assert read_script(asyncs[0], env=SCRIPT_ENV).fact("entry") == "train_async.py"
+    assert read_script(asyncs[0], ReaderOptions(env=SCRIPT_ENV)).fact("entry") == "train_async.py"
 
 
 def test_reader_reads_what_bash_runs(trees: dict[str, Path], tmp_path: Path) -> None:
@@ -186,7 +186,7 @@ def test_reader_reads_what_bash_runs(trees: dict[str, Path], tmp_path: Path) -> 
         calls = bash_oracle(script, tmp_path, SCRIPT_ENV)
         truth = bash_train_argv(calls)
         try:
-            s = read_script(script, env=SCRIPT_ENV)
+            s = read_script(script, ReaderOptions(env=SCRIPT_ENV))
         except PatchError:
             assert truth is None, script.name  # bash stops too (a sourced file is missing, under set -e)
             continue

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, cli_json
 from planted_code import evil_hooks, run_isolated, script
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 
 def test_config_from_system_and_global_files_is_not_read(fixture_tree, tmp_path: Path) -> None:
@@ -46,8 +46,8 @@ def test_config_from_system_and_global_files_is_not_read(fixture_tree, tmp_path:
 
 
 def test_lock_never_follows_a_symbolic_link(tmp_path: Path) -> None:
-    from rlprobe_patch.errors import RefusedError
-    from rlprobe_patch.fsio import locked
+    from rlprobe_patch.base.errors import RefusedError
+    from rlprobe_patch.base.fsio import locked
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, changed_catalogue, cli, cli_json, snapshot
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import get_patch, load_catalogue
 from rlprobe_patch.catalogue.releases import CATALOGUE_ENV
-from rlprobe_patch.errors import ExitCode
 
 PATCH = "verl.megatron-engine"
 OLD = get_patch(PATCH).revision  # the catalogue's revision, then the test catalogue's

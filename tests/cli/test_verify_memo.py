@@ -15,8 +15,8 @@ from pathlib import Path
 
 from conftest import cli_json
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import get_patch
-from rlprobe_patch.errors import ExitCode
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 HOOKS = "verl.fsdp-engine: hooks in place in " + FSDP

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import cli, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, build_config, rule_problems
 
 

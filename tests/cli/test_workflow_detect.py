@@ -11,7 +11,7 @@ import pytest
 from conftest import CONFIGS, FIXTURES, cli
 from script_oracle import SHARED
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.launch.script import read_script
 from rlprobe_patch.workflow.detect import detect_script
 
@@ -84,7 +84,7 @@ def test_ties_go_training_inference_consistency(tmp_path: Path) -> None:
     assert d.scores["inference"] == 8
     assert d.scores["consistency"] == 8 + 5  # used, and together with a dump config
     assert d.mode == "consistency"
-    d = detect_script(script, hint="inference")
+    d = detect_script(script, "inference")
     assert d.mode == "inference"  # +10 from the hint
 
     tie = tmp_path / "tie2.sh"  # training 8 (tool) against inference 6 + 2: training comes first

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 
 def test_missing_msprobe_fails_with_a_fix(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from conftest import CONFIG_FILES, CONFIGS, cli, cli_json, msprobe_configs
 from printed import printed_commands
 from script_oracle import SHARED
 
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import sha256
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import sha256
 from rlprobe_patch.launch.script import read_script
 
 CONSISTENCY_FSDP = {

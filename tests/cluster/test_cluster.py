@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from conftest import FIXTURES, SLIME_MODEL, changed_catalogue, snapshot
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import get_patch
 from rlprobe_patch.catalogue.releases import CATALOGUE_ENV
-from rlprobe_patch.errors import ExitCode
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'rlprobe-patch[ray]' (in the test extra)")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -330,15 +330,15 @@ def test_slime_root_reaches_every_node(rc: RayCluster, monkeypatch: pytest.Monke
     """`--slime-root` is one of the tree options every command takes: each node gets it (it was dropped)."""
     from script_oracle import SHARED
 
-    from rlprobe_patch import matrix
+    from rlprobe_patch.catalogue import wheels
     from rlprobe_patch.catalogue.releases import releases
 
     monkeypatch.setenv("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
     version = releases("slime").tested[-1]
-    archive = matrix.fetch_release("slime", version)
+    archive = wheels.fetch_release("slime", version)
     rc.reset()
     for name in ("head", "b", "c"):
-        matrix.unpack_release(archive, rc.dirs[name] / "slime", "slime")
+        wheels.unpack_release(archive, rc.dirs[name] / "slime", "slime")
     code, doc = rc.cli("apply", "--slime-root", "$RLPROBE_NODE_DIR/slime", "--dry-run")
     assert code == ExitCode.OK, doc
     assert len(doc["nodes"]) == 3

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from conftest import VLLM_ASCEND_MEMBERS, cli_json, package_wheel, snapshot, unpack, verl_wheel
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 # The exhaustive leg's (`-m exhaustive`, .ci/run): too long for the README's test command (issue 35).
 pytestmark = pytest.mark.exhaustive

@@ -21,7 +21,7 @@ import pytest
 from conftest import cli, cli_json
 from script_oracle import SHARED, run_in_checkout, verl_root
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 V061 = SHARED / "upstream/verl-examples/v0.6.1/examples"
 needs_corpus = pytest.mark.skipif(not V061.is_dir(), reason="../shared/upstream is not beside the repository")

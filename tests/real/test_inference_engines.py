@@ -16,9 +16,9 @@ import pytest
 from conftest import SGLANG_MEMBERS, cli, cli_json, package_wheel, snapshot, unpack
 from packaging.version import Version
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import get_patch
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import ExitCode
 
 # The releases come from the release data (patches/releases/sglang.toml, vllm-ascend.toml).
 SGLANG = releases("sglang")

@@ -15,7 +15,7 @@ from conftest import VERL_RELEASES, cli_json, snapshot, verl_wheel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 TARGETS = (
     "verl/workers/engine/fsdp/transformer_impl.py",

@@ -16,8 +16,8 @@ import pytest
 import unidiff
 from conftest import LEGACY_PATCHES, cli_json, snapshot
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import load_catalogue
-from rlprobe_patch.errors import ExitCode
 
 LEGACY_RELEASES = ("0.6.0", "0.6.1", "0.7.0", "0.7.1")
 

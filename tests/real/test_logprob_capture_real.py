@@ -24,9 +24,9 @@ from conftest import REFUSED_RELEASES, VERL_RELEASES, cli_json, hydra_args, snap
 from packaging.version import Version
 from script_oracle import verl_root
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import patches_dir
 from rlprobe_patch.codemod import Payload
-from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.launch.hydra_compose import compose_launch
 
 PATCH = "verl.logprob-capture"

@@ -13,7 +13,7 @@ import pytest
 from conftest import cli, cli_json
 
 from rlprobe_patch import matrix
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 SUBSET = ("--patch", "verl.megatron-engine", "--patch", "sglang.model-runner")
 RELEASES = ("--release", "0.4.1", "--release", "0.8.0", "--release", "0.5.8", "--release", "0.5.11")

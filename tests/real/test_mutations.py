@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_json, snapshot
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 MEGATRON = "verl/workers/engine/megatron/transformer_impl.py"

@@ -12,7 +12,7 @@ import pytest
 from conftest import cli, cli_json
 from printed import printed_commands
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 ONLY = "verl.logprob-capture,verl.request-id"
 

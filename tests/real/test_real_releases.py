@@ -14,8 +14,8 @@ import unidiff
 from conftest import REFUSED_RELEASES, VERL_RELEASES, cli, cli_json, snapshot
 from packaging.version import Version
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.patches import select
-from rlprobe_patch.errors import ExitCode
 
 ENGINE_FILE = {
     "fsdp": "verl/workers/engine/fsdp/transformer_impl.py",

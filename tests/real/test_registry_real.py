@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import cli, cli_json, registry, snapshot
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 
 @pytest.fixture

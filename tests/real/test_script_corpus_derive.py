@@ -34,8 +34,8 @@ from script_oracle import (
     verl_root,
 )
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli import main
-from rlprobe_patch.errors import ExitCode
 
 # The exhaustive leg's (`-m exhaustive`, .ci/run): too long for the README's test command (issue 35).
 pytestmark = [pytest.mark.exhaustive, pytest.mark.skipif(not EXAMPLES.is_dir(), reason="no ../shared/upstream")]

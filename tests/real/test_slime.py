@@ -19,9 +19,10 @@ from conftest import SLIME_MODEL, cli, cli_json, snapshot
 from script_oracle import SHARED
 
 from rlprobe_patch import matrix
+from rlprobe_patch.base.errors import ExitCode, NotATreeError
+from rlprobe_patch.catalogue import wheels
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.catalogue.trees import find_tree
-from rlprobe_patch.errors import ExitCode, NotATreeError
 
 pytestmark = pytest.mark.skipif(
     not (SHARED / "upstream" / "slime").is_dir(), reason="../shared/upstream/slime is not beside the repository"
@@ -35,7 +36,7 @@ def slime_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
 
     def make(version: str) -> Path:
-        return matrix.unpack_release(matrix.fetch_release("slime", version), tmp_path / f"slime-{version}", "slime")
+        return wheels.unpack_release(wheels.fetch_release("slime", version), tmp_path / f"slime-{version}", "slime")
 
     return make
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, cli_json, snapshot
 from planted_code import evil_hooks, run_isolated, script
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 
@@ -268,7 +268,7 @@ def spied_calls(log: Path) -> list[tuple[list[str], dict[str, str]]]:
 
 def test_every_git_call_is_isolated(real_tree, tmp_path: Path) -> None:
     """Every git process rlprobe-patch starts (our own and GitPython's) gets the isolated environment."""
-    from rlprobe_patch.gitsafe import ISOLATION_CONFIG, ISOLATION_ENV
+    from rlprobe_patch.base.gitsafe import ISOLATION_CONFIG, ISOLATION_ENV
 
     root = real_tree("0.9.1")
     bin_dir = tmp_path / "bin"

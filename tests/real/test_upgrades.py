@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from conftest import VLLM_ASCEND_MEMBERS, changed_catalogue, package_wheel, snapshot, unpack, verl_wheel
 
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.base.fsio import sha256
 from rlprobe_patch.catalogue.patches import get_patch, patches_dir
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.fsio import sha256
 
 ENGINE = "verl/workers/engine/fsdp/transformer_impl.py"
 PATCH = "verl.fsdp-engine"

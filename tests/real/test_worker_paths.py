@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import cli, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from conftest import CONFIG_FILES, CONFIGS, cli, cli_json, msprobe_configs
 from omegaconf import OmegaConf
 from script_oracle import SHARED, compose_config, run_in_checkout
 
-from rlprobe_patch.errors import ExitCode
-from rlprobe_patch.launch.script import read_script
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.launch.script import ReaderOptions, read_script
 
 TRAINING = str(
     CONFIG_FILES / "config_training.json"
@@ -52,7 +52,7 @@ def test_keys_missing_from_the_release_config_are_skipped(workflow_scripts: Path
     assert actions[dump_key] == "added"
     text = (workflow_scripts / "out.sh").read_text()
     assert "rollout_correction" not in text and f"++{dump_key}={CONFIGS[3]}" in text
-    derived = read_script(workflow_scripts / "out.sh", verl_root=root, release="0.6.0")
+    derived = read_script(workflow_scripts / "out.sh", ReaderOptions(verl_root=root, release="0.6.0"))
     assert derived.composed is not None and not derived.composed.errors  # Hydra composes what we wrote
     assert derived.value(dump_key) == CONFIGS[3]
 
@@ -71,7 +71,7 @@ def test_v061_example_on_a_091_tree_gets_its_dump_config_and_gpu_count(real_tree
     args = ("script", str(example), "--mode", "consistency", *configs, "--verl-root", str(root), "-o", str(out_path))
     code, out = cli_json(*args, "--n-gpus", "2")
     assert code == ExitCode.OK, out
-    derived = read_script(out_path, verl_root=root, release="0.9.1")
+    derived = read_script(out_path, ReaderOptions(verl_root=root, release="0.9.1"))
     assert derived.composed is not None and not derived.composed.errors
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.dump_config_path"
     assert derived.value(key) == configs[3]

@@ -37,7 +37,7 @@ import pytest
 from conftest import REPO, WORKFLOW_SCRIPTS, cli, cli_json, package_wheel, verl_wheel
 from printed import definitions, printed_commands, printed_other
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from runtime.shared_demo import ALL_PLANTS, shared_demo
 
 README = REPO / "README.md"

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import LEGACY_PATCHES, TESTS, cli_json, snapshot
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
 
 DRIVER = TESTS / "runtime" / "legacy_driver.py"

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from conftest import TESTS, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.report.capture_format import read_capture
 from runtime import venvs
 

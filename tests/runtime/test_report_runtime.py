@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import TESTS, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.report.metrics import debug_metrics, offpolicy_metrics
 from runtime import venvs
 

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from conftest import cli, cli_json, snapshot
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.report.capture_format import read_capture
 from rlprobe_patch.report.rollout_record import read_records
 from runtime import venvs

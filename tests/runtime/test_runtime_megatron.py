@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import TESTS, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
 
 DRIVER = TESTS / "runtime" / "megatron_driver.py"

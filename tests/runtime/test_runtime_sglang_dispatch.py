@@ -23,7 +23,7 @@ import pytest
 from conftest import SGLANG_MEMBERS, TESTS, cli_json, package_wheel, unpack
 from packaging.version import Version
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
 
 DRIVER = TESTS / "runtime" / "sglang_forward_driver.py"

@@ -19,8 +19,8 @@ import pytest
 from conftest import TESTS, cli_json
 from script_oracle import SHARED
 
-from rlprobe_patch import matrix
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.catalogue import wheels
 from runtime import venvs
 
 pytestmark = pytest.mark.skipif(
@@ -63,9 +63,9 @@ def test_slime_actor_dumps_one_step_per_micro_batch(
     megatron_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
     monkeypatch.setenv("RLPROBE_UPSTREAM", str(SHARED / "upstream"))
-    archive = matrix.fetch_release("slime", version)
-    original = matrix.unpack_release(archive, tmp_path / "original", "slime")
-    root = matrix.unpack_release(archive, tmp_path / "patched", "slime")
+    archive = wheels.fetch_release("slime", version)
+    original = wheels.unpack_release(archive, tmp_path / "original", "slime")
+    root = wheels.unpack_release(archive, tmp_path / "patched", "slime")
     code, out = cli_json("apply", "--slime-root", root)
     assert code == ExitCode.OK, out
 

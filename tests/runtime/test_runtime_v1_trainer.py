@@ -18,7 +18,7 @@ from pathlib import Path
 
 from conftest import TESTS, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
 
 DRIVER = TESTS / "runtime" / "transferqueue_driver.py"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import TESTS, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.report.rollout_record import read_records, record_files
 from rlprobe_patch.workflow.check_dump import strip_vllm_suffix
 from runtime import venvs

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import TESTS, cli, cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.workflow.check_dump import check_dumps, strip_vllm_suffix
 from runtime import venvs
 

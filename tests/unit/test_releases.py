@@ -150,6 +150,17 @@ def test_a_notice_above_a_run_fact() -> None:
     assert not notice.applies(release, {"actor_pp": True})  # a bool is not a size
 
 
+def test_the_capture_patches_are_the_packages_consistency_patches() -> None:
+    """`capture_patches` (the patches a log-prob capture run needs, named by the report's next steps and the capture
+    run's notice) are patches of that package, each in `apply --mode consistency`'s set, as the notice says."""
+    patches = {p.id: p for p in load_catalogue()}
+    named = {package: releases(package).capture_patches for package in PACKAGES}
+    assert named["verl"] and named["vllm"]
+    for package, ids in named.items():
+        for patch_id in ids:
+            assert patches[patch_id].package == package and "consistency" in patches[patch_id].modes, patch_id
+
+
 def test_src_keys_nothing_on_a_release_or_a_patch_id() -> None:
     """Release knowledge lives in the catalogue's data, so the next upstream release is a data
     edit: no release number of any package's data file is written in `src/` (code, messages,

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.report.build import Evidence, Inputs, build, read_evidence, run_settings
 from rlprobe_patch.report.capture_format import TokenBatch, read_capture
 from rlprobe_patch.report.diagnosis import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
 from rlprobe_patch.report.identity import (
     check_step,

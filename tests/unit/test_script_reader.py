@@ -17,7 +17,7 @@ import pytest
 from conftest import CONFIGS, cli
 from script_oracle import SHARED
 
-from rlprobe_patch.errors import ExitCode, RefusedError
+from rlprobe_patch.base.errors import ExitCode, RefusedError
 from rlprobe_patch.launch.commands import launches
 from rlprobe_patch.launch.shell import read_shell
 

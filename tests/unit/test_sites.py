@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.patches import get_patch
 from rlprobe_patch.catalogue.trees import Tree, find_tree
 from rlprobe_patch.codemod import CreateFile, Scope, State
 from rlprobe_patch.core.sites import Workspace, parse_target, scopes_of, site_present, site_state
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.record.folder import checked_key
 
 FSDP = "verl/workers/engine/fsdp/transformer_impl.py"

@@ -12,7 +12,7 @@ import pytest
 from conftest import cli_json, msprobe_configs
 from script_oracle import EXAMPLES
 
-from rlprobe_patch.errors import ExitCode
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.workflow.derive import shared_switches
 
 switches = shared_switches()

@@ -4,6 +4,7 @@
                  worker paths, fingerprints, defaults (no release number lives in code)
     patches.py   the catalogue: one folder per patch, discovered (`load_catalogue`, `select`)
     trees.py     finding a package tree and its version without running any of its code
+    wheels.py    a release's wheel (or archive) fetched into the shared download cache, and unpacked
 
 `releases` and `trees` do not import LibCST (the launch reader and the CLI's option lists use
 them); `patches` does, through `rlprobe_patch.codemod`.

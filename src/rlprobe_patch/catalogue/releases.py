@@ -54,6 +54,7 @@ KNOWN_KEYS = {
     "precision_debugger_stage",
     "mismatch_guidance",
     "diagnosis_confirm",
+    "capture_patches",
 }
 
 
@@ -195,6 +196,8 @@ class PackageReleases:
     guidance: MismatchGuidance | None = None
     # The runs that confirm a diagnosed cause (`[[diagnosis_confirm]]`), in the file's order.
     confirms: tuple[DiagnosisConfirm, ...] = ()
+    # The patches of this package a log-prob capture run needs applied (`capture_patches`): what `report` reads.
+    capture_patches: tuple[str, ...] = ()
 
     def stages_of(self, version: Version) -> tuple[ProfilerStage, ...]:
         """The precision_debugger stages `version` accepts."""
@@ -292,6 +295,7 @@ def _load(package: str) -> PackageReleases:
             DiagnosisConfirm(c["cause"], c["set"], SpecifierSet(c["versions"]), " ".join(c["why"].split()))
             for c in data.get("diagnosis_confirm", [])
         ),
+        capture_patches=tuple(data.get("capture_patches", ())),
     )
 
 

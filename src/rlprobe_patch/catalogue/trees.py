@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import ast
-import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from rlprobe_patch.base.errors import InterpreterError, NotATreeError
+from rlprobe_patch.base.interpreter import find_spec, interpreter
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import NotATreeError
 
 BACKENDS = ("fsdp", "fsdp2", "megatron")
 WORKER_IMPLS = ("auto", "engine", "legacy")  # which verl worker path apply hooks (core.rules.resolve_worker_impl)
@@ -31,12 +28,7 @@ class Tree:
     version_source: str  # "version file", "dist-info", "fingerprint", "setup.py"
 
     def to_json(self) -> dict[str, str]:
-        return {
-            "package": self.package,
-            "root": str(self.root),
-            "version": str(self.version),
-            "version_source": self.version_source,
-        }
+        return {key: str(value) for key, value in asdict(self).items()}
 
 
 PACKAGES = ("verl", "sglang", "vllm_ascend", "vllm", "slime")
@@ -91,32 +83,14 @@ def _package_root(path: Path, package: str, option: str) -> Path:
     )
 
 
-_FIND_SPEC = (
-    "import importlib.util, json, sys\n"
-    "s = importlib.util.find_spec(sys.argv[1])\n"
-    "print(json.dumps(list(s.submodule_search_locations or []) if s else None))\n"
-)
-
-
 def _imported_root(package: str, python: str | None) -> Path:
     """Ask `python` where `import <package>` resolves, without importing it (find_spec only)."""
-    interpreter = python or sys.executable
     try:
-        out = subprocess.run(
-            [interpreter, "-c", _FIND_SPEC, package],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        ).stdout
-    except FileNotFoundError:
-        raise NotATreeError(f"--python {interpreter}: no such interpreter") from None
-    except subprocess.CalledProcessError as exc:
-        raise NotATreeError(f"--python {interpreter} failed: {exc.stderr.strip()[-500:]}") from None
-    locations = json.loads(out.strip().splitlines()[-1])
+        locations = find_spec(python, package)
+    except InterpreterError as exc:  # the tree cannot be found: this command has no tree to act on
+        raise NotATreeError(exc.message) from None
     if not locations:
-        where = f"--python {python}" if python else f"this Python ({interpreter})"
+        where = f"--python {python}" if python else f"this Python ({interpreter(python)})"
         raise NotATreeError(
             f"{where} cannot import {package}; pass --{package.replace('_', '-')}-root DIR or the training "
             "environment's interpreter with --python"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli.output import Out, command
-from rlprobe_patch.errors import ExitCode
 
 
 @click.command("list")

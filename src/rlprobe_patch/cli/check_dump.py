@@ -7,12 +7,11 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, UsageError
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
-from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs, judge_compare, require_msprobe
-from rlprobe_patch.workflow.slime_dumps import check_slime_debug, debug_files
+from rlprobe_patch.workflow.check_dump import CheckDumpRequest, CheckedDumps, check_dump
 
 
 @click.command("check-dump")
@@ -44,31 +43,17 @@ def check_dump_cmd(
 
     if compare and not generate:
         raise UsageError("--compare needs --generate")
-    if compare:
-        made = not compare_output.exists()
-        compare_output.mkdir(parents=True, exist_ok=True)  # msprobe writes there: refuse now, not per pair
-        try:
-            require_msprobe(python)  # before a pair.json is written: none left behind by a compare that cannot run
-        except RefusedError:
-            if made:
-                compare_output.rmdir()
-            raise
-    report = check_dumps(actor, generate)
-    compared: list[dict[str, Any]] = []
-    if compare and report.pairs:
-        out.progress(f"msprobe compare on {len(report.pairs)} pair(s)")
-        compared = compare_pairs(report, compare_output, python)
-    if compare:
-        judge_compare(report, compared)
-    slime = None
-    if slime_debug:
-        slime = check_slime_debug(report.actor_log, debug_files(list(slime_debug)), python)
-        report.problems += slime.problems
-        report.notes += slime.notes
-    data = report.to_json()
-    if slime is not None:
-        data["slime_debug"] = {"files": slime.files, "rollouts": slime.rollouts}
-    out.emit(data)
+    request = CheckDumpRequest(actor, generate, slime_debug, compare, compare_output, python)
+    checked = check_dump(request, out.progress)
+    out.emit(checked.to_json())
+    _print_checked(out, checked, actor, generate)
+    return int(ExitCode.OK if checked.ok else ExitCode.VERIFY_FAILED)
+
+
+def _print_checked(out: Out, checked: CheckedDumps, actor: Path, generate: Path | None) -> None:
+    """The text: each side's dumps, the pairs with msprobe's verdicts, the unpaired, slime's dumps, the notes and
+    problems, and the verdict as the last line."""
+    report, slime, data = checked.report, checked.slime, checked.report.to_json()
     a = data["actor"]
     out.line(
         f"actor: {a['dumps']} dump(s), steps {a['steps']}, ranks {a['ranks']}, {a['log_lines']} log line(s)", bold=True
@@ -111,7 +96,6 @@ def check_dump_cmd(
     if report.compared is not None:  # the last line: what was compared, and msprobe's verdict
         verdict = f"{report.compared.summary()} ({actor} vs {generate}): {'OK' if report.ok else 'FAILED'}"
     out.line(verdict, fg="green" if report.ok else "red", bold=True)
-    return int(ExitCode.OK if report.ok else ExitCode.VERIFY_FAILED)
 
 
 def _print_slime_debug(out: Out, slime: Any) -> None:

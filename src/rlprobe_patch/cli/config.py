@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, UsageError
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode, UsageError
 from rlprobe_patch.workflow.config import (
     LEVELS,
     SIDES,

@@ -8,11 +8,11 @@ from typing import Any
 import click
 from packaging.version import Version
 
+from rlprobe_patch.base.errors import ExitCode, UsageError, require
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.cli.output import Out, command, require
+from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.demo.vllm_consistency import DEFAULT_PLANT, PLANTS
-from rlprobe_patch.errors import ExitCode, UsageError
 
 
 @click.command("demo")

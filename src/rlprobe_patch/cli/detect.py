@@ -7,12 +7,12 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli.options import cwd_option, python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode
 from rlprobe_patch.workflow.derive import framework_of, verl_tree_of
-from rlprobe_patch.workflow.detect import detect_script, found_trees, refusal_hint
+from rlprobe_patch.workflow.detect import Detection, detect_script, found_trees, refusal_hint
 
 
 def reading_json(s: Any) -> dict[str, Any]:
@@ -59,36 +59,57 @@ def detect_cmd(
     """Collection mode, training and rollout backends of SCRIPT, with the source of each value (exit 3 when
     neither backend is known)."""
 
-    reader = read_options(opts)
     root, release = verl_tree_of(verl_root, python)
-    d = detect_script(script, hint, verl_root=root, release=release, cwd=cwd, python=python, **reader)
+    d = detect_script(script, hint, read_options(opts, verl_root=root, release=release, cwd=cwd, python=python))
     trees = None if no_trees or verl_root is not None else found_trees(python)
     s = d.script
     # nothing to collect from: neither backend is known (no verl launch read, or Hydra refused it)
     known = d.train_backend != "unknown" or d.rollout_backend != "unknown"
     hint = "" if known else refusal_hint(s)
-    out.emit(
-        {
-            "ok": known,
-            **({"hint": hint} if hint else {}),
-            "script": str(script),
-            "mode": d.mode,
-            "scores": d.scores,
-            "train_backend": d.train_backend,
-            "rollout_backend": d.rollout_backend,
-            "verl": {"root": str(root), "version": release} if root is not None else None,
-            **reading_json(s),
-            "signals": [x.to_json() for x in d.signals],
-            "notices": d.notices,
-            "sglang_pairing": d.pairing,
-            "overrides": [o.to_json() for o in s.overrides],
-            "env": {k: v.to_json() for k, v in s.env.items()},
-            "yaml_files": [
-                {"path": str(y.path), "reason": y.reason, "loaded": y.loaded, "error": y.error} for y in s.yaml_files
-            ],
-            "trees": trees,
-        }
-    )
+    out.emit(_document(script, d, known, hint, root, release, trees))
+    _print_detection(out, script, d, root, release)
+    if trees:
+        _print_trees(out, trees)
+    if not known:
+        out.line(
+            f"refused: neither the training nor the rollout backend could be read from the script "
+            f"(see the lines above; {hint})",
+            fg="red",
+            bold=True,
+        )
+        return int(ExitCode.REFUSED)
+    return int(ExitCode.OK)
+
+
+def _document(
+    script: Path, d: Detection, known: bool, hint: str, root: Path | None, release: str | None, trees: Any
+) -> dict[str, Any]:
+    """`detect --json`: the mode and backends with their signals, the launch read, the trees found."""
+    s = d.script
+    return {
+        "ok": known,
+        **({"hint": hint} if hint else {}),
+        "script": str(script),
+        "mode": d.mode,
+        "scores": d.scores,
+        "train_backend": d.train_backend,
+        "rollout_backend": d.rollout_backend,
+        "verl": {"root": str(root), "version": release} if root is not None else None,
+        **reading_json(s),
+        "signals": [x.to_json() for x in d.signals],
+        "notices": d.notices,
+        "sglang_pairing": d.pairing,
+        "overrides": [o.to_json() for o in s.overrides],
+        "env": {k: v.to_json() for k, v in s.env.items()},
+        "yaml_files": [
+            {"path": str(y.path), "reason": y.reason, "loaded": y.loaded, "error": y.error} for y in s.yaml_files
+        ],
+        "trees": trees,
+    }
+
+
+def _print_detection(out: Out, script: Path, d: Detection, root: Path | None, release: str | None) -> None:
+    s = d.script
     out.line(f"{script}", bold=True)
     if s.launch is not None:
         out.line(f"launch: {' '.join(s.launch.launcher)} {s.launch.entry}  ({s.launch.source})")
@@ -127,17 +148,6 @@ def detect_cmd(
         out.line(f"unresolved: {item}", fg="yellow")
     for y in s.yaml_files:
         out.line(f"yaml: {y.path} ({y.reason})" + ("" if y.loaded else f": not loaded, {y.error}"))
-    if trees:
-        _print_trees(out, trees)
-    if not known:
-        out.line(
-            f"refused: neither the training nor the rollout backend could be read from the script "
-            f"(see the lines above; {hint})",
-            fg="red",
-            bold=True,
-        )
-        return int(ExitCode.REFUSED)
-    return int(ExitCode.OK)
 
 
 def _print_trees(out: Out, trees: dict[str, Any]) -> None:

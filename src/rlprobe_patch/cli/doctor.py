@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli.options import python_option
 from rlprobe_patch.cli.output import Out, command
-from rlprobe_patch.errors import ExitCode
 
 
 @click.command("doctor")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode
 
 COMPATIBILITY_PAGE = Path("docs") / "compatibility.md"
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rlprobe_patch.cli.paths import CheckedPath
+
+if TYPE_CHECKING:
+    from rlprobe_patch.launch.script import ReaderOptions
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -166,6 +169,10 @@ def reader_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return _stack(READER_OPTIONS, fn)
 
 
-def read_options(opts: dict[str, Any]) -> dict[str, Any]:
-    """The reader's keyword arguments (`args`, `env`), taken out of a command's options."""
-    return {"args": list(opts.pop("script_args", ())), "env": _env_pairs(opts.pop("script_env", ()))}
+def read_options(opts: dict[str, Any], **given: Any) -> ReaderOptions:
+    """How the command reads a launch script: `--arg` and `--env`, taken out of its options, and the `given`
+    fields of `ReaderOptions` (verl_root, cwd, python, ...)."""
+    from rlprobe_patch.launch.script import ReaderOptions  # the reader (bash, Hydra) only where a command reads
+
+    args, env = tuple(opts.pop("script_args", ())), _env_pairs(opts.pop("script_env", ()))
+    return ReaderOptions(args=args, env=env, **given)

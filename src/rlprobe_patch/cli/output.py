@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, PatchError
 from rlprobe_patch.cli.paths import check_path_options, os_error
-from rlprobe_patch.errors import ExitCode, PatchError, RefusedError
 
 if TYPE_CHECKING:
     from rlprobe_patch.catalogue.trees import Tree
     from rlprobe_patch.core.plan import PatchPlan
     from rlprobe_patch.core.roots import Roots
+    from rlprobe_patch.core.skill_checks import SkillReport
 
 
 class Out:
@@ -92,28 +93,6 @@ def command(fn: Callable[..., int]) -> Callable[..., None]:
     return wrapper
 
 
-# Modules a command needs that a broken install can lack (`pip install --no-deps`): the requirement to name.
-REQUIREMENTS = {"numpy": "numpy>=1.24", "matplotlib": "matplotlib>=3.7"}
-
-
-def require(module: str, what: str) -> None:
-    """Refuse at the start of `what` when `module` cannot be imported, naming the line that installs it here.
-
-    numpy is a dependency (and the `report` extra): the README's `pip install .` brings it, so this
-    is for an install without its dependencies, found before any work starts, not ten minutes in.
-    """
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        requirement = REQUIREMENTS.get(module, module)
-        raise RefusedError(
-            f"{what} needs {module}, which this Python cannot import ({sys.executable})",
-            hint=f"{sys.executable} -m pip install '{requirement}' (or pip install 'rlprobe-patch[report]')",
-        ) from None
-
-
 def parse_ids(text: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (text or "").split(",") if part.strip())
 
@@ -140,19 +119,12 @@ def print_notices(out: Out, plans: list[PatchPlan]) -> None:
             out.line(f"WARNING ({p.patch.id}): {warning}", fg="red", bold=True)
 
 
-def skill_report(ok: bool, lines: list[str], as_json: bool) -> None:
-    """Print a skill checker's lines as the skill does, or as one JSON document; exit 0 PASS, 1 FAIL."""
-    code = 0 if ok else 1
+def skill_report(report: SkillReport, as_json: bool) -> None:
+    """Print a skill checker's report as the skill does, or as one JSON document; exit 0 PASS, 1 FAIL."""
+    document = report.to_json()
     if as_json:
-        checks: list[dict[str, Any]] = []
-        for line in lines:
-            word, sep, rest = line.partition(": ")
-            if sep and word in ("PASS", "FAIL", "INFO"):
-                checks.append({"status": word, "subject": rest, "errors": []})
-            elif line.startswith("  - ") and checks:
-                checks[-1]["errors"].append(line[4:])
-        click.echo(json.dumps({"ok": ok, "exit_code": code, "checks": checks, "lines": lines}, indent=2))
+        click.echo(json.dumps(document, indent=2))
     else:
-        for line in lines:
+        for line in document["lines"]:
             click.echo(line)
-    sys.exit(code)
+    sys.exit(document["exit_code"])

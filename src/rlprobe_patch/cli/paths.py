@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import click
 
-from rlprobe_patch.errors import PatchError, RefusedError, WriteFailedError
+from rlprobe_patch.base.errors import PatchError, RefusedError, WriteFailedError
 
 Want = Literal["file", "dir", "file-or-dir", "new-file", "new-dir"]
 

@@ -1,4 +1,6 @@
-"""`rlprobe-patch report`: per-token train-vs-rollout differences and msprobe's layer compare, in one page."""
+"""`rlprobe-patch report`: per-token train-vs-rollout differences and msprobe's layer compare, in one page.
+
+The options become a `report.make.ReportRequest`; `make_report` makes and writes the report; this prints it."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, require
 from rlprobe_patch.cli.options import python_option
-from rlprobe_patch.cli.output import Out, command, require
+from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode
 
 
 class _Progress:
@@ -116,94 +118,21 @@ def report_cmd(
 ) -> int:
     """Report train-vs-rollout log-probs (captures, slime debug dumps) and compare CSVs (exit 4 over a threshold)."""
     require("numpy", "report")
-    from rlprobe_patch.report import encode, with_entry, write_outputs
-    from rlprobe_patch.report.build import (
-        build,
-        classify,
-        read_baseline,
-        read_evidence,
-        read_inputs,
-        replay,
-        run_settings,
-    )
-    from rlprobe_patch.report.diagnosis import choose_floor
-    from rlprobe_patch.report.next_steps import next_steps
-    from rlprobe_patch.report.render import diagnosis_lines, plots, render_html, summary_lines
+    from rlprobe_patch.report.confirm import ConsistencyOf
+    from rlprobe_patch.report.make import ReportRequest, make_report
 
+    request = ReportRequest(paths, output, top, limits, replay_script, data, baseline, floor_step, python)
+    consistency: ConsistencyOf | None = None
+    if replay_script is not None:  # the confirming runs: what a consistency script of it sets, asked of the workflow
+        from rlprobe_patch.workflow.derive import consistency_settings
+
+        consistency = consistency_settings
     progress = _Progress()
     try:
-        inputs = classify(list(paths))
-        if inputs.compares:
-            require("matplotlib", "report (its layer plot)")  # the token plots are drawn without it
-        progress(f"reading {len(inputs.captures)} capture(s), {len(inputs.slime)} slime dump(s), "
-                 f"{len(inputs.compares)} compare CSV(s)")  # fmt: skip
-        batches, pairs, notes = read_inputs(inputs, python, progress.detail)
-        evidence = read_evidence(inputs)
-        floor = choose_floor(batches, read_baseline(baseline) if baseline else [], floor_step)
-        settings = run_settings(replay_script, python)
-        notes += [settings.note] if settings.note else []
-        script = str(replay_script) if replay_script is not None else None
-        tokens = sum(int(b.mask.sum()) for b in batches)
-        progress(f"the figures and the diagnosis of {tokens} response token(s) in {len(batches)} step(s)")
-        report = build(batches, pairs, limits, floor, script, settings.sampling, evidence, settings.clip)
-        if report.get("diagnosis") and report["diagnosis"].get("clip"):
-            report["diagnosis"]["clip"]["source"] = settings.clip_source
-        report["inputs"] = {
-            "captures": [str(p) for p in inputs.captures],
-            "slime": [str(p) for p in inputs.slime],
-            "compare": [str(p) for p in inputs.compares],
-            "records": [str(p) for p in inputs.records],
-            "weights": [str(p) for p in inputs.weights],
-            # as given, for the commands printed next: the same inputs, folder, floor and launch script
-            "given": [str(p) for p in paths],
-            "output": str(output),
-            "baseline": str(baseline) if baseline is not None else None,
-            "replay_script": script,
-        }
-        report["notes"] = notes
-        if report["tokens"]:
-            report["replay"] = replay(batches, report, top, output, script, data)
-        progress(f"the plots, report.html and report.json in {output}")
-        text, line = encode(report)
-        written = write_outputs(text, render_html(report, plots(report), top), output)
+        report = make_report(request, consistency, progress, progress.detail)
     finally:
         progress.close()
-    crossed = [c for c in report["thresholds"] if c["crossed"]]
-    judged = report["verdict"]
-    if judged["decides_exit"] and judged["state"] == "fail":
-        crossed.append(judged)
-    # the requests can be many: encoded once, on one line; `ok` first, as every command's JSON has it
-    out.emit_encoded('{"ok": ' + ("false" if crossed else "true") + ", " + with_entry(line, "written", written)[1:])
-    for line in summary_lines(report, top):
-        out.line(line)
-    for note in notes:
-        out.line(f"note: {note}", fg="yellow")
-    replay_info = report.get("replay") or {}
-    if replay_info.get("command"):
-        out.line(f"replay: {len(replay_info['requests'])} worst request(s), prompts in {replay_info['prompts']}")
-        out.line(f"  {replay_info['command']}")
-    if replay_info.get("why_not"):
-        if replay_info["prompts"]:
-            what = f"{len(replay_info['without_prompt'])} request(s) left out of replay_prompts.jsonl"
-        else:
-            what = "replay_prompts.jsonl not written"
-        out.line(f"replay: {what}: {replay_info['why_not']}", fg="yellow")
-    colour = {"ok": "green", "warn": "yellow", "fail": "red"}.get(judged["state"])
-    out.line(f"verdict: {judged['state'].upper()} (by {judged['source']})", fg=colour, bold=True)
-    for reason in judged["reasons"]:
-        out.line(f"  {reason}")
-    if not judged["decides_exit"]:
-        out.line("  (the threshold options given decide the exit code)")
-    for c in report["thresholds"]:
-        state = "no value" if c["crossed"] is None else ("CROSSED" if c["crossed"] else "within")
-        out.line(
-            f"{c['option']} {c['limit']}: {c['metric']} = {c['value']} ({state})", fg="red" if c["crossed"] else "green"
-        )
-    for line in diagnosis_lines(report):
-        out.line(line)
-    for why, what in next_steps(report):
-        out.line(f"next: {why}")
-        for command_line in what.splitlines():
-            out.line(f"  {command_line.strip()}")
-    out.line(f"report: {written['html']}", bold=True)
-    return int(ExitCode.VERIFY_FAILED if crossed else ExitCode.OK)
+    out.emit_encoded(report.encoded())  # the requests can be many: encoded once, on one line
+    for text, style in report.lines():
+        out.line(text, **style)
+    return int(ExitCode.OK if report.ok else ExitCode.VERIFY_FAILED)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.cli.options import lock_timeout_option, tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone
 from rlprobe_patch.core.roots import Roots
-from rlprobe_patch.errors import ExitCode, RefusedError
 
 
 @click.command("revert")
@@ -30,59 +30,14 @@ def revert_cmd(
     lock_timeout: float,
 ) -> int:
     """Restore, byte for byte, what apply changed; never destroys later edits."""
-    from rlprobe_patch.core.revert import back_to as undo_newest
-    from rlprobe_patch.core.revert import revert
-    from rlprobe_patch.record.folder import RecordFolder
+    from rlprobe_patch.core.revert import revert_many
 
-    trees = roots.for_records()
-    paths = list(dict.fromkeys(t.root for t in trees))  # trees sharing a root (site-packages) share one record
-    if len(paths) > 1:
-        paths = [r for r in paths if RecordFolder(r).exists()] or paths[:1]
-    if back_to is not None and (merge or dry_run or len(paths) > 1):
-        raise RefusedError(
-            "--back-to undoes the newest apply of one tree as it was written: one tree, no --merge, no --dry-run"
-        )
-    if back_to is not None:
-        ids = [i for i in back_to.split(",") if i]
-        results = [
-            undo_newest(
-                paths[0], ids, lock_timeout=lock_timeout, progress=out.progress, trust_record=roots.trust_record
-            )
-        ]
-    else:
-        results = [
-            revert(
-                root,
-                next(t for t in trees if t.root == root),
-                merge=merge,
-                dry_run=dry_run,
-                lock_timeout=lock_timeout,
-                progress=out.progress,
-                trust_record=roots.trust_record,
-            )
-            for root in paths
-        ]
-    out.emit(
-        {
-            "ok": True,
-            "trees": [
-                {
-                    "root": str(r.root),
-                    "reverted": [rec.id for rec in r.reverted],
-                    "files": r.files,
-                    "merged": r.merged,
-                    "recovered": r.recovered,
-                    "dry_run": r.dry_run,
-                    "diff": r.diff if r.dry_run else None,
-                    "moved_from": r.moved_from or None,
-                    "superseded": [s.to_json() for s in r.superseded],
-                }
-                for r in results
-            ],
-            "gone": roots.gone,
-        }
+    records = None if back_to is None else [i for i in back_to.split(",") if i]
+    reverted = revert_many(
+        roots, merge=merge, dry_run=dry_run, records=records, lock_timeout=lock_timeout, progress=out.progress
     )
-    for r in results:
+    out.emit(reverted.to_json())
+    for r in reverted.results:
         out.line(f"{r.root}", bold=True)
         if r.moved_from:
             out.line(f"notice: the record names {r.moved_from}; the tree moved here after apply", fg="yellow")

@@ -4,28 +4,20 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, UsageError
 from rlprobe_patch.cli.options import cwd_option, python_option, read_options, reader_options, verl_root_option
 from rlprobe_patch.cli.output import Out, command
 from rlprobe_patch.cli.paths import CheckedPath
-from rlprobe_patch.errors import ExitCode, RefusedError, UsageError
-from rlprobe_patch.workflow.config import SIDES, config_beside, write_side_config
-from rlprobe_patch.workflow.derive import (
-    ScriptCheck,
-    capture_output,
-    capture_run,
-    check_script,
-    checked_requirements,
-    default_output,
-    derive,
-    framework_of,
-    render_script,
-    write_script,
-)
+from rlprobe_patch.workflow.collection import Collection, derive_collection, write_collection
+from rlprobe_patch.workflow.derive import CollectOptions, check_script, checked_requirements, derive, refuse_blocked
 from rlprobe_patch.workflow.detect import COLLECTION_MODES
+
+if TYPE_CHECKING:
+    from rlprobe_patch.launch.script import ReaderOptions
 
 
 def _script_options(fn: Any) -> Any:
@@ -64,33 +56,29 @@ def _script_options(fn: Any) -> Any:
     return fn
 
 
-def _derive(script: Path, opts: dict[str, Any]) -> tuple[Any, Any, Path | None]:
-    """(detection, requirements, verl root) of SCRIPT under the options `_script_options` define."""
-
-    reader = read_options(opts)
-    stages = tuple(s.strip() for s in opts["stages"].split(",") if s.strip()) if opts["stages"] else ()
-    return derive(
-        script,
-        mode=opts["mode"],
-        hint=opts["hint"],
-        verl_root=opts["verl_root"],
-        python=opts["python"],
-        args=reader["args"],
-        env=reader["env"],
-        sets=tuple(opts.get("sets", ())),
+def _options(opts: dict[str, Any]) -> tuple[ReaderOptions, CollectOptions]:
+    """How SCRIPT is read and what is collected, from the options `_script_options` define (`--arg` and `--env`
+    taken out of `opts`)."""
+    reader = read_options(
+        opts, verl_root=opts["verl_root"], extra=tuple(opts.get("sets", ())), cwd=opts["cwd"], python=opts["python"]
+    )
+    collect = CollectOptions(
         train_backend=opts["train_backend"],
         rollout_backend=opts["rollout_backend"],
         n_gpus=opts["n_gpus"],
-        configs={
-            side: opts[f"{side}_config"] for side in ("actor", "generate", "training") if opts.get(f"{side}_config")
-        },
-        stages=stages,
+        configs=_configs(opts),
+        stages=tuple(s.strip() for s in opts["stages"].split(",") if s.strip()) if opts["stages"] else (),
         save_path=opts["save_path"],
         sglang_version=opts["sglang_version"],
         vllm_ascend_version=opts["vllm_ascend_version"],
         vllm_version=opts["vllm_version"],
-        cwd=opts["cwd"],
     )
+    return reader, collect
+
+
+def _configs(opts: dict[str, Any]) -> dict[str, str]:
+    """The msprobe configs given, by side."""
+    return {side: opts[f"{side}_config"] for side in ("actor", "generate", "training") if opts.get(f"{side}_config")}
 
 
 # The options of `_script_options` that say how the script is read (not what to collect): `script`'s
@@ -163,78 +151,59 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         if "=" not in item or item.startswith("-"):
             raise UsageError(f"--set {item!r}: expected a Hydra override KEY=VALUE")
 
-    carried = _reader_flags(opts)  # before _derive takes --arg / --env out of opts
-    _given_configs_exist(opts)
-    detection, req, verl_root = _derive(original, dict(opts))
-    _refuse_blocked(original, req)
-    output = output or default_output(original, req.mode)
-    # the msprobe configs neither given nor named by the script: written beside the collection script
-    missing = [side for side in SIDES[req.mode] if side not in req.configs]
-    if missing:
-        opts.update({f"{side}_config": str(config_beside(output, side)) for side in missing})
-        detection, req, verl_root = _derive(original, dict(opts))
-    if req.refusals:
-        fixes = [f for f in dict.fromkeys(req.fixes) if f.startswith("--set")]
-        others = [f for f in req.fixes if not f.startswith("--set")]
-        hint = "nothing was written"
-        if fixes:
-            given = set(opts.get("sets", ()))
-            sets = [word for fix in fixes for word in shlex.split(fix) if word != "--set" and word not in given]
-            rerun = [*_invocation(), *(word for item in sets for word in ("--set", item))]
-            instead = f" (or with {' / '.join(others)} instead of the --set options)" if others else ""
-            hint += f"; to collect with these values{instead}, run: {shlex.join(rerun)}"
-        raise RefusedError(f"{original}: cannot derive a {req.mode} collection script", details=req.refusals, hint=hint)
-    text, changes = render_script(detection.script, req, original.name, composed=verl_root is not None)
-    # check-script reads the derived script as this command read the original: same tree, environment, arguments
-    next_command = ["rlprobe-patch", "check-script", str(output), "--mode", req.mode, *carried]
-    capture = capture_run(detection.script, req)
-    captured: dict[str, Any] | None = None
-    if capture is not None:  # the consistency collection's second run: the log-prob capture for `report`
-        capture_text, capture_changes = render_script(detection.script, capture, original.name, verl_root is not None)
-        capture_path = capture_output(output)
-        captured = {
-            "output": None if dry_run else str(capture_path),
-            "changes": [c.to_json() for c in capture_changes],
-            "env": capture.env,
-            "notices": capture.notices,
-            "text": capture_text if dry_run else None,
-            "next": None if dry_run else [*next_command[:2], str(capture_path), *next_command[3:]],
-        }
-    configs: dict[str, dict[str, Any]] = {}
+    carried = _reader_flags(opts)  # before _options takes --arg / --env out of opts
+    reader, collect = _options(dict(opts))
+    collection = derive_collection(original, opts["mode"], reader, collect, opts["hint"], output, _invocation())
     if not dry_run:
-        if captured is not None and capture_path.exists() and not force:  # refused before either is written
-            write_script(original, capture_path, capture_text, force)
-        for side in missing:
-            path = config_beside(output, side)
-            if path.exists() and not force:
-                raise RefusedError(f"{path} exists", hint="pass --force to replace it, or give --{side}-config")
-        for side in missing:
-            checked, why = write_side_config(req.mode, side, output, opts["python"], req.rollout_backend)
-            configs[side] = {"output": str(config_beside(output, side)), "msprobe_check": checked, "unchecked": why}
-        write_script(original, output, text, force)
-        if captured is not None:
-            write_script(original, capture_path, capture_text, force)
-    out.emit(
-        {
-            "ok": True,
-            "original": str(original),
-            "output": None if dry_run else str(output),
-            "mode": req.mode,
-            "train_backend": req.train_backend,
-            "rollout_backend": req.rollout_backend,
-            "changes": [c.to_json() for c in changes],
-            "set": list(opts.get("sets", ())),
-            "env": req.env,
-            "pinned_env": req.pinned,
-            "pinned_probes": {name: probe.value for name, probe in req.probes.items()},
-            "notices": req.notices,
-            "text": text if dry_run else None,
-            "next": None if dry_run else next_command,
-            "capture": captured,
-            "configs": configs,
+        write_collection(collection, force, opts["python"])
+    # check-script reads the derived script as this command read the original: same tree, environment, arguments
+    next_command = ["rlprobe-patch", "check-script", str(collection.output), "--mode", collection.req.mode, *carried]
+    out.emit(_document(collection, dry_run, next_command, list(opts.get("sets", ()))))
+    _print_collection(out, collection, dry_run, next_command)
+    return int(ExitCode.OK)
+
+
+def _capture_next(collection: Collection, next_command: list[str]) -> list[str]:
+    assert collection.capture is not None
+    return [*next_command[:2], str(collection.capture.path), *next_command[3:]]
+
+
+def _document(collection: Collection, dry_run: bool, next_command: list[str], sets: list[str]) -> dict[str, Any]:
+    """`script --json`: the collection script, its capture run, the configs written, what to run next."""
+    req, capture = collection.req, collection.capture
+    captured = None
+    if capture is not None:
+        captured = {
+            "output": None if dry_run else str(capture.path),
+            "changes": [c.to_json() for c in capture.changes],
+            "env": capture.req.env,
+            "notices": capture.req.notices,
+            "text": capture.text if dry_run else None,
+            "next": None if dry_run else _capture_next(collection, next_command),
         }
-    )
-    for c in changes:
+    return {
+        "ok": True,
+        "original": str(collection.original),
+        "output": None if dry_run else str(collection.output),
+        "mode": req.mode,
+        "train_backend": req.train_backend,
+        "rollout_backend": req.rollout_backend,
+        "changes": [c.to_json() for c in collection.changes],
+        "set": sets,
+        "env": req.env,
+        "pinned_env": req.pinned,
+        "pinned_probes": {name: probe.value for name, probe in req.probes.items()},
+        "notices": req.notices,
+        "text": collection.text if dry_run else None,
+        "next": None if dry_run else next_command,
+        "capture": captured,
+        "configs": collection.configs,
+    }
+
+
+def _print_collection(out: Out, collection: Collection, dry_run: bool, next_command: list[str]) -> None:
+    req, capture = collection.req, collection.capture
+    for c in collection.changes:
         where = f" (was {c.old} at {c.source})" if c.action in ("set", "removed") else ""
         if c.action == "set" and c.old is None and c.source and c.source.startswith("--set"):
             where = f" ({c.source})"
@@ -248,39 +217,36 @@ def script_cmd(out: Out, original: Path, output: Path | None, force: bool, dry_r
         how = "exported at the top" if probe.keeps else "assigned again on the line after it"
         out.line(
             f"  pinned    {name}={probe.value} (import probe at {probe.where}, answered by "
-            f"{detection.script.reading.python}: {how})",
+            f"{collection.detection.script.reading.python}: {how})",
             fg="green",
         )
     for notice in req.notices:
         out.line(f"notice: {notice}", fg="yellow")
     if dry_run:
-        out.line(text)
-        if captured is not None:
-            out.line(captured["text"])
-    else:
-        for side, written in configs.items():
-            check = written["msprobe_check"]
-            how = (
-                f"loaded by msprobe {check.get('msprobe')}"
-                if check
-                else f"not checked by msprobe: {written['unchecked']}"
-            )
-            out.line(
-                f"wrote {written['output']} (the {side} side's msprobe config, no --{side}-config given; {how})",
-                fg="green" if check else "yellow",
-            )
-        out.line(f"wrote {output} ({req.mode}); {original} is unchanged", fg="green", bold=True)
-        if captured is not None:
-            out.line(
-                f"wrote {captured['output']} (its log-prob capture run, for report: the same launch without the dump, "
-                "MISMATCH_ON=1; the dump run cuts its batches to their prompts and cannot capture)",
-                fg="green",
-                bold=True,
-            )
-        out.line(f"next: {shlex.join(next_command)}")
-        if captured is not None:
-            out.line(f"next: {shlex.join(captured['next'])}")
-    return int(ExitCode.OK)
+        out.line(collection.text)
+        if capture is not None:
+            out.line(capture.text)
+        return
+    for side, written in collection.configs.items():
+        check = written["msprobe_check"]
+        how = (
+            f"loaded by msprobe {check.get('msprobe')}" if check else f"not checked by msprobe: {written['unchecked']}"
+        )
+        out.line(
+            f"wrote {written['output']} (the {side} side's msprobe config, no --{side}-config given; {how})",
+            fg="green" if check else "yellow",
+        )
+    out.line(f"wrote {collection.output} ({req.mode}); {collection.original} is unchanged", fg="green", bold=True)
+    if capture is not None:
+        out.line(
+            f"wrote {capture.path} (its log-prob capture run, for report: the same launch without the dump, "
+            "MISMATCH_ON=1; the dump run cuts its batches to their prompts and cannot capture)",
+            fg="green",
+            bold=True,
+        )
+    out.line(f"next: {shlex.join(next_command)}")
+    if capture is not None:
+        out.line(f"next: {shlex.join(_capture_next(collection, next_command))}")
 
 
 @click.command("check-script")
@@ -291,11 +257,11 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
     """Check a collection script against the rules of its mode (exit 4 when a rule fails, 3 when verl would
     refuse its overrides)."""
 
-    detection, req, _ = _derive(script, opts)
-    _refuse_blocked(script, req)
+    reader, collect = _options(opts)
+    detection, req, _ = derive(script, opts["mode"], reader, collect, opts["hint"])
+    refuse_blocked(script, req)
     req = checked_requirements(detection.script, req)
     checks = check_script(detection.script, req)
-    _missing_dump_arg(detection.script, req, checks)
     ok = all(c.ok for c in checks)
     out.emit(
         {
@@ -316,39 +282,3 @@ def check_script_cmd(out: Out, script: Path, **opts: Any) -> int:
         )
     out.line("script OK" if ok else "script check FAILED", fg="green" if ok else "red", bold=True)
     return int(ExitCode.OK if ok else ExitCode.VERIFY_FAILED)
-
-
-def _given_configs_exist(opts: dict[str, Any]) -> None:
-    """Each msprobe config given must be there: the run's processes read it from the directory the script runs
-    in (--cwd, else this one), where a relative path is resolved."""
-    base = Path(opts["cwd"]) if opts.get("cwd") else Path.cwd()
-    for side in ("actor", "generate", "training"):
-        given = opts.get(f"{side}_config")
-        if given and not (base / given).is_file():
-            raise RefusedError(
-                f"--{side}-config {given}: no such file" + (f" (in {base})" if not Path(given).is_absolute() else ""),
-                hint=f"write it with rlprobe-patch config, or leave --{side}-config out: script then writes one beside "
-                "the collection script",
-            )
-
-
-def _refuse_blocked(script: Path, req: Any) -> None:
-    """A run no option can make collectable in this mode: refused (exit 3) before any rule is checked."""
-    if req.blocked:
-        raise RefusedError(
-            f"{script}: no {req.mode} collection is possible for this run",
-            details=[req.blocked],
-            hint="run the rollout on a backend msprobe dumps (vllm, sglang), or collect with --mode training",
-        )
-
-
-def _missing_dump_arg(script: Any, req: Any, checks: list[Any]) -> None:
-
-    if req.mode in ("inference", "consistency") and not req.capture and "generate" not in req.configs:
-        if not (req.rollout_backend == "sglang" and any("ModelRunner" in n for n in req.notices)):
-            where = framework_of(script).dump_config_arg
-            checks.append(ScriptCheck("rollout dump config", False, f"no {where} argument in the script"))
-    if req.mode == "training" and "training" not in req.configs:
-        checks.append(
-            ScriptCheck("precision_debugger.config_path", False, "not set (global_tool_config.precision_debugger)")
-        )

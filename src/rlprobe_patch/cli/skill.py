@@ -17,7 +17,7 @@ def check_engine_patch_cmd(verl_root: Path, backend: str, as_json: bool) -> None
     """The skill's check-engine-patch, same markers, wording and exit codes (0 PASS, 1 FAIL)."""
     from rlprobe_patch.core.skill_checks import check_engine_patch
 
-    skill_report(*check_engine_patch(verl_root, backend), as_json)
+    skill_report(check_engine_patch(verl_root, backend), as_json)
 
 
 @click.command("check-consistency-patch")
@@ -32,7 +32,5 @@ def check_consistency_patch_cmd(
     """The skill's check-consistency-patch: same rules, PASS/FAIL/INFO wording and exit codes."""
     from rlprobe_patch.core.skill_checks import check_consistency_patch
 
-    ok, lines = check_consistency_patch(
-        verl_root, backend, Path(vllm_ascend_root) if vllm_ascend_root else None, skip_vllm
-    )
-    skill_report(ok, lines, as_json)
+    found = check_consistency_patch(verl_root, backend, Path(vllm_ascend_root) if vllm_ascend_root else None, skip_vllm)
+    skill_report(found, as_json)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode, RefusedError
 from rlprobe_patch.catalogue.trees import BACKENDS
 from rlprobe_patch.cli.options import tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone, print_notices, print_tree
 from rlprobe_patch.core.roots import Roots
-from rlprobe_patch.errors import ExitCode, RefusedError
 from rlprobe_patch.record.registry import forget_trees, registered_trees
 
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import click
 
+from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.catalogue.trees import BACKENDS, PATCH_MODES
 from rlprobe_patch.cli.options import read_options, reader_options, tree_options
 from rlprobe_patch.cli.output import Out, command, print_gone, print_tree
 from rlprobe_patch.cli.paths import CheckedPath
 from rlprobe_patch.core.roots import Roots
-from rlprobe_patch.errors import ExitCode
 
 
 @click.command("verify")
@@ -56,7 +56,7 @@ def verify_cmd(
             selection if tree.package == "verl" else None,
             {t.package: t.root for t in trees if t is not tree},
             recheck=recheck,
-            run=(script, read_run_facts(script, tree, **reading)) if script and tree.package == "verl" else None,
+            run=(script, read_run_facts(script, tree, reading)) if script and tree.package == "verl" else None,
             trust_record=roots.trust_record,
         )
         for tree in trees
@@ -82,7 +82,7 @@ def verify_cmd(
         for c in r.checks:
             word = "WARN" if c.warning else ("PASS" if c.ok else "FAIL")
             out.line(
-                f"  {word}  {c.name}" + (f": {c.detail}" if c.detail and (c.warning or not c.ok) else ""),
+                f"  {word}  {c.check}" + (f": {c.detail}" if c.detail and (c.warning or not c.ok) else ""),
                 fg="yellow" if c.warning else (None if c.ok else "red"),
             )
     print_gone(out, roots)

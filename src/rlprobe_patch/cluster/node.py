@@ -22,7 +22,6 @@ from typing import Any
 # On a node, `RLPROBE_PATCH_FAULT_APPLY` becomes `RLPROBE_PATCH_FAULT` for the write of
 # `cluster apply` only (not for its plan, nor for the rollback): the cluster tests' fault hook.
 APPLY_FAULT = "RLPROBE_PATCH_FAULT_APPLY"
-PROBE = "import rlprobe_patch, sys; sys.stdout.write(rlprobe_patch.__version__)"
 
 
 def _die_with_parent() -> None:
@@ -34,11 +33,13 @@ def _die_with_parent() -> None:
 
 
 def _tool_version(python: str) -> str | None:
+    """The version of the rlprobe-patch that `python` runs (`python -m rlprobe_patch --version`: the tool itself
+    answers), None where it has none."""
     try:
-        done = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([python, "-m", "rlprobe_patch", "--version"], capture_output=True, text=True, timeout=120)
     except OSError:
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return done.stdout.strip().rpartition(" ")[2] if done.returncode == 0 else None
 
 
 def _body(diff_text: str) -> str:

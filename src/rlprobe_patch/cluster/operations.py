@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlprobe_patch.base.errors import ExitCode, RefusedError
 from rlprobe_patch.catalogue.trees import ROOT_OPTIONS
 from rlprobe_patch.cluster import node as node_task
-from rlprobe_patch.errors import ExitCode, RefusedError
 
 Report = dict[str, Any]
 Progress = Callable[[str], None]

@@ -3,10 +3,14 @@
 A patch's `codemod.py` imports from here only (`from rlprobe_patch.codemod import Hook, ...`);
 so does the engine. The modules behind it are private:
 
-- `_toolkit`: the declaration (a payload file plus operations anchored on syntax: `Hook`,
-  `AddMethods`, `AddDefinitions`, `HoistKeyword`, `CreateFile`) and what is derived from it,
-  `insert`, `strip` and `state` (`State`: applied / applicable / drifted); anchor helpers
-  (`self_call`, `assigns_call`, `returns_tuple`, `findall`, `contains`);
+- `_operations`: the declaration's vocabulary (operations anchored on syntax: `Hook`, `AddMethods`,
+  `AddDefinitions`, `HoistKeyword`; `Where`; `State`: applied / applicable / drifted, `AnchorError`);
+- `_toolkit`: `PatchCodemod` (and `ConfigPathParam`, `CreateFile`), a payload file plus operations, and what is
+  derived from that one declaration: `insert`, `strip` and `state`;
+- `_payload`: the payload file loaded (`Payload`); `_syntax`: trees compared by their Python AST (`same_syntax`)
+  and the small shapes the operations build; `_blocks`: the blocks of a method an operation edits, a hook's places;
+- `_anchors`: finding nodes and the anchor helpers (`self_call`, `assigns_call`, `returns_tuple`, `findall`,
+  `contains`);
 - `_payload_parts`: shared payload parts, the methods written once in `patches/_shared/` and
   spliced into each payload that takes them (`assemble`);
 - `_partial_parse`: parsing only what a codemod reads (`Scope`, `reduce`, `Partial`).
@@ -15,33 +19,26 @@ so does the engine. The modules behind it are private:
 clears the memo of files found patched (`checked.json`).
 """
 
-from rlprobe_patch.codemod._partial_parse import Partial, Scope, reduce
-from rlprobe_patch.codemod._payload_parts import PartError, assemble
-from rlprobe_patch.codemod._toolkit import (
+from rlprobe_patch.codemod._anchors import assigns_call, contains, findall, first_returned, returns_tuple, self_call
+from rlprobe_patch.codemod._operations import (
     ANY,
     METHOD,
     AddDefinitions,
     AddMethods,
     AnchorError,
-    ConfigPathParam,
-    CreateFile,
     HoistKeyword,
     Hook,
-    PatchCodemod,
-    Payload,
     State,
     Statement,
     StatementPredicate,
     StateReport,
     Where,
-    assigns_call,
-    contains,
-    findall,
-    first_returned,
-    returns_tuple,
-    same_syntax,
-    self_call,
 )
+from rlprobe_patch.codemod._partial_parse import Partial, Scope, reduce
+from rlprobe_patch.codemod._payload import Payload
+from rlprobe_patch.codemod._payload_parts import PartError, assemble
+from rlprobe_patch.codemod._syntax import same_syntax
+from rlprobe_patch.codemod._toolkit import ConfigPathParam, CreateFile, PatchCodemod
 
 __all__ = [
     "ANY",

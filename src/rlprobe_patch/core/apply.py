@@ -1,4 +1,5 @@
-"""Apply: a plan (`plan.py`) written as one journaled transaction (`record.transaction`), one new record.
+"""Apply: a plan (`plan.py`) written as one journaled transaction (`record.transaction`), one new record;
+`apply_many`: every tree a command names or finds, all or nothing.
 
 An upgrade (a patch recorded at an older revision) is the same transaction: the files go from
 what the tree holds to the current revision's content, the new record keeps the original
@@ -10,16 +11,28 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from rlprobe_patch import __version__
-from rlprobe_patch.catalogue.trees import Tree
+from rlprobe_patch.base.diffs import diffstat, provenance_header
+from rlprobe_patch.base.fsio import digest
+from rlprobe_patch.catalogue.trees import ROOT_OPTIONS, Tree
 from rlprobe_patch.codemod import State
 from rlprobe_patch.core.plan import Plan, plan_apply, raise_if_refused, show_params
-from rlprobe_patch.core.selection import Selection
-from rlprobe_patch.diffs import provenance_header
-from rlprobe_patch.fsio import digest
-from rlprobe_patch.record.folder import FileRecord, Journal, JournalFile, PatchRef, Record, RecordFolder
+from rlprobe_patch.core.roots import Roots
+from rlprobe_patch.core.rules import RunFacts
+from rlprobe_patch.core.selection import Selection, select_trees, wants_trainer
+from rlprobe_patch.record.folder import (
+    RECORD_FOLDER_NAME,
+    FileRecord,
+    Journal,
+    JournalFile,
+    PatchRef,
+    Record,
+    RecordFolder,
+)
 from rlprobe_patch.record.transaction import recover, run_journal, write_phase
 
 Progress = Callable[[str], None]
@@ -40,6 +53,145 @@ class ApplyResult:
     @property
     def already_applied(self) -> bool:
         return not self.plan.needs_write
+
+    @property
+    def diffstat(self) -> list[tuple[str, int, int]]:
+        """(path, lines added, lines removed) of each file the recorded diff changes."""
+        return diffstat(self.diff)
+
+
+@dataclass(frozen=True)
+class ApplyRequest:
+    """What `apply` is asked, for every tree: the selection (`select_trees`), the values baked into the hooks
+    (`params`), and how to write."""
+
+    backend: str | None = None
+    mode: str | None = None
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    worker_impl: str = "auto"
+    script: Path | None = None  # the launch script whose facts decide verl's worker path (`read_facts`)
+    params: dict[str, str] = field(default_factory=dict)  # msprobe_config, sglang_config
+    force: bool = False
+    dry_run: bool = False
+    merge: bool = False
+    lock_timeout: float = 10.0
+
+
+@dataclass
+class TreeApplied:
+    """One tree's apply: its result, and (verl) the worker path hooked and why."""
+
+    tree: Tree
+    result: ApplyResult
+    worker_path: dict[str, str] | None
+
+    @property
+    def status(self) -> str:
+        if self.result.dry_run:
+            return "dry-run"
+        return "already applied" if self.result.already_applied else "applied"
+
+    @property
+    def diff_file(self) -> Path | None:
+        record = self.result.record
+        return self.tree.root / RECORD_FOLDER_NAME / record.diff if record else None
+
+    def to_json(self, request: ApplyRequest) -> dict[str, Any]:
+        plan, record = self.result.plan, self.result.record
+        return {
+            "status": self.status,
+            "tree": self.tree.to_json(),
+            "backend": request.backend,
+            "mode": request.mode,
+            "patches": [p.to_json() for p in plan.patches],
+            "files": sorted(plan.files),
+            "record": record.id if record else None,
+            "upgraded": [
+                {"id": p.patch.id, "from": p.recorded_revision, "to": p.patch.revision} for p in plan.upgraded
+            ],
+            "replaced": [r.id for r in plan.replaces],
+            "superseded": [s.to_json() for s in plan.superseded],
+            "merged": plan.merged,
+            "diff_file": str(self.diff_file) if self.diff_file else None,
+            "diff": self.result.diff if request.dry_run else None,
+            "recovered": self.result.recovered,
+            "worker_path": self.worker_path,
+        }
+
+
+@dataclass
+class Applied:
+    """`apply_many`'s answer: each tree's apply, the notes on the trees found, and the commands to run next."""
+
+    request: ApplyRequest
+    trees: list[TreeApplied]
+    notes: list[str]
+    trust_record: bool = False
+
+    @property
+    def next_commands(self) -> dict[str, list[str]] | None:
+        """verify and revert of the trees this run patched (not every registered tree), when it recorded any."""
+        if self.request.dry_run or not any(t.result.record for t in self.trees):
+            return None
+        named = [word for t in self.trees for word in (ROOT_OPTIONS[t.tree.package], str(t.tree.root))]
+        named += ["--trust-record"] if self.trust_record else []
+        return {"verify": ["rlprobe-patch", "verify", *named], "revert": ["rlprobe-patch", "revert", *named]}
+
+    def to_json(self) -> dict[str, Any]:
+        """`trees` is the full answer; the first tree's fields are repeated at the top for one-tree scripts."""
+        documents = [t.to_json(self.request) for t in self.trees]
+        return {"ok": True, **documents[0], "trees": documents, "notes": self.notes, "next": self.next_commands}
+
+
+def apply_many(
+    roots: Roots,
+    request: ApplyRequest,
+    read_facts: Callable[[Tree], RunFacts] | None = None,
+    progress: Progress = _quiet,
+) -> Applied:
+    """Apply `request` to every tree `roots` names (else finds), all or nothing: where several trees are written,
+    every one is planned and checked before any is written, so that a refusal in one leaves all as they were.
+    `read_facts(tree)` reads the launch script's facts against a tree (its worker path, its notices)."""
+    trees = roots.for_apply(request.mode, wants_trainer(request.mode, request.only), request.only)
+    chosen = select_trees(
+        trees,
+        backend=request.backend,
+        mode=request.mode,
+        only=request.only,
+        skip=request.skip,
+        worker_impl=request.worker_impl,
+        script=request.script,
+        read_facts=read_facts,
+    )
+    plans: dict[Path, Plan] = {}
+    if len(chosen) > 1 and not request.dry_run:
+        for c in chosen:  # refuse everything before writing anything
+            progress(f"planning {c.tree.package} {c.tree.version} at {c.tree.root}")
+            plans[c.tree.root] = plan_apply(
+                c.tree, c.selection, request.params, request.force, merge=request.merge, trust_record=roots.trust_record
+            )
+            raise_if_refused(plans[c.tree.root])
+    applied = [
+        TreeApplied(
+            c.tree,
+            apply(
+                c.tree,
+                c.selection,
+                request.params,
+                force=request.force,
+                dry_run=request.dry_run,
+                merge=request.merge,
+                lock_timeout=request.lock_timeout,
+                progress=progress,
+                plan=plans.get(c.tree.root),
+                trust_record=roots.trust_record,
+            ),
+            c.worker_path,
+        )
+        for c in chosen
+    ]
+    return Applied(request, applied, roots.notes, roots.trust_record)
 
 
 def _now() -> str:
@@ -113,11 +265,11 @@ def _write_apply(folder: RecordFolder, plan: Plan) -> tuple[Record | None, str]:
     before_tree, after_tree = {}, {}
     blobs: dict[str, str] = {}  # path -> blob of the planned content
     for rel, change in sorted(plan.files.items()):
-        blobs[rel] = "" if change.after is None else folder.store_blob(change.after)
+        blobs[rel] = "" if change.after is None else folder.history.store_blob(change.after)
         if not change.recorded:
             continue
         assert change.after is not None  # a record adds or patches files; it never removes one
-        before_blob = "" if change.before is None else folder.store_blob(change.before)
+        before_blob = "" if change.before is None else folder.history.store_blob(change.before)
         fr = FileRecord(rel, change.mode, digest(change.before), digest(change.after), before_blob, blobs[rel])
         files.append(fr)
         if change.before is not None:  # a file the patch adds is absent from the "before" commit
@@ -126,7 +278,7 @@ def _write_apply(folder: RecordFolder, plan: Plan) -> tuple[Record | None, str]:
     record: Record | None = None
     diff = ""
     branches: dict[str, str] = {}
-    head = previous_head = folder.branch_head(tree.package)
+    head = previous_head = folder.history.branch_head(tree.package)
     if files:
         params = {k: v for p in applied for k, v in p.params.items()}
         patch_list = [PatchRef(p.patch.id, p.patch.revision) for p in applied]
@@ -147,9 +299,11 @@ def _write_apply(folder: RecordFolder, plan: Plan) -> tuple[Record | None, str]:
         )
         diff = header + plan.record_diff()
         diff_rel = folder.write_diff(record_id, diff)
-        commit_before = folder.commit_files(before_tree, f"{tree.package} {tree.version}: before {record_id}", head)
+        commit_before = folder.history.commit_files(
+            before_tree, f"{tree.package} {tree.version}: before {record_id}", head
+        )
         message = f"rlprobe-patch {'upgrade' if replaced else 'apply'} {', '.join(p.id for p in patch_list)}"
-        head = folder.commit_files(after_tree, f"{message}\n\n{header}", commit_before)
+        head = folder.history.commit_files(after_tree, f"{message}\n\n{header}", commit_before)
         record = Record(
             id=record_id,
             package=tree.package,
@@ -181,7 +335,7 @@ def _write_apply(folder: RecordFolder, plan: Plan) -> tuple[Record | None, str]:
                 c.mode,
                 digest(c.after),
                 digest(c.current),
-                folder.store_blob(c.current) if c.current is not None else "",
+                folder.history.store_blob(c.current) if c.current is not None else "",
             )
             for rel, c in sorted(plan.writes.items())
         )

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
 @dataclass
 class Check:
-    name: str
+    check: str  # what was checked
     ok: bool
     detail: str = ""
     warning: bool = False  # passes, but the user must read it
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.name, "ok": self.ok, "detail": self.detail, "warning": self.warning}
+        return asdict(self)

@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlprobe_patch.base.diffs import unified_diff
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import digest, read_or_none
 from rlprobe_patch.catalogue.patches import Patch, Site, get_patch
 from rlprobe_patch.catalogue.trees import Tree
 from rlprobe_patch.codemod import CreateFile, PatchCodemod, State
 from rlprobe_patch.core.selection import Selection
 from rlprobe_patch.core.sites import Workspace, scopes_of, site_present, site_state
-from rlprobe_patch.diffs import unified_diff
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import digest, read_or_none
 from rlprobe_patch.record.folder import Record, RecordFolder, checked_key
 from rlprobe_patch.record.integrity import refuse_damaged
 from rlprobe_patch.record.reversal import plan_reversal

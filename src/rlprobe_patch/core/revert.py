@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from rlprobe_patch.base.diffs import unified_diff
+from rlprobe_patch.base.errors import RefusedError, RevertBlockedError
+from rlprobe_patch.base.fsio import digest, read_or_none
 from rlprobe_patch.catalogue.trees import Tree
-from rlprobe_patch.diffs import unified_diff
-from rlprobe_patch.errors import RefusedError, RevertBlockedError
-from rlprobe_patch.fsio import digest, read_or_none
+from rlprobe_patch.core.roots import Roots
 from rlprobe_patch.record.folder import Journal, JournalFile, Ledger, Record, RecordFolder
 from rlprobe_patch.record.integrity import refuse_damaged
 from rlprobe_patch.record.reversal import plan_reversal
@@ -41,6 +43,70 @@ class RevertResult:
     diff: str
     moved_from: str = ""  # the root the record names, when the tree was moved after apply
     superseded: list[Superseded] = field(default_factory=list)  # dropped, files untouched
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "reverted": [rec.id for rec in self.reverted],
+            "files": self.files,
+            "merged": self.merged,
+            "recovered": self.recovered,
+            "dry_run": self.dry_run,
+            "diff": self.diff if self.dry_run else None,
+            "moved_from": self.moved_from or None,
+            "superseded": [s.to_json() for s in self.superseded],
+        }
+
+
+@dataclass
+class Reverted:
+    """`revert_many`'s answer: each record folder's revert, and the registered trees that are gone."""
+
+    results: list[RevertResult]
+    gone: list[dict[str, str]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True, "trees": [r.to_json() for r in self.results], "gone": self.gone}
+
+
+def revert_many(
+    roots: Roots,
+    *,
+    merge: bool = False,
+    dry_run: bool = False,
+    records: list[str] | None = None,
+    lock_timeout: float = 10.0,
+    progress: Progress = _quiet,
+) -> Reverted:
+    """Revert every record folder of the trees `roots` names (else finds; trees sharing a root share one record,
+    and of several roots those with a record), or with `records` (`--back-to`) undo the newest apply of one tree
+    back to exactly those records (refused with several trees, `merge` or `dry_run`)."""
+    trees = roots.for_records()
+    paths = list(dict.fromkeys(t.root for t in trees))  # trees sharing a root (site-packages) share one record
+    if len(paths) > 1:
+        paths = [r for r in paths if RecordFolder(r).exists()] or paths[:1]
+    if records is not None and (merge or dry_run or len(paths) > 1):
+        raise RefusedError(
+            "--back-to undoes the newest apply of one tree as it was written: one tree, no --merge, no --dry-run"
+        )
+    if records is not None:
+        undone = back_to(
+            paths[0], records, lock_timeout=lock_timeout, progress=progress, trust_record=roots.trust_record
+        )
+        return Reverted([undone], roots.gone)
+    results = [
+        revert(
+            root,
+            next(t for t in trees if t.root == root),
+            merge=merge,
+            dry_run=dry_run,
+            lock_timeout=lock_timeout,
+            progress=progress,
+            trust_record=roots.trust_record,
+        )
+        for root in paths
+    ]
+    return Reverted(results, roots.gone)
 
 
 def revert(
@@ -80,9 +146,9 @@ def revert(
             package_files = {path for r in live if r.package == package for path in r.paths}
             tree_files = {rel: (t.blob, t.mode) for rel, t in targets.items() if t.blob and rel in package_files}
             message = f"rlprobe-patch revert {', '.join(r.id for r in reverted if r.package == package)}"
-            branches[package] = folder.commit_files(tree_files, message, folder.branch_head(package))
+            branches[package] = folder.history.commit_files(tree_files, message, folder.history.branch_head(package))
         for s in superseded:  # dropped: its package is unregistered with the rest
-            head = folder.branch_head(s.record.package)
+            head = folder.history.branch_head(s.record.package)
             if head is not None:
                 branches.setdefault(s.record.package, head)
         files = tuple(

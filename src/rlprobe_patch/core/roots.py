@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.trees import PACKAGES, TRAINERS, Tree, find_tree, importable
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.record.folder import RECORD_FOLDER_NAME
 from rlprobe_patch.record.registry import registered_trees
 

@@ -80,9 +80,10 @@ def _trainer_rules(tree: Tree, patches: list[Patch], others: Mapping[str, Path])
     engines = sorted({b for p in patches if p.worker_impl == "engine" for b in p.backends if b in ("fsdp", "megatron")})
     legacy = sorted({b for p in patches if p.worker_impl == "legacy" for b in p.backends if b in ("fsdp", "megatron")})
     for b in engines:
-        ok, lines = check_engine_patch(tree.root, b)
+        engine = check_engine_patch(tree.root, b)
+        lines = engine.lines()
         skill_lines += lines
-        checks.append(Check(f"skill check-engine-patch --backend {b}", ok, "; ".join(lines[1:])))
+        checks.append(Check(f"skill check-engine-patch --backend {b}", engine.ok, "; ".join(lines[1:])))
     if any("consistency" in p.modes and "any" in p.backends and p.skill_checked for p in patches):
         # The skill's rules expect every patch of the set; a release that cannot take one of
         # them fails those rules by design (its target, and the lines the release data names),
@@ -101,11 +102,11 @@ def _trainer_rules(tree: Tree, patches: list[Patch], others: Mapping[str, Path])
             expected = set(expected_fail)
             if b not in engines:  # the legacy workers (or no worker hook) instead of the engine file the skill checks
                 expected.add(str(tree.root / engine_target(b)))
-            ok, lines = check_consistency_patch(
+            consistency = check_consistency_patch(
                 tree.root, b, vllm_ascend_root=vllm_ascend_root, skip_vllm=vllm_ascend_root is None
             )
-            skill_lines += lines
-            failed = _failures(lines)
+            skill_lines += consistency.lines()
+            failed = consistency.failures()
             unexpected = [
                 f"{subject} ({'; '.join(errors)})" if errors else subject
                 for subject, errors in failed.items()
@@ -120,21 +121,6 @@ def _trainer_rules(tree: Tree, patches: list[Patch], others: Mapping[str, Path])
             )
             checks.append(Check(f"skill check-consistency-patch --backend {b}", not unexpected, detail))
     return checks, skill_lines
-
-
-def _failures(lines: list[str]) -> dict[str, list[str]]:
-    """The skill's FAIL lines: each subject (a path, or what is missing) with the `  - ` errors printed under it."""
-    failed: dict[str, list[str]] = {}
-    subject = None
-    for line in lines:
-        if line.startswith("FAIL: "):
-            subject = line[len("FAIL: ") :]
-            failed[subject] = []
-        elif line.startswith("  - ") and subject is not None:
-            failed[subject].append(line[len("  - ") :])
-        else:
-            subject = None
-    return failed
 
 
 def _about(subject: str, patches: list[Patch], root: Path) -> bool:
@@ -152,8 +138,9 @@ def _dispatch_logger_rules(
 ) -> tuple[list[Check], list[str]]:
     if not patches:
         return [], []
-    ok, lines = check_vllm_rules(tree.root)
-    return [Check("skill check-consistency-patch vLLM-Ascend rules", ok, "; ".join(lines[1:]))], lines
+    found = check_vllm_rules(tree.root)
+    lines = found.lines()
+    return [Check("skill check-consistency-patch vLLM-Ascend rules", found.ok, "; ".join(lines[1:]))], lines
 
 
 # The skill's checkers, by the package whose tree they read.

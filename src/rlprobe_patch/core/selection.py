@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import RefusedError, UsageError
 from rlprobe_patch.catalogue.patches import Patch, load_catalogue, select
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.catalogue.trees import BACKENDS, TRAINERS, Tree
 from rlprobe_patch.core.rules import RunFacts, resolve_worker_impl
-from rlprobe_patch.errors import RefusedError, UsageError
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import file_mode, read_or_none
 from rlprobe_patch.catalogue.patches import Patch, Site
 from rlprobe_patch.catalogue.trees import Tree
 from rlprobe_patch.codemod import CreateFile, Partial, Scope, State, reduce
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import file_mode, read_or_none
 from rlprobe_patch.record.folder import checked_key
 
 

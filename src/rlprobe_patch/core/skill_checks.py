@@ -9,7 +9,9 @@ One deliberate difference: the backend rule looks at the path *inside* the tree
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REQUIRED_MARKERS = [
     "_ensure_debugger",
@@ -20,12 +22,55 @@ REQUIRED_MARKERS = [
 ]
 
 
+@dataclass(frozen=True)
+class SkillCheck:
+    """One entry of the skill's report: `PASS: subject`, `INFO: subject` or `FAIL: subject` and its errors."""
+
+    status: str  # PASS, FAIL or INFO
+    subject: str
+    errors: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [f"{self.status}: {self.subject}"] + [f"  - {e}" for e in self.errors]
+
+
+@dataclass(frozen=True)
+class SkillReport:
+    """What a skill checker found, in its order; it prints as the skill prints (`lines`)."""
+
+    checks: list[SkillCheck]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "FAIL" for c in self.checks)
+
+    def lines(self) -> list[str]:
+        return [line for c in self.checks for line in c.lines()]
+
+    def failures(self) -> dict[str, list[str]]:
+        """Each FAIL subject (a path, or what is missing) with its errors."""
+        return {c.subject: c.errors for c in self.checks if c.status == "FAIL"}
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--json` document: the skill's exit code (0 PASS, 1 FAIL), each check, and the lines it prints."""
+        return {
+            "ok": self.ok,
+            "exit_code": 0 if self.ok else 1,
+            "checks": [asdict(c) for c in self.checks],
+            "lines": self.lines(),
+        }
+
+
+def _checked(path: Path, errors: list[str]) -> SkillCheck:
+    return SkillCheck("FAIL", str(path), errors) if errors else SkillCheck("PASS", str(path))
+
+
 def engine_target(backend: str) -> str:
     return f"verl/workers/engine/{backend}/transformer_impl.py"
 
 
-def check_engine_patch(verl_root: Path, backend: str) -> tuple[bool, list[str]]:
-    """(passed, output lines) exactly as the skill prints them."""
+def check_engine_patch(verl_root: Path, backend: str) -> SkillReport:
+    """The skill's check-engine-patch: one check, printed exactly as the skill prints it."""
     rel = engine_target(backend)
     path = Path(verl_root) / rel
     errors = []
@@ -40,9 +85,7 @@ def check_engine_patch(verl_root: Path, backend: str) -> tuple[bool, list[str]]:
             errors.append("FSDP: expected dump hooks in forward_backward_batch")
         if "megatron" in rel and "_finish_dump_step" not in text and "_dump_should_record" not in text:
             errors.append("Megatron: expected _finish_dump_step or _dump_should_record hooks")
-    if errors:
-        return False, [f"FAIL: {path}"] + [f"  - {e}" for e in errors]
-    return True, [f"PASS: {path}"]
+    return SkillReport([_checked(path, errors)])
 
 
 ENGINE_MARKERS = REQUIRED_MARKERS
@@ -71,20 +114,9 @@ def _markers_error(path: Path, markers: list[str]) -> str | None:
 
 def check_consistency_patch(
     verl_root: Path, backend: str = "fsdp", vllm_ascend_root: Path | None = None, skip_vllm: bool = False
-) -> tuple[bool, list[str]]:
-    """(passed, output lines) as the skill's check-consistency-patch.py prints them."""
-    lines: list[str] = []
-    failed = False
-
-    def report(path: Path, errors: list[str]) -> None:
-        nonlocal failed
-        if errors:
-            failed = True
-            lines.append(f"FAIL: {path}")
-            lines.extend(f"  - {e}" for e in errors)
-        else:
-            lines.append(f"PASS: {path}")
-
+) -> SkillReport:
+    """The skill's check-consistency-patch.py: its checks, printed as it prints them."""
+    checks: list[SkillCheck] = []
     engine = Path(verl_root) / engine_target(backend)
     errors = [e for e in [_markers_error(engine, ENGINE_MARKERS)] if e]
     if engine.exists():
@@ -93,35 +125,30 @@ def check_consistency_patch(
             errors.append("FSDP: expected dump hooks in forward_backward_batch")
         if backend == "megatron" and "_finish_dump_step" not in text and "_dump_should_record" not in text:
             errors.append("Megatron: expected _finish_dump_step hooks")
-    report(engine, errors)
+    checks.append(_checked(engine, errors))
     for rel, markers in VERL_CHECKS.items():
         path = Path(verl_root) / rel
-        report(path, [e for e in [_markers_error(path, markers)] if e])
+        checks.append(_checked(path, [e for e in [_markers_error(path, markers)] if e]))
     request_id_ok = False
     for rel, markers in REQUEST_ID_CHECKS.items():
         path = Path(verl_root) / rel
         error = _markers_error(path, markers)
         if error is None:
             request_id_ok = True
-            lines.append(f"PASS: {path} (request_id)")
+            checks.append(SkillCheck("PASS", f"{path} (request_id)"))
         else:
-            lines.append(f"INFO: {path} not patched ({error})")
+            checks.append(SkillCheck("INFO", f"{path} not patched ({error})"))
     if not request_id_ok:
-        failed = True
-        lines.append("FAIL: request_id injection missing in both llm_server.py and agent_loop.py")
+        checks.append(SkillCheck("FAIL", "request_id injection missing in both llm_server.py and agent_loop.py"))
     if not skip_vllm and vllm_ascend_root:
-        for rel, markers in VLLM_CHECKS.items():
-            path = Path(vllm_ascend_root) / rel
-            report(path, [e for e in [_markers_error(path, markers)] if e])
-    return not failed, lines
+        checks += check_vllm_rules(vllm_ascend_root).checks
+    return SkillReport(checks)
 
 
-def check_vllm_rules(vllm_ascend_root: Path) -> tuple[bool, list[str]]:
+def check_vllm_rules(vllm_ascend_root: Path) -> SkillReport:
     """The vLLM-Ascend part of check-consistency-patch, for a vLLM-Ascend tree on its own."""
-    lines, ok = [], True
+    checks = []
     for rel, markers in VLLM_CHECKS.items():
         path = Path(vllm_ascend_root) / rel
-        error = _markers_error(path, markers)
-        ok = ok and error is None
-        lines += [f"PASS: {path}"] if error is None else [f"FAIL: {path}", f"  - {error}"]
-    return ok, lines
+        checks.append(_checked(path, [e for e in [_markers_error(path, markers)] if e]))
+    return SkillReport(checks)

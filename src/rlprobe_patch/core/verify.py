@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.fsio import sha256
+from rlprobe_patch.base.gitsafe import run_git
 from rlprobe_patch.catalogue.patches import get_patch
 from rlprobe_patch.catalogue.trees import Tree
 from rlprobe_patch.codemod import CreateFile, State
@@ -19,8 +21,6 @@ from rlprobe_patch.core.checks import Check
 from rlprobe_patch.core.rules import package_checks
 from rlprobe_patch.core.selection import Selection
 from rlprobe_patch.core.sites import Workspace, scopes_of, site_present, site_state
-from rlprobe_patch.fsio import sha256
-from rlprobe_patch.gitsafe import run_git
 from rlprobe_patch.record.folder import Record, RecordFolder
 from rlprobe_patch.record.integrity import diff_problem, hash_problems
 from rlprobe_patch.record.sorting import sort_records

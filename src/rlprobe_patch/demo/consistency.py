@@ -19,7 +19,6 @@ The releases and the venv recipe are data: patches/releases/demo.toml.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -33,9 +32,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import ExitCode, LockedError, PatchError, RefusedError
+from rlprobe_patch.base.fsio import locked
 from rlprobe_patch.catalogue.releases import releases_dir
-from rlprobe_patch.errors import ExitCode, LockedError, PatchError, RefusedError
-from rlprobe_patch.fsio import locked
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,8 +119,7 @@ def _build_venv(
     venv = venv_cache() / f"{name}-{digest}"
     python = venv / "bin" / "python"
     venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f"{venv.name}.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(venv.parent / f"{venv.name}.lock", None, f"the demo's {name} venv"):
         if (venv / MARKER).is_file() and python.exists():
             return python
         shutil.rmtree(venv, ignore_errors=True)
@@ -193,7 +191,7 @@ def config(work: Path, name: str, **extra: Any) -> Path:
 
 
 def _unpack_sglang(version: str, dest: Path, progress: Callable[[str], None]) -> Path:
-    from rlprobe_patch.matrix import fetch_wheel, unpack
+    from rlprobe_patch.catalogue.wheels import fetch_wheel, unpack
 
     progress(f"fetching SGLang {version} (cached)")
     wheel = fetch_wheel("sglang", version)

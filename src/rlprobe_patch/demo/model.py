@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.fsio import locked
 from rlprobe_patch.demo.consistency import DemoError, demo_model_data, drive, venv_cache
-from rlprobe_patch.fsio import locked
 
 CONVERT_WAIT_S = 1800.0  # another demo converting the same model: wait for it
 

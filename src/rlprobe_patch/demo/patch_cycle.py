@@ -18,12 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.diffs import diffstat
+from rlprobe_patch.base.fsio import sha256
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.core.apply import apply
 from rlprobe_patch.core.revert import revert
 from rlprobe_patch.core.verify import verify
-from rlprobe_patch.diffs import diffstat
-from rlprobe_patch.fsio import sha256
 from rlprobe_patch.record.folder import RECORD_FOLDER_NAME
 
 
@@ -133,7 +133,7 @@ def run_demo(
         verified = all(r.ok for r in results)
         for r in results:
             for check in r.checks:
-                say(f"    {'PASS' if check.ok else 'FAIL'}  {check.name}", fg=None if check.ok else "red")
+                say(f"    {'PASS' if check.ok else 'FAIL'}  {check.check}", fg=None if check.ok else "red")
         say(f"verify: {'all checks pass' if verified else 'FAILED'}", fg="green" if verified else "red")
         reverted = revert(tree.root, tree, progress=progress)
         after = snapshot(tree_root)

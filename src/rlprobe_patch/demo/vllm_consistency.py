@@ -440,10 +440,91 @@ def run_vllm_demo(
     device: Device = CPU,
 ) -> dict[str, Any]:
     with ExitStack() as stack:  # both venvs held until the demo has reverted them
-        return _run(stack, plants, python, vllm_python, workdir, say, progress, device)
+        return _run(_prepare_chain(stack, plants, python, vllm_python, workdir, say, progress, device), plants)
 
 
-def _run(
+@dataclass
+class _Chain:
+    """One demo run: its folder, record state and interpreters, the model, the runs, the device, and the clock of
+    its phases."""
+
+    work: Path
+    state: Path
+    verl_python: Path
+    vllm: Path
+    model: DemoModel
+    runs: dict[str, Run]
+    device: Device
+    say: Callable[..., None]
+    progress: Callable[[str], None]
+    started: float
+    timings: dict[str, float] = field(default_factory=dict)
+    since: float = 0.0
+
+    def lap(self, name: str) -> None:
+        """The time since the last lap, as phase `name`."""
+        now = time.monotonic()
+        self.timings[name] = round(now - self.since, 1)
+        self.since = now
+
+
+@dataclass
+class _Scored:
+    """The training side's work: what each run's training side scores, its old_log_probs (and, with
+    `Device.floors`, the floor run's in one micro-batch), verl's apply document."""
+
+    score: dict[str, list[dict[str, Any]]]
+    old: dict[str, dict[str, list[float]]]
+    batched: dict[str, dict[str, list[float]]]
+    applied: dict[str, Any]
+
+
+def _run(chain: _Chain, plants: tuple[str, ...]) -> dict[str, Any]:
+    """The chain's phases, in order, and what it found."""
+    sessions = _sessions(chain.runs, chain.model, chain.work, chain.device)
+    if "stale" in sessions:
+        _stale_checkpoint(chain)
+    fingerprints, vllm_version, extra = _rollout_side(chain, sessions)
+    scored = _training_side(chain, plants)
+    layer_runs = _layer_compares(chain)
+    floor, floor_tokens = _noise_floor(chain, scored)
+    floors = _floor_parts(chain, scored, extra)
+    results = {}
+    for plant in plants:
+        suffix = "" if len(plants) == 1 else f"-{plant}"
+        results[plant] = _plant_report(chain, plant, suffix, scored, fingerprints, layer_runs, floor)
+    chain.lap("report")
+    ok = _summary(chain, results, layer_runs)
+    for layer in layer_runs.values():
+        layer.pop("pair_list", None)
+    return {
+        "ok": ok,
+        "rollout": "vllm",
+        "model": chain.model.to_json(),
+        "plants": results,
+        "workdir": str(chain.work),
+        "python": str(chain.verl_python),
+        "vllm_python": str(chain.vllm),
+        "verl": scored.applied["tree"]["version"],
+        "vllm": vllm_version,
+        "runs": {
+            name: {
+                "request_ids": [p["request_id"] for p in r.prompts],
+                "session": r.session,
+                "sampling": r.sampling,
+                "dtype": r.result.get("dtype"),
+            }
+            for name, r in chain.runs.items()
+        },
+        "floor": {"capture": str(floor), "tokens": floor_tokens, "run": FLOOR, "parts": floors},
+        "device": {"name": chain.device.name, "dtype": chain.device.dtype},
+        "layers": layer_runs,
+        "timings_s": chain.timings,
+        "seconds": round(time.monotonic() - chain.started, 1),
+    }
+
+
+def _prepare_chain(
     stack: ExitStack,
     plants: tuple[str, ...],
     python: str | None,
@@ -452,15 +533,9 @@ def _run(
     say: Callable[..., None],
     progress: Callable[[str], None],
     device: Device,
-) -> dict[str, Any]:
+) -> _Chain:
+    """The venvs (held until the demo has reverted them), the model, the runs with their request ids."""
     started = time.monotonic()
-    timings: dict[str, float] = {}
-
-    def lap(name: str, since: float) -> float:
-        now = time.monotonic()
-        timings[name] = round(now - since, 1)
-        return now
-
     work, state, verl_python = prepare(python, workdir, say, progress, stack)
     for stale in ("records", "weights", "model-stale"):
         shutil.rmtree(work / stale, ignore_errors=True)
@@ -468,35 +543,50 @@ def _run(
     say(f"python:  {vllm} (vLLM)")
     stack.enter_context(in_use(vllm, progress))
     refuse_patched(state, vllm, "vllm")
-    t = lap("venvs", started)
+    venvs = time.monotonic()
     model = ensure_model(verl_python, work, say, progress)
-    t = lap("model", t)
-    say(f"model: {model.said}")
+    timings = {"venvs": round(venvs - started, 1)}
     runs = _runs(plants, model.prompts, device)
-    sessions = _sessions(runs, model, work, device)
-    if "stale" in sessions:
-        progress(
-            f"the stale checkpoint: every tensor one Adam-like step (lr {STALE_LR:g}) behind ({work / 'model-stale'})"
-        )
-        drive(
-            verl_python,
-            work,
-            "stale",
-            "--lr",
-            str(STALE_LR),
-            "--out-dir",
-            str(work / "model-stale"),
-            model_dir=model.path,
-        )
+    chain = _Chain(work, state, verl_python, vllm, model, runs, device, say, progress, started, timings)
+    chain.since = venvs
+    chain.lap("model")
+    say(f"model: {model.said}")
+    return chain
 
+
+def _stale_checkpoint(chain: _Chain) -> None:
+    """The stale plant's checkpoint: every tensor one Adam-like step behind the training side's."""
+    work = chain.work
+    chain.progress(
+        f"the stale checkpoint: every tensor one Adam-like step (lr {STALE_LR:g}) behind ({work / 'model-stale'})"
+    )
+    drive(
+        chain.verl_python,
+        work,
+        "stale",
+        "--lr",
+        str(STALE_LR),
+        "--out-dir",
+        str(work / "model-stale"),
+        model_dir=chain.model.path,
+    )
+
+
+def _rollout_side(
+    chain: _Chain, sessions: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Path], str, dict[str, dict[str, Any]]]:
+    """vLLM patched (its consistency patches), each engine session run, vLLM reverted: the fingerprints each
+    session wrote, vLLM's release, and the runs of no capture (the floor run at batch 1)."""
     from rlprobe_patch.catalogue.patches import load_catalogue
 
+    work, runs, vllm, say = chain.work, chain.runs, chain.vllm, chain.say
     known = {p.id for p in load_catalogue()}
     patches = ",".join(p for p in vllm_data()["patches"] if p in known)
-    applied = cli(state, "apply", "--python", str(vllm), "--only", patches)
+    applied = cli(chain.state, "apply", "--python", str(vllm), "--only", patches)
     say(f"vLLM {applied['tree']['version']}: {applied.get('status')} {patches}", fg="green")
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", **dict(device.vllm_env)}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", **dict(chain.device.vllm_env)}
     fingerprints: dict[str, Path] = {}
+    vllm_version = ""
     extra: dict[str, dict[str, Any]] = {}  # runs of no capture: the floor run at batch 1
     try:
         for name, plan in sessions.items():
@@ -506,7 +596,9 @@ def _run(
             path = work / f"session-{name}.json"
             path.write_text(json.dumps(plan, indent=1))
             what = ", ".join(f"{r['name']} ({r['kind']})" for r in plan["runs"])
-            progress(f"rollout side, vLLM session {name} ({plan['dtype']}, {plan['max_num_seqs']} at a time): {what}")
+            chain.progress(
+                f"rollout side, vLLM session {name} ({plan['dtype']}, {plan['max_num_seqs']} at a time): {what}"
+            )
             result = drive(vllm, work, f"session-{name}", "--plan", str(path), env=env | record, driver=VLLM_DRIVER)
             for spec in plan["runs"]:
                 got = result["runs"][spec["name"]]
@@ -523,15 +615,18 @@ def _run(
                 f"rollout side, session {name}: vLLM {result['vllm']} ({result['dtype']}), started in "
                 f"{result['startup_s']} s; " + ", ".join(f"{r} {v['seconds']} s" for r, v in result["runs"].items())
             )
-            t = lap(f"session-{name}", t)
+            chain.lap(f"session-{name}")
             vllm_version = result["vllm"]
     finally:
-        cli(state, "revert", "--python", str(vllm))
+        cli(chain.state, "revert", "--python", str(vllm))
     say("vLLM: reverted")
+    return fingerprints, vllm_version, extra
 
-    applied = cli(state, "apply", "--python", str(verl_python), "--backend", "fsdp2", "--mode", "consistency")
-    say(f"verl ({applied['tree']['version']}): {applied.get('status')} (--mode consistency)", fg="green")
-    dumped = [p for r in runs.values() if r.dumped for p in r.prompts]
+
+def _score_rows(chain: _Chain, plants: tuple[str, ...]) -> dict[str, list[dict[str, Any]]]:
+    """What each run's training side scores: its prompts and the responses the rollout sampled (the template and
+    token plants' rows changed before scoring)."""
+    runs = chain.runs
     score = {
         name: [
             {
@@ -545,7 +640,19 @@ def _run(
     }
     for plant in plants:
         if plant in ("template", "token"):
-            score[plant] = _trainer_rows(plant, runs, model.vocab)
+            score[plant] = _trainer_rows(plant, runs, chain.model.vocab)
+    return score
+
+
+def _training_side(chain: _Chain, plants: tuple[str, ...]) -> _Scored:
+    """verl patched (`--mode consistency`): the dumped prompts, a micro-batch each, and every run's log-probs
+    scored, one pass per compute dtype of the training side; verl reverted."""
+    work, runs, model, say, verl_python = chain.work, chain.runs, chain.model, chain.say, chain.verl_python
+    device = chain.device
+    applied = cli(chain.state, "apply", "--python", str(verl_python), "--backend", "fsdp2", "--mode", "consistency")
+    say(f"verl ({applied['tree']['version']}): {applied.get('status')} (--mode consistency)", fg="green")
+    dumped = [p for r in runs.values() if r.dumped for p in r.prompts]
+    score = _score_rows(chain, plants)
     (work / "dump-prompts.json").write_text(json.dumps(dumped))
     # one scoring pass per compute dtype of the training side (the device's; the dtype plant's float32 on a GPU)
     by_dtype: dict[str, dict[str, Any]] = {}
@@ -564,7 +671,7 @@ def _run(
             "DUMP_PHASE": "log_prob",
             "MSPROBE_ACTOR_CONFIG": str(actor_cfg),
         }
-        progress(
+        chain.progress(
             f"training side: verl's FSDP engine ({device.dtype}): the dumped prompts, a micro-batch each; every run's "
             "log-probs"
         )
@@ -593,12 +700,16 @@ def _run(
             old |= scored["old_log_probs"]
             batched |= scored.get("old_log_probs_batched", {})
         say(f"training side: {actor['engine']}, {len(dumped)} micro-batches dumped to {work / 'dumps/actor'}")
-        t = lap("actor", t)
+        chain.lap("actor")
     finally:
-        cli(state, "revert", "--python", str(verl_python))
+        cli(chain.state, "revert", "--python", str(verl_python))
     say("verl: reverted")
+    return _Scored(score, old, batched, applied)
 
-    # the layer compare of each dumped run: its prefills against their micro-batches
+
+def _layer_compares(chain: _Chain) -> dict[str, dict[str, Any]]:
+    """The layer compare of each dumped run: its prefills against their micro-batches (check-dump --compare)."""
+    work, runs, say = chain.work, chain.runs, chain.say
     layer_runs: dict[str, dict[str, Any]] = {}
     for run in runs.values():
         if not run.dumped:
@@ -606,10 +717,10 @@ def _run(
         dumps = work / "dumps" / ("dump-stale" if run.session == "stale" else "dump-session")
         ids = {p["request_id"] for p in run.prompts}
         layer_runs[run.name] = check(
-            work / "dumps" / "actor", dumps, work / "compare" / run.name, verl_python, only=ids
+            work / "dumps" / "actor", dumps, work / "compare" / run.name, chain.verl_python, only=ids
         )
         layer_runs[run.name]["rows"] = _rows(layer_runs[run.name], run.prompts)
-    t = lap("check-dump", t)
+    chain.lap("check-dump")
     for name, layer in layer_runs.items():
         say(
             f"check-dump --compare ({name}): {layer['pairs']} of {len(runs[name].prompts)} requests paired; msprobe: "
@@ -622,103 +733,129 @@ def _run(
                 f"  {row['request_id']:32}  {tokens:>4}  {row['verdict']:8}  {row['first_mismatch'] or '-'}",
                 fg="green" if row["verdict"] == "agree" else "yellow",
             )
+    return layer_runs
 
-    # the noise floor: another clean run, the same weights on both sides, nothing planted
-    floor_run = runs[FLOOR]
-    floor = work / "capture-floor"
+
+def _noise_floor(chain: _Chain, scored: _Scored) -> tuple[Path, int]:
+    """The noise floor's capture: another clean run, the same weights on both sides, nothing planted."""
+    floor_run = chain.runs[FLOOR]
+    floor = chain.work / "capture-floor"
     shutil.rmtree(floor, ignore_errors=True)
     _write_step(
         floor,
         0,
         floor_run,
-        score[FLOOR],
-        old[FLOOR],
+        scored.score[FLOOR],
+        scored.old[FLOOR],
         rollout_dtype=floor_run.result["dtype"],
         training_dtype=floor_run.training_dtype,
         prefill=True,
         source="rlprobe-patch demo --consistency (noise floor: verl against vLLM, the same weights, nothing planted)",
     )
-    floor_tokens = sum(len(r["response"]) for r in score[FLOOR])
-    say(f"noise floor: verl against vLLM on the same weights, nothing planted, {floor_tokens} tokens ({floor})")
-    floors = noise_floors(floor_run.result, old[FLOOR], extra.get(BATCH1), batched.get(FLOOR)) if device.floors else {}
+    floor_tokens = sum(len(r["response"]) for r in scored.score[FLOOR])
+    chain.say(f"noise floor: verl against vLLM on the same weights, nothing planted, {floor_tokens} tokens ({floor})")
+    return floor, floor_tokens
+
+
+def _floor_parts(chain: _Chain, scored: _Scored, extra: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """With `Device.floors`, the floor's parts (`noise_floors`), each said; else none."""
+    if not chain.device.floors:
+        return {}
+    floor_run = chain.runs[FLOOR]
+    floors = noise_floors(floor_run.result, scored.old[FLOOR], extra.get(BATCH1), scored.batched.get(FLOOR))
     for which, figures in floors.items():
         said = f"mean |d| {figures['mean_abs']:.3g}, max {figures['max_abs']:.3g}" if figures["tokens"] else "no token"
-        say(f"  floor, {which.replace('_', ' ')}: {figures['tokens']} tokens, {said}")
+        chain.say(f"  floor, {which.replace('_', ' ')}: {figures['tokens']} tokens, {said}")
+    return floors
 
-    results: dict[str, dict[str, Any]] = {}
-    for plant in plants:
-        spec = PLANTS[plant]
-        suffix = "" if len(plants) == 1 else f"-{plant}"
-        capture = work / f"capture{suffix}"
-        shutil.rmtree(capture, ignore_errors=True)
-        clean, planted = runs[CLEAN], runs[spec.run]
-        _write_step(
-            capture,
-            1,
-            clean,
-            score[CLEAN],
-            old[CLEAN],
-            rollout_dtype=clean.result["dtype"],
-            training_dtype=clean.training_dtype,
-            prefill=True,
-            source=f"rlprobe-patch demo --consistency ({CLEAN})",
-        )
-        own = plant not in ("template", "token")
-        _write_step(
-            capture,
-            2,
-            planted,
-            score[plant if not own else spec.run],
-            old[plant if not own else spec.run],
-            rollout_dtype=planted.result["dtype"],
-            training_dtype=planted.training_dtype,
-            prefill=own,
-            source=f"rlprobe-patch demo --consistency ({plant}: {spec.said})",
-        )
-        weights = _weights_folder(work, plant, [(1, clean), (2, planted)], fingerprints)
-        compares = [work / "compare" / r for r in dict.fromkeys((CLEAN, spec.run)) if r in layer_runs]
-        report_dir = work / f"report{suffix}"
-        records = [str(work / RECORDS)] if (work / RECORDS).is_dir() else []  # the engine's, where it recorded
-        args = [
-            str(capture),
-            *records,
-            str(weights),
-            *map(str, compares),
-            "--baseline",
-            str(floor),
-            "-o",
-            str(report_dir),
-        ]
-        report = cli(state, "report", *args, allow=(0, 4))
-        diagnosis = report.get("diagnosis") or {}
-        top = diagnosis.get("top")
-        # the layer compare as the report reads it: against its own floor (msprobe's statistics rules flag float
-        # rounding in some same-weights pairs), of the plant's own run where it dumped one
-        view = diagnosis.get("layers") or {}
-        of_run = [lab for lab in (view.get("disagreeing") or []) if lab.split("/", 1)[0] == spec.run]
-        pairs = layer_runs[spec.run]["pairs"] if spec.run in layer_runs else 0
-        layers = {"of_run": spec.run, "pairs": pairs, "disagree": len(of_run), "agree": pairs - len(of_run)}
-        caught = spec.layers is None or layers[spec.layers] == len(planted.prompts)
-        html = report_dir / "report.html"
-        ok = caught and top == spec.cause and html.is_file()
-        results[plant] = {
-            "ok": ok,
-            "run": spec.run,
-            "planted": spec.said,
-            "cause": spec.cause,
-            "diagnosis_top": top,
-            "verdict": (report.get("verdict") or {}).get("state"),
-            "layers": layers if pairs else None,
-            "capture": str(capture),
-            "report": {"html": str(html), "summary": report},
-        }
-        say(f"report ({plant}): {html}", bold=True)
-    lap("report", t)
 
+def _plant_report(
+    chain: _Chain,
+    plant: str,
+    suffix: str,
+    scored: _Scored,
+    fingerprints: dict[str, Path],
+    layer_runs: dict[str, dict[str, Any]],
+    floor: Path,
+) -> dict[str, Any]:
+    """A plant's capture (the clean run as step 1, the planted run as step 2) and its report (in folders named with
+    `suffix`): whether the diagnosis ranks the planted cause first, and the layer compare caught it where it should."""
+    work, runs = chain.work, chain.runs
+    score, old = scored.score, scored.old
+    spec = PLANTS[plant]
+    capture = work / f"capture{suffix}"
+    shutil.rmtree(capture, ignore_errors=True)
+    clean, planted = runs[CLEAN], runs[spec.run]
+    _write_step(
+        capture,
+        1,
+        clean,
+        score[CLEAN],
+        old[CLEAN],
+        rollout_dtype=clean.result["dtype"],
+        training_dtype=clean.training_dtype,
+        prefill=True,
+        source=f"rlprobe-patch demo --consistency ({CLEAN})",
+    )
+    own = plant not in ("template", "token")
+    _write_step(
+        capture,
+        2,
+        planted,
+        score[plant if not own else spec.run],
+        old[plant if not own else spec.run],
+        rollout_dtype=planted.result["dtype"],
+        training_dtype=planted.training_dtype,
+        prefill=own,
+        source=f"rlprobe-patch demo --consistency ({plant}: {spec.said})",
+    )
+    weights = _weights_folder(work, plant, [(1, clean), (2, planted)], fingerprints)
+    compares = [work / "compare" / r for r in dict.fromkeys((CLEAN, spec.run)) if r in layer_runs]
+    report_dir = work / f"report{suffix}"
+    records = [str(work / RECORDS)] if (work / RECORDS).is_dir() else []  # the engine's, where it recorded
+    args = [
+        str(capture),
+        *records,
+        str(weights),
+        *map(str, compares),
+        "--baseline",
+        str(floor),
+        "-o",
+        str(report_dir),
+    ]
+    report = cli(chain.state, "report", *args, allow=(0, 4))
+    diagnosis = report.get("diagnosis") or {}
+    top = diagnosis.get("top")
+    # the layer compare as the report reads it: against its own floor (msprobe's statistics rules flag float
+    # rounding in some same-weights pairs), of the plant's own run where it dumped one
+    view = diagnosis.get("layers") or {}
+    of_run = [lab for lab in (view.get("disagreeing") or []) if lab.split("/", 1)[0] == spec.run]
+    pairs = layer_runs[spec.run]["pairs"] if spec.run in layer_runs else 0
+    layers = {"of_run": spec.run, "pairs": pairs, "disagree": len(of_run), "agree": pairs - len(of_run)}
+    caught = spec.layers is None or layers[spec.layers] == len(planted.prompts)
+    html = report_dir / "report.html"
+    ok = caught and top == spec.cause and html.is_file()
+    chain.say(f"report ({plant}): {html}", bold=True)
+    return {
+        "ok": ok,
+        "run": spec.run,
+        "planted": spec.said,
+        "cause": spec.cause,
+        "diagnosis_top": top,
+        "verdict": (report.get("verdict") or {}).get("state"),
+        "layers": layers if pairs else None,
+        "capture": str(capture),
+        "report": {"html": str(html), "summary": report},
+    }
+
+
+def _summary(chain: _Chain, results: dict[str, dict[str, Any]], layer_runs: dict[str, dict[str, Any]]) -> bool:
+    """Whether the chain holds, said with the table of plants: the clean run every request paired, none out of the
+    layer floor in any report (msprobe's own verdicts printed above), within the noise floor as step 1 of every
+    report; every planted cause diagnosed first."""
+    say = chain.say
     same = layer_runs[CLEAN]
-    n = len(runs[CLEAN].prompts)
-    # the clean run: every request paired, none out of the layer floor in any report (msprobe's own verdicts printed
-    # above), and within the noise floor as step 1 of every report
+    n = len(chain.runs[CLEAN].prompts)
     clean_out = any(
         lab.startswith(f"{CLEAN}/")
         for r in results.values()
@@ -744,33 +881,7 @@ def _run(
         fg="green" if ok else "red",
         bold=True,
     )
-    for layer in layer_runs.values():
-        layer.pop("pair_list", None)
-    return {
-        "ok": ok,
-        "rollout": "vllm",
-        "model": model.to_json(),
-        "plants": results,
-        "workdir": str(work),
-        "python": str(verl_python),
-        "vllm_python": str(vllm),
-        "verl": applied["tree"]["version"],
-        "vllm": vllm_version,
-        "runs": {
-            name: {
-                "request_ids": [p["request_id"] for p in r.prompts],
-                "session": r.session,
-                "sampling": r.sampling,
-                "dtype": r.result.get("dtype"),
-            }
-            for name, r in runs.items()
-        },
-        "floor": {"capture": str(floor), "tokens": floor_tokens, "run": FLOOR, "parts": floors},
-        "device": {"name": device.name, "dtype": device.dtype},
-        "layers": layer_runs,
-        "timings_s": timings,
-        "seconds": round(time.monotonic() - started, 1),
-    }
+    return ok
 
 
 def _torch_index() -> str:

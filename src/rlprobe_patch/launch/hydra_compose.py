@@ -15,6 +15,7 @@ marked as assumed. Hydra is imported only when a tree is given.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
 import io
@@ -23,7 +24,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rlprobe_patch.catalogue.releases import releases
 
@@ -196,44 +197,65 @@ class HydraArgs:
     overrides: list[Arg]
     config_path: Arg | None = None
     config_name: Arg | None = None
-    ignored: list[Arg] = field(default_factory=list)  # Hydra flags that do not change the config
+    error: str | None = None  # what Hydra's parser refuses (verl stops on it at start-up)
 
 
-_VALUE_FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name", "--config-dir": "dir"}
-_VALUE_FLAGS |= {"-cd": "dir", "--package": "", "-p": "", "--experimental-rerun": "", "--shell-completion": ""}
-_VALUE_FLAGS |= {"-sc": ""}
+class _Word(str):
+    """A word given to Hydra's parser, and the position of the launch argument it came from."""
+
+    position: int
+
+
+_MARK = "\x1f"  # the unit separator, between a word and its index: no launch script writes it
+
+
+def _word(text: str) -> str:
+    """Hydra's parser's conversion of every value it takes (an override, a flag's value): the word, as a `_Word`
+    that remembers which argument it came from (the `_MARK` suffix `parse_hydra_args` gave it)."""
+    base, mark, index = text.rpartition(_MARK)
+    if not mark:
+        return text
+    word = _Word(base)
+    word.position = int(index)
+    return word
+
+
+def _refuse(message: str) -> NoReturn:
+    raise ValueError(message)
 
 
 def parse_hydra_args(args: list[Arg]) -> HydraArgs:
-    """Split the arguments like Hydra's argparse parser: flags with their value, the rest overrides."""
-    launch = HydraArgs(overrides=[])
-    pending: str | None = None
-    for arg in args:
-        text = arg.text
-        if pending is not None:
-            _set_flag(launch, pending, Arg(text, arg.source))
-            pending = None
-            continue
-        flag, eq, value = text.partition("=")
-        if flag in _VALUE_FLAGS and text.startswith("-"):
-            if eq:
-                _set_flag(launch, _VALUE_FLAGS[flag], Arg(value, arg.source))
-            else:
-                pending = _VALUE_FLAGS[flag]
-        elif text.startswith("-"):
-            launch.ignored.append(arg)  # --multirun, --cfg job, --resolve, ...
-        else:
-            launch.overrides.append(arg)
-    return launch
+    """Split the arguments with Hydra's own parser (`hydra._internal.utils.get_args_parser`, as `@hydra.main`
+    does): the flags and their values, the rest overrides, each the argument it was written as. An argv without a
+    flag is overrides alone (and Hydra is not imported for it)."""
+    if not any(a.text.startswith("-") for a in args):
+        return HydraArgs(overrides=list(args))
+    from hydra._internal.utils import get_args_parser
 
+    parser = get_args_parser()
+    parser.register("type", None, _word)  # every value Hydra's parser takes comes back as a `_Word`
+    parser.exit_on_error = False
+    parser.error = _refuse  # type: ignore[method-assign]  # an error is the launch's, never an exit of ours
+    # a word that is no flag, and a flag's `=value`, carry their position through the parser
+    marked = [
+        a.text if a.text.startswith("-") and "=" not in a.text else f"{a.text}{_MARK}{i}" for i, a in enumerate(args)
+    ]
+    try:
+        parsed, unknown = parser.parse_known_args(marked)
+    except (argparse.ArgumentError, ValueError, SystemExit) as exc:  # SystemExit: --version
+        return HydraArgs(overrides=[], error=f"Hydra's command line: {exc}")
+    if unknown:  # as Hydra's parse_args refuses them: overrides after a flag that follows overrides, unknown flags
+        words = " ".join(w.rpartition(_MARK)[0] or w for w in unknown)
+        return HydraArgs(overrides=[], error=f"Hydra's command line: unrecognized arguments: {words}")
 
-def _set_flag(launch: HydraArgs, kind: str, value: Arg) -> None:
-    if kind == "path":
-        launch.config_path = value
-    elif kind == "name":
-        launch.config_name = value
-    else:
-        launch.ignored.append(value)
+    def arg_of(value: str | None) -> Arg | None:
+        if value is None:
+            return None
+        source = args[value.position].source if isinstance(value, _Word) else ""
+        return Arg(str(value), source)
+
+    overrides = [args[w.position] if isinstance(w, _Word) else Arg(str(w), "") for w in parsed.overrides]
+    return HydraArgs(overrides, arg_of(parsed.config_path), arg_of(parsed.config_name))
 
 
 # --- composing ------------------------------------------------------------------------------
@@ -246,6 +268,8 @@ def compose_launch(
     if verl_root is None:
         return apply_overrides_assumed(assumed_facts(release), args)
     launch = parse_hydra_args(args)
+    if launch.error is not None:
+        return Composed(None, errors=[launch.error])
     try:
         found = read_entry(verl_root, entry, cwd)
     except (OSError, SyntaxError, ValueError) as exc:
@@ -529,6 +553,8 @@ def apply_overrides_assumed(result: Composed, args: list[Arg]) -> Composed:
 
     No Hydra here: values are taken as written (`true`/`false`/integers/`null` converted)."""
     launch = parse_hydra_args(args)
+    if launch.error is not None:
+        result.errors.append(launch.error)
     for arg in launch.overrides:
         key, eq, text = arg.text.partition("=")
         if not eq or key.startswith("~"):

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.trees import Tree
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.launch import hydra_compose, slime_args
 from rlprobe_patch.launch.commands import Launch, launches
 from rlprobe_patch.launch.model import Override, RunPath, Script, Setting, YamlFile, arg_source
@@ -64,28 +66,32 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def read_script(
-    path: Path,
-    *,
-    args: list[str] | None = None,
-    env: dict[str, str] | None = None,
-    verl_root: Path | None = None,
-    release: str | None = None,
-    extra: list[str] | None = None,
-    cwd: Path | None = None,
-    python: str | None = None,
-) -> Script:
-    """Read `path` as bash and Hydra would. `args` are the script's arguments, `env` the caller's,
-    `extra` overrides added after the launch's own (`script --set`), `cwd` the directory it is run
-    from (default: this process's), `python` the interpreter that answers its import probes.
+@dataclass(frozen=True)
+class ReaderOptions:
+    """How a launch script is read: what bash would be given, and the tree its overrides are composed with. The
+    options `detect`, `script`, `check-script`, `apply --script`, `verify --script` and `report --replay-script`
+    share, passed as one value through `read_script`, `workflow.detect.detect_script` and `workflow.derive.derive`."""
 
-    Without `cwd`, a launch that names its entry point or its config folder relative to the folder it
+    args: tuple[str, ...] = ()  # the script's own arguments, "$@" (`--arg`)
+    env: Mapping[str, str] = field(default_factory=dict)  # the caller's environment (`--env`)
+    verl_root: Path | None = None  # the verl tree whose config Hydra composes the overrides with
+    release: str | None = None  # that tree's release (its defaults)
+    extra: tuple[str, ...] = ()  # overrides added after the launch's own (`script --set`)
+    cwd: Path | None = None  # the directory the script runs from (default: this process's)
+    python: str | None = None  # the interpreter that answers its import probes
+
+
+def read_script(path: Path, options: ReaderOptions = ReaderOptions()) -> Script:
+    """Read `path` as bash and Hydra would, with `options` (`ReaderOptions`).
+
+    Without `options.cwd`, a launch that names its entry point or its config folder relative to the folder it
     runs in (`python3 main_ppo_split.py`, `--config-path=$(pwd)/examples/...`) where they are not is read
     as run from the folder of or above the script that holds them, and `Script.notes` says which."""
     path = Path(path)
+    cwd, verl_root = options.cwd, options.verl_root
 
     def read(folder: Path | None) -> Script:
-        return _read_script(path, args, env, verl_root, release, extra, folder, python)
+        return _read_script(path, replace(options, cwd=folder))
 
     script = read(cwd)
     start = (cwd or Path.cwd()).absolute()
@@ -166,17 +172,15 @@ def _checkout_of(path: Path, verl_root: Path) -> Path | None:
     return None
 
 
-def _read_script(
-    path: Path,
-    args: list[str] | None,
-    env: dict[str, str] | None,
-    verl_root: Path | None,
-    release: str | None,
-    extra: list[str] | None,
-    cwd: Path | None,
-    python: str | None = None,
-) -> Script:
-    reading = read_shell(path, args=args, env=env, cwd=cwd.absolute() if cwd is not None else None, python=python)
+def _read_script(path: Path, options: ReaderOptions) -> Script:
+    cwd, extra = options.cwd, options.extra
+    reading = read_shell(
+        path,
+        args=list(options.args),
+        env=dict(options.env),
+        cwd=cwd.absolute() if cwd is not None else None,
+        python=options.python,
+    )
     text = path.read_text(encoding="utf-8")
     script = Script(path=path, text=text, reading=reading)
     found = launches(reading)
@@ -185,7 +189,7 @@ def _read_script(
         slime = [launch for launch in found if slime_args.is_slime(launch)]
         if slime:
             launch = slime[-1]
-            launch.args = [*launch.args, *(Field(f"--{text.lstrip('-')}", Path("--set"), 0) for text in extra or ())]
+            launch.args = [*launch.args, *(Field(f"--{text.lstrip('-')}", Path("--set"), 0) for text in extra)]
             slime_args.read_slime(script, launch)
             return script
         commands = ", ".join(sorted({Path(r.argv[0].text).name for r in reading.runs if r.argv})) or "none"
@@ -196,22 +200,24 @@ def _read_script(
             "pass the script's own arguments with --arg and its environment with --env",
         )
     launch = script.launch = verl[-1]
-    launch.args = [*launch.args, *(Field(text, Path("--set"), 0) for text in extra or ())]
+    launch.args = [*launch.args, *(Field(text, Path("--set"), 0) for text in extra)]
     for name, value in launch.env.items():
         script.env[name] = Setting(name, value.text, arg_source(value))
     script.overrides = _overrides_of(script, launch.args)
     hydra_args = [_hydra_arg(f) for f in launch.args]
     script.missing_in_cwd = _missing_in_cwd(launch, hydra_args)
     cwd = launch.run.cwd
-    if verl_root is not None:
-        script.composed = hydra_compose.compose_launch(verl_root, launch.entry, hydra_args, cwd=cwd, release=release)
+    if options.verl_root is not None:
+        script.composed = hydra_compose.compose_launch(
+            options.verl_root, launch.entry, hydra_args, cwd=cwd, release=options.release
+        )
         if script.composed.config is not None:
             _settle_composed(script)
             return script
     _load_yaml(script)
     _settle(script)
     if script.composed is None:
-        script.composed = hydra_compose.compose_launch(None, launch.entry, hydra_args, cwd=cwd, release=release)
+        script.composed = hydra_compose.compose_launch(None, launch.entry, hydra_args, cwd=cwd, release=options.release)
         _facts_from_settings(script)
     return script
 
@@ -232,15 +238,13 @@ def _missing_in_cwd(launch: Launch, hydra_args: list[hydra_compose.Arg]) -> list
     return missing
 
 
-def read_run_facts(
-    script: Path, tree: Tree, args: list[str] | None = None, env: dict[str, str] | None = None
-) -> dict[str, tuple[Any, str]]:
+def read_run_facts(script: Path, tree: Tree, options: ReaderOptions = ReaderOptions()) -> dict[str, tuple[Any, str]]:
     """{fact: (value, source)} of the run `script` launches, composed with this tree's own config
     (what `core.rules` calls `RunFacts`).
 
     The script is read as bash and Hydra read it (arrays, sourced files, `--env`, `--arg`): the values
     are the ones the package will run with, defaults included."""
-    found = read_script(script, args=args, env=env, verl_root=tree.root, release=str(tree.version))
+    found = read_script(script, replace(options, verl_root=tree.root, release=str(tree.version)))
     composed = found.composed
     if composed is not None and composed.errors:
         raise RefusedError(f"--script {script}: {tree.package} would refuse its overrides", details=composed.errors)

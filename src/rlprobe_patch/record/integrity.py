@@ -7,9 +7,9 @@ and every hash in ledger.json must match the blob history.git holds.
 
 from __future__ import annotations
 
-from rlprobe_patch.diffs import diff_paths
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import sha256
+from rlprobe_patch.base.diffs import diff_paths
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import sha256
 from rlprobe_patch.record.folder import Record, RecordFolder
 
 
@@ -35,7 +35,7 @@ def hash_problems(folder: RecordFolder, record: Record) -> list[str]:
             if not want and not blob:
                 continue  # a file the patch added has no "before"
             try:
-                ok = sha256(folder.read_blob(blob)) == want
+                ok = sha256(folder.history.read_blob(blob)) == want
             except Exception:  # not a blob id, or absent from history.git
                 ok = False
             if not ok:

@@ -15,8 +15,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import atomic_write, dump_json, locked
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import atomic_write, dump_json, locked
 
 
 def registry_path() -> Path:

@@ -12,10 +12,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlprobe_patch.diffs import unified_diff
-from rlprobe_patch.errors import RevertBlockedError
-from rlprobe_patch.fsio import digest, read_or_none
-from rlprobe_patch.gitsafe import run_git
+from rlprobe_patch.base.diffs import unified_diff
+from rlprobe_patch.base.errors import RevertBlockedError
+from rlprobe_patch.base.fsio import digest, read_or_none
+from rlprobe_patch.base.gitsafe import run_git
 from rlprobe_patch.record.folder import Record, RecordFolder
 
 
@@ -42,7 +42,9 @@ class RevertPlan:
         found = {}
         for rel, (new, mode) in self.contents.items():
             if new != self.current[rel]:
-                found[rel] = RevertTarget(self.current[rel], new, mode, "" if new is None else folder.store_blob(new))
+                found[rel] = RevertTarget(
+                    self.current[rel], new, mode, "" if new is None else folder.history.store_blob(new)
+                )
         return found
 
 
@@ -67,18 +69,18 @@ def plan_reversal(
             data = result[f.path]
             modes[f.path] = f.mode
             if digest(data) == f.after:
-                result[f.path] = folder.read_blob(f.before_blob) if f.before else None
+                result[f.path] = folder.history.read_blob(f.before_blob) if f.before else None
             elif digest(data) == f.before:
                 continue  # already reverted by hand
             else:
                 assert data is not None
-                patched = folder.read_blob(f.after_blob)
+                patched = folder.history.read_blob(f.after_blob)
                 edit = unified_diff({f.path: (patched, data)})
                 if not merge or not f.before:
                     why = "edited after apply" if f.before else "a file this patch added, edited after apply"
                     blocked.append(f"{f.path}: {why}; your edit (patched -> now):\n{edit}")
                     continue
-                ok, out = merge3(data, patched, folder.read_blob(f.before_blob))
+                ok, out = merge3(data, patched, folder.history.read_blob(f.before_blob))
                 if not ok:
                     blocked.append(f"{f.path}: your edit overlaps the patch; cannot merge it. Your edit:\n{edit}")
                     continue

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlprobe_patch.base.errors import PatchError
+from rlprobe_patch.base.fsio import digest, read_or_none
 from rlprobe_patch.catalogue.patches import load_catalogue
 from rlprobe_patch.catalogue.trees import Tree, find_tree
-from rlprobe_patch.errors import PatchError
-from rlprobe_patch.fsio import digest, read_or_none
 from rlprobe_patch.record.folder import Ledger, Record
 
 

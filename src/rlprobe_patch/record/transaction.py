@@ -16,8 +16,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from rlprobe_patch.errors import WriteFailedError
-from rlprobe_patch.fsio import (
+from rlprobe_patch.base.errors import WriteFailedError
+from rlprobe_patch.base.fsio import (
     atomic_write,
     checkpoint,
     digest,
@@ -52,7 +52,7 @@ def carry_out(folder: RecordFolder, journal: Journal) -> list[str]:
             continue
         checkpoint(f"write {f.path}")
         if f.blob:
-            atomic_write(path, folder.read_blob(f.blob), f.mode)
+            atomic_write(path, folder.history.read_blob(f.blob), f.mode)
         else:  # a file the write removes (the revert of a file a patch added)
             path.unlink()
             fsync_dir(path.parent)
@@ -60,7 +60,7 @@ def carry_out(folder: RecordFolder, journal: Journal) -> list[str]:
     folder.write_ledger(journal.ledger)
     recorded = {r.package for r in journal.ledger.records}
     for package, commit in journal.branches.items():
-        folder.set_branch(package, commit)
+        folder.history.set_branch(package, commit)
         register_tree(folder.root, package, present=package in recorded)
     checkpoint("clear journal")
     folder.clear_journal()

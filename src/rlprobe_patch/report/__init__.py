@@ -1,8 +1,9 @@
 """`rlprobe-patch report`: per-token train-vs-rollout log-probs joined with the layer compare.
 
-Above `workflow` (it reads slime's dumps through `workflow.slime_dumps`' finder and
-`workflow.envprobe`), below `matrix`, `demo` and `cli`:
+Beside `workflow` (neither imports the other: what both read, slime's dumps and msprobe's folders, is
+`dumps`), below `matrix`, `demo` and `cli`:
 
+- `make.py`: the command as one call, `make_report(ReportRequest) -> Report` (what the CLI prints, its exit);
 - `capture_format.py`: the per-step capture file (`write_capture`, `read_capture`, `TokenBatch`);
 - `slime_logprobs.py`: slime's debug dumps joined by rollout position, else sample index;
 - `layers.py`: msprobe's compare CSVs, module by module in forward order;
@@ -15,11 +16,13 @@ Above `workflow` (it reads slime's dumps through `workflow.slime_dumps`' finder 
   the diagnosis' step by step; `confirm.py`: the runs that would confirm one (the launch script with one
   setting changed, printed only where that differs from its consistency script);
 - `next_steps.py`: the commands printed next (`next:`), each as it runs, placeholders defined on the line;
-- `render.py`: report.html (SVG plots drawn from the aggregates, embedded) and the text summary;
-- `svgplot.py`: the token plots' small SVG charts (matplotlib draws the layer plot);
+- `summary.py`: the text the command prints, and the readings the page shares with it;
+- `page.py` with `templates/report.html`: report.html by a Jinja2 template with autoescape (every value escaped);
+- `plots.py`: the plots' inline SVG (`svgplot.py` the token plots' small charts, matplotlib the layer plot);
 - `write_outputs` (here): report.json and report.html, each whole or not at all.
 
-numpy is the `report` extra; it is imported when the command runs.
+numpy, matplotlib and Jinja2 are dependencies (the `report` extra is kept for old install lines); they are imported
+when the command runs, matplotlib only for a layer compare.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.fsio import atomic_write
+from rlprobe_patch.base.fsio import atomic_write
 
 
 def _plain(value: Any) -> Any:

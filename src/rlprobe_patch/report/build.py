@@ -17,17 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import atomic_write
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import atomic_write
+from rlprobe_patch.dumps.msprobe import TENSORS
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
-from rlprobe_patch.report.diagnosis import Floor, choose_floor, diagnose
+from rlprobe_patch.report.confirm import ConsistencySettings
+from rlprobe_patch.report.diagnosis import Floor, diagnose
 from rlprobe_patch.report.identity import StepIdentity, check_step, index_records, weights_for_step
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import (
     Profiles,
     Tokens,
     dlogp_histogram,
-    quantiles,
     tokens_debug_metrics,
     tokens_offpolicy_metrics,
     tokens_per_request,
@@ -99,10 +100,6 @@ def read_evidence(inputs: Inputs) -> Evidence:
     return evidence
 
 
-# msprobe keeps each dump's tensors in this folder (also check-dump's actor views): torch files, never slime's
-MSPROBE_TENSORS = "dump_tensor_data"
-
-
 def classify(paths: list[Path]) -> Inputs:
     """Sort the paths given into captures, slime dumps and compare CSVs; refuse what is none of them. A file
     given twice (itself and in a folder given) is read once."""
@@ -110,7 +107,7 @@ def classify(paths: list[Path]) -> Inputs:
     for path in paths:
         if path.is_dir():
             found.captures += sorted(path.rglob(f"*{SUFFIX}"))
-            scanned = sorted(p for p in path.rglob("*.pt") if p.is_file() and MSPROBE_TENSORS not in p.parts)
+            scanned = sorted(p for p in path.rglob("*.pt") if p.is_file() and TENSORS not in p.parts)
             found.slime += scanned
             found.slime_found.update(p.resolve() for p in scanned)
             found.compares += compare_files([path])
@@ -201,10 +198,10 @@ def run_settings(script: Path | None, python: str | None = None) -> RunSettings:
     if script is None:
         return RunSettings(None, clip, clip_source)
     # imported here: the script reader (bash and Hydra) only where a script is given
-    from rlprobe_patch.launch.script import read_script
+    from rlprobe_patch.launch.script import ReaderOptions, read_script
 
     try:
-        read = read_script(script, python=python)
+        read = read_script(script, ReaderOptions(python=python))
     except RefusedError as exc:
         return RunSettings(None, clip, clip_source, f"--replay-script {script}: not read ({exc.message})")
     values = {k: read.value(f"actor_rollout_ref.rollout.{k}") for k in SAMPLING_KEYS}
@@ -239,7 +236,7 @@ def read_inputs(
             progress(f"reading captures: {done} of {len(inputs.captures)}")
     notes: list[str] = []
     if inputs.slime:
-        # imported here: the slime reader brings the workflow's interpreter probe (subprocess and all),
+        # imported here: the slime reader brings the interpreter probe (subprocess and all),
         # which a report of captures alone does not need
         from rlprobe_patch.report.slime_logprobs import join_slime, read_slime_files
 
@@ -328,7 +325,7 @@ def _distribution(run: Tokens) -> tuple[list[float], dict[str, Any]]:
     dlogp = run.abs_dlogp
     ends = np.cumsum([0] + [part.size for part in run.part_list()]).tolist()
     histogram = dlogp_histogram(dlogp, parts=[slice(a, b) for a, b in itertools.pairwise(ends)])
-    return (quantiles(dlogp, _LEVELS) if dlogp.size else []), histogram
+    return (np.quantile(dlogp, _LEVELS).tolist() if dlogp.size else []), histogram
 
 
 def _per_step(
@@ -406,14 +403,18 @@ def build(
     batches: list[TokenBatch],
     pairs: list[PairCompare],
     limits: dict[str, float | None],
-    floor: Floor | None = None,
+    floor: Floor,
     script: str | None = None,
     sampling: dict[str, Any] | None = None,
     evidence: Evidence | None = None,
     clip: tuple[float, float] | None = None,
+    *,
+    consistency: ConsistencySettings | None = None,
+    clip_source: str | None = None,
 ) -> dict[str, Any]:
-    """The report's document; `floor` (else none measured) is the noise floor the diagnosis judges against,
-    `evidence` the engine's records and the weight fingerprints, `clip` the run's PPO clip range."""
+    """The report's figures, diagnosis, thresholds and verdict; `floor` is the noise floor the diagnosis judges
+    against (`diagnosis.choose_floor`), `evidence` the engine's records and the weight fingerprints, `clip` the
+    run's PPO clip range (read from `clip_source`), `consistency` what a consistency script of `script` sets."""
     run = run_tokens(batches)
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
@@ -423,7 +424,6 @@ def build(
     }
     grades = grade_steps(report)
     if batches:
-        floor = floor or choose_floor(batches, [], None)
         # the verdict's step grades are in the batches' order (token_report keeps it)
         by_batch = {index: grade["state"] for index, grade in enumerate(grades)}
         identities = (evidence or Evidence()).identities(batches)
@@ -435,7 +435,17 @@ def build(
         # with the machine's number of cores
         with threadpool_limits(limits=1, user_api="blas"):
             report["diagnosis"] = diagnose(
-                batches, report["layers"], floor, script, sampling, identities, by_batch, clip, run.part_list()
+                batches,
+                report["layers"],
+                floor,
+                script,
+                sampling,
+                identities,
+                by_batch,
+                clip,
+                run.part_list(),
+                consistency=consistency,
+                clip_source=clip_source,
             )
     report["thresholds"] = check_thresholds(report, limits)
     report["verdict"] = verdict(report, grades)

@@ -44,9 +44,10 @@ sampled the tokens (cache, batch, kernels).
 Files are named `step-<step:06d>.rlprobe-logprobs.npz` (`capture_name`) and written whole or not
 at all (a temporary file in the same folder, then a rename).
 
-`write_capture` is the one definition of the format: the tests write captures with it, and the
-catalogue patch that captures on verl's side inserts the same steps (it cannot import
-rlprobe-patch in a user's tree; the format is this docstring). `read_capture` checks a file
+`write_capture` is the one definition of the format: the tests and the demo write captures with it, and the
+catalogue patch that captures on verl's side inserts the same steps (it cannot import rlprobe-patch in a user's
+tree; the format is this docstring): given the same arrays, the two write the same bytes
+(tests/unit/test_logprob_capture_payload.py). `read_capture` checks a file
 against it and refuses, naming the file, what is not a capture of this version.
 """
 
@@ -64,7 +65,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 
 FORMAT = "rlprobe-logprobs"
 FORMAT_VERSION = 1
@@ -118,20 +119,22 @@ def write_capture(
         "rollout_log_probs": np.asarray(rollout_log_probs, dtype=np.float32)[rows],
         "old_log_probs": np.asarray(old_log_probs, dtype=np.float32)[rows],
     }
+    # the optional arrays in the order the inserted writer (verl.logprob-capture's payload) puts them: the same
+    # inputs give the same bytes (tests/unit/test_logprob_capture_payload.py)
+    if source:
+        arrays["source"] = np.array(source)
     if ref_log_prob is not None:
         arrays["ref_log_prob"] = np.asarray(ref_log_prob, dtype=np.float32)[rows]
     if dataset_index is not None:
         arrays["dataset_index"] = np.asarray(dataset_index, dtype=np.int64)[rows]
-    if raw_prompts is not None:
-        arrays["raw_prompts"] = np.array([str(p) for p in raw_prompts], dtype=str)[rows]
-    if source:
-        arrays["source"] = np.array(source)
     if sampling is not None:
         arrays["sampling"] = np.array(json.dumps(sampling))
     if prompt_ids is not None:
         arrays["prompt_ids"] = np.asarray(prompt_ids, dtype=np.int64)[rows]
     if provenance is not None:
         arrays["provenance"] = np.array(json.dumps(provenance))
+    if raw_prompts is not None:
+        arrays["raw_prompts"] = np.array([str(p) for p in raw_prompts], dtype=str)[rows]
     if prefill_log_probs is not None:
         arrays["prefill_log_probs"] = np.asarray(prefill_log_probs, dtype=np.float32)[rows]
     os.makedirs(directory, exist_ok=True)

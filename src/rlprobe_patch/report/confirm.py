@@ -12,28 +12,41 @@ RUN.sh in exactly that setting:
   capture says the rollout ran with it) is dropped: the run already had it.
 
 Without a launch script there is no run to name: no line (the report's "next" says how to get them).
+
+What a plain consistency script of RUN.sh sets is the collection workflow's to say (`workflow.derive`, which the
+report does not import): the caller of `report.make.make_report` passes its answer in as a function
+(`ConsistencyOf`), asked once per report.
 """
 
 from __future__ import annotations
 
-import functools
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import PatchError
 
 ROLLOUT = "actor_rollout_ref.rollout."
 
+# (the keys a plain consistency script of a launch script sets, the values the launch script runs with for the
+# keys asked): `workflow.derive.consistency_settings`; None where no consistency script can be derived from it
+ConsistencySettings = tuple[frozenset[str], dict[str, Any]]
+ConsistencyOf = Callable[[str, frozenset[str]], "ConsistencySettings | None"]
 
-def confirm_lines(cause: str, script: str | None, sampling: dict[str, Any] | None = None) -> tuple[str, ...]:
-    """The one-setting-changed runs for `cause` on `script` (the report's --replay-script); `sampling` is the
-    rollout settings of the step that shows the cause (its capture's, else the launch script's)."""
-    if script is None:
-        return ()
-    plain = _consistency_settings(str(script))
-    if plain is None:  # not a script a consistency collection can be derived from: no run to name
+
+def confirming_keys() -> frozenset[str]:
+    """The keys of the settings a confirming run changes (release data)."""
+    return frozenset(c.set.partition("=")[0] for c in releases("verl").confirms)
+
+
+def confirm_lines(
+    cause: str, script: str | None, plain: ConsistencySettings | None, sampling: dict[str, Any] | None = None
+) -> tuple[str, ...]:
+    """The one-setting-changed runs for `cause` on `script` (the report's --replay-script), where `plain` says what
+    a consistency script of it sets (None: none can be derived, no run to name); `sampling` is the rollout settings
+    of the step that shows the cause (its capture's, else the launch script's)."""
+    if script is None or plain is None:
         return ()
     owned, current = plain
     lines = []
@@ -47,23 +60,6 @@ def confirm_lines(cause: str, script: str | None, sampling: dict[str, Any] | Non
         command = ["rlprobe-patch", "script", script, "--mode", "consistency", "--set", c.set, "-o", str(output)]
         lines.append(f"{shlex.join(command)}  # verl {c.versions}: {c.why}")
     return tuple(lines)
-
-
-@functools.lru_cache(maxsize=8)
-def _consistency_settings(script: str) -> tuple[frozenset[str], dict[str, Any]] | None:
-    """(the keys a plain consistency script of `script` sets, the values `script` runs with for the confirming
-    keys), read as `rlprobe-patch script SCRIPT --mode consistency` reads it; None when it cannot be derived."""
-    # imported here: the script reader (bash and Hydra) only where a launch script is given
-    from rlprobe_patch.workflow.derive import derive
-
-    try:
-        detection, req, _ = derive(Path(script), mode="consistency")
-    except PatchError:
-        return None
-    if req.refusals or req.blocked:
-        return None
-    keys = {c.set.partition("=")[0] for c in releases("verl").confirms}
-    return frozenset(r.key for r in req.settings), {k: detection.script.value(k) for k in keys}
 
 
 def _same(have: Any, wanted: str) -> bool:

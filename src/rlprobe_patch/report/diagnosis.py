@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from rlprobe_patch.report.capture_format import TokenBatch
-from rlprobe_patch.report.confirm import confirm_lines, sampling_of
+from rlprobe_patch.report.confirm import ConsistencySettings, confirm_lines, sampling_of
 
 # Floor, choose_floor and measure_floor: the floor's names the diagnosis' readers import from here, with `diagnose`
 from rlprobe_patch.report.floor import Floor as Floor
@@ -595,13 +595,17 @@ def diagnose(
     guidance: dict[int, str] | None = None,
     clip: tuple[float, float] | None = None,
     parts: list[Tokens] | None = None,
+    *,
+    consistency: ConsistencySettings | None = None,
+    clip_source: str | None = None,
 ) -> dict[str, Any]:
     """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step).
 
     `sampling` is the run's rollout settings (`run_settings`), where its launch script was read: a step whose
     capture recorded its own (`TokenBatch.sampling`) is judged against those, and the engine's record beats
     both. `identities` (by the batch's index) hold each step's identity check; `guidance` each step's state by
-    verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range.
+    verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range (read
+    from `clip_source`). `consistency`: what a consistency script of `script` sets (`confirm.confirm_lines`).
     `parts`: each batch's valid tokens as the report took them out (`Tokens.part_list`), in the order of
     `batches`, read where no row is left out (else taken out here)."""
     steps: list[dict[str, Any]] = []
@@ -657,12 +661,12 @@ def diagnose(
             best["unexplained"] = Cause("unexplained", 0.0, 0.0, "every step within the floor")
     ranked = _ranked(list(best.values()))
     for c in ranked:
-        c.confirm = confirm_lines(c.cause, script, sampling_of(steps, c.cause))
+        c.confirm = confirm_lines(c.cause, script, consistency, sampling_of(steps, c.cause))
     return {
         "floor": asdict(floor),
         "layers": asdict(view) if view is not None else None,
         "sampling": sampling,
-        "clip": {"low": clip[0], "high": clip[1]} if clip is not None else None,
+        "clip": _clip_json(clip, clip_source),
         "causes": [_plain(c) for c in ranked],
         "top": ranked[0].cause if ranked else None,
         "steps": steps,
@@ -723,6 +727,12 @@ def _clean_requests(steps: list[Step]) -> set[str]:
 
 def _noise(entry: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in entry["causes"] if c["cause"] == "precision-noise")
+
+
+def _clip_json(clip: tuple[float, float] | None, source: str | None) -> dict[str, Any] | None:
+    if clip is None:
+        return None
+    return {"low": clip[0], "high": clip[1], **({"source": source} if source is not None else {})}
 
 
 def _identity_json(identity: StepIdentity | None) -> dict[str, Any] | None:

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
-from rlprobe_patch.report.metrics import Tokens, quantiles
+from rlprobe_patch.report.metrics import Tokens
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
 
 FLOOR_FACTOR = 4.0  # how far above the floor's spread a step or a token must be to leave it
@@ -116,7 +116,7 @@ def measure_floor(batches: list[TokenBatch], how: str) -> Floor:
     sides = {_sides(b.provenance) for b in batches}
     dtype = _coarsest([s for pair in sides for s in pair if s]) or "float32"
     token_res, mean_res = resolution(dtype, tokens.rollout)
-    mean, (p99,) = float(d.mean()), quantiles(d, (TAIL_QUANTILE,))
+    mean, p99 = float(d.mean()), float(np.quantile(d, TAIL_QUANTILE))
     tail_limit = max(p99, token_res)
     tail_share = succession(int((d > tail_limit).sum()), tokens.size)
     nonzero = int((signed != 0).sum())

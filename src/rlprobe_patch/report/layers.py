@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.dumps.msprobe import PAIR_FILE
 from rlprobe_patch.report.floor import FLOOR_FACTOR
 
 _BASIC = [
@@ -209,10 +210,6 @@ def read_compare_csv(path: Path) -> PairCompare:
         if _rank(result) > _rank(entry["result"]):
             entry["result"] = result
         entry["diverges"] = entry["accuracy_fails"] or entry["result"] in ("warning", "error")
-    # imported here: check-dump's module brings the interpreter probe (logging, subprocess), which a report of
-    # captures alone does not need (10 ms of a report's start, issue 45)
-    from rlprobe_patch.workflow.check_dump import PAIR_FILE
-
     info_path = path.parent / PAIR_FILE
     problem = ""
     try:

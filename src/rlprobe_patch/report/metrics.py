@@ -283,6 +283,9 @@ def tokens_debug_metrics(tokens: Tokens) -> dict[str, float]:
 
 
 def _pearson(a: FloatArray, b: FloatArray) -> float:
+    """Pearson's correlation of the two probabilities, clamped to [-1, 1]; NaN for fewer than two tokens or a side
+    without spread. Not `np.corrcoef`: its covariance is a BLAS dot product, another order of summation, whose last
+    bits differ (by 1e-16 on the pinned reports, tests/report_numbers.py)."""
     if a.size < 2:
         return float("nan")
     da, db = a - a.mean(), b - b.mean()
@@ -347,7 +350,7 @@ def tokens_scale_metrics(tokens: Tokens) -> dict[str, float]:
         return {}
     return {
         "probs_diff_mean_ceiling": float(np.maximum(tokens.p_train, tokens.p_rollout).mean()),
-        "median_rollout_p": median(tokens.p_rollout),
+        "median_rollout_p": float(np.median(tokens.p_rollout)),
         "mean_abs_dlogp": float(tokens.abs_dlogp.mean()),
         "max_abs_dlogp": float(tokens.abs_dlogp.max()),
         "token_multiplicative_error": float(np.exp(tokens.abs_dlogp).mean()),
@@ -554,83 +557,6 @@ class Profiles:
                 }
             )
         return rows
-
-
-_COUNTED = 1 << 16  # from this many values on, order statistics are found by counting first (`order_statistics`)
-
-
-def order_statistics(values: FloatArray, ks: list[int]) -> FloatArray:
-    """The `ks`-th smallest of `values` (0-based; a negative k from the end), each the number `np.partition` puts
-    there, NaN last.
-
-    A large array of numbers >= 0 (probabilities, |dlogp|) is counted first: the bits of such a float64 order as
-    its value, so the top 16 bits of each (the exponent and 4 bits of the mantissa) sort the values into 32768
-    buckets, a count of each says which buckets hold the wanted ranks, and only those buckets' values are
-    partitioned: two passes over the array where `np.partition`'s selection made several. Anything else (a
-    negative number, -0.0, an array of few values or whose wanted buckets hold a quarter of it) goes to
-    `np.partition`. tests/unit/test_report_metrics.py holds both equal to numpy's.
-    """
-    n = values.size
-    wanted = [k % n for k in ks]
-    if n >= _COUNTED and values.dtype == np.float64 and values.flags.c_contiguous:
-        keys = values.view(np.int64)
-        if int(keys.min()) >= 0:
-            top = keys >> 48
-            counts = np.bincount(top, minlength=1 << 15)
-            ends = np.cumsum(counts)
-            buckets = np.searchsorted(ends, wanted, side="right")  # the bucket of each rank: the first ending past it
-            chosen = np.unique(buckets)
-            if int(counts[chosen].sum()) <= n // 4:
-                picked = np.zeros(1 << 15, dtype=bool)
-                picked[chosen] = True
-                kept = values[picked[top]]  # the chosen buckets' values (in the array's order)
-                # a rank within `kept`: past the values of the chosen buckets below its own
-                before = np.cumsum(counts[chosen]) - counts[chosen]
-                starts = dict(zip(chosen.tolist(), (before - (ends[chosen] - counts[chosen])).tolist()))
-                ranks = [k + starts[int(b)] for k, b in zip(wanted, buckets)]
-                ordered = np.partition(kept, sorted(set(ranks)))
-                return ordered[ranks]
-    return np.partition(values, sorted(set(wanted)))[wanted]
-
-
-def median(values: FloatArray) -> float:
-    """`float(np.median(values))` bit for bit (the middle value, or the mean of the two middle ones; NaN if any
-    value is), from `order_statistics`."""
-    n = values.size
-    middle = [n // 2] if n % 2 else [n // 2 - 1, n // 2]
-    found = order_statistics(values, [*middle, n - 1])
-    if np.isnan(found[-1]):  # NaN sorts last
-        return float("nan")
-    # np.mean of the two: their sum (0.0 + a + b, a >= 0 or a pair of numbers) halved
-    return float(found[0]) if n % 2 else float(np.add.reduce(found[:2]) / 2)
-
-
-def quantiles(values: FloatArray, qs: tuple[float, ...]) -> list[float]:
-    """`np.quantile(values, qs).tolist()` (its default, linear method) bit for bit, from one selection.
-
-    `np.quantile` passes its indexes through `np.unique`, whose masked-array check imports numpy.ma: 20 ms,
-    as long as the selection itself. The interpolation is numpy's own (`_lerp`: from the upper neighbour
-    from half-way on); `tests/unit/test_report_metrics.py` holds the two equal.
-    """
-    n = values.size
-    virtual = (n - 1) * np.asarray(qs, dtype=np.float64)
-    lower = np.floor(virtual)
-    upper = lower + 1
-    last = virtual >= n - 1  # the largest value, for both neighbours
-    lower[last] = -1
-    upper[last] = -1
-    below, above = lower.astype(np.intp), upper.astype(np.intp)
-    ranks = sorted({0, n - 1, *(below % n).tolist(), *(above % n).tolist()})
-    found = dict(zip(ranks, order_statistics(values, ranks).tolist()))
-    a = np.array([found[k % n] for k in below.tolist()])
-    b = np.array([found[k % n] for k in above.tolist()])
-    gamma = virtual - below
-    diff = b - a
-    result = a + diff * gamma
-    np.subtract(b, diff * (1 - gamma), out=result, where=gamma >= 0.5)
-    if math.isnan(found[n - 1]):  # a NaN sorts last and makes every quantile NaN
-        result[:] = found[n - 1]
-    return result.tolist()  # type: ignore[no-any-return]
 
 
 def dlogp_histogram(abs_dlogp: FloatArray, bins: int = 50, parts: list[slice] | None = None) -> dict[str, Any]:

@@ -79,7 +79,8 @@ def next_steps(report: dict[str, Any]) -> list[tuple[str, str]]:
                     "replay: this capture keeps no prompt and no dataset index; capture the run with "
                     "verl.logprob-capture, which keeps both where verl's batch has them, and report again"
                     + _where(VERL_DEFINITION, *([] if script else [RUN_DEFINITION])),
-                    "rlprobe-patch apply --verl-root VERL --backend fsdp --only verl.logprob-capture,verl.request-id\n"
+                    "rlprobe-patch apply --verl-root VERL --backend fsdp --only "
+                    f"{','.join(releases('verl').capture_patches)}\n"
                     f"MISMATCH_ON=1 MISMATCH_DIR=caps bash {shlex.quote(run)} "
                     "actor_rollout_ref.rollout.calculate_log_probs=True",
                 )

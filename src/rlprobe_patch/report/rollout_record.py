@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 
 FORMAT = "rlprobe-rollout"
 FORMAT_VERSION = 1

@@ -1,6 +1,6 @@
 """Per-sample log-probs from slime's debug dumps: the rollout's against training's, sample by sample.
 
-The files are the ones `check-dump --slime-debug` reads (`workflow.slime_dumps`: found the same
+The files are the ones `check-dump --slime-debug` reads (`dumps.slime`: read by one probe, found the same
 way, read with torch `weights_only=True` in `--python`):
 
 - the rollout dump: `samples` in rollout order (a sample's position in that list is its rollout
@@ -18,123 +18,18 @@ Joined as slime's own end-to-end test joins them: by `rollout_position`, else by
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.dumps.slime import is_evaluation, read_slime_dumps
 from rlprobe_patch.report.capture_format import TokenBatch
-from rlprobe_patch.workflow.envprobe import run_python
-from rlprobe_patch.workflow.slime_dumps import _EVAL
-
-_READER = r"""
-import json, sys
-import torch
-
-def floats(value):
-    if value is None:
-        return None
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        try:
-            return [float(v) for v in value]
-        except (TypeError, ValueError):
-            return None
-    return None
-
-def ints(value):
-    if value is None:
-        return None
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    try:
-        return [int(v) for v in value]
-    except (TypeError, ValueError):
-        return None
-
-def scalar(value):
-    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
-        value = value.item()
-    return value if isinstance(value, (int, float, str)) or value is None else str(value)
-
-def text(value):
-    if value is None or isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
-
-def at(lst, i):
-    return lst[i] if isinstance(lst, (list, tuple)) and i < len(lst) else None
-
-out = []
-for path in json.loads(sys.stdin.read()):
-    item = {"path": path}
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        item["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
-        out.append(item); continue
-    if not isinstance(data, dict):
-        item["error"] = f"holds a {type(data).__name__}, not slime's dict"; out.append(item); continue
-    item["rollout_id"] = scalar(data.get("rollout_id"))
-    samples = []
-    if "rollout_data" in data and isinstance(data["rollout_data"], dict):
-        item["kind"], item["format_version"] = "train", 1
-        rd = data["rollout_data"]
-        indices = ints(rd.get("sample_indices")) or []
-        positions = ints(rd.get("partition"))
-        for i, index in enumerate(indices):
-            samples.append({"sample_index": index, "rollout_position": at(positions, i) if positions else None,
-                            "log_probs": floats(at(rd.get("log_probs"), i)),
-                            "rollout_log_probs": floats(at(rd.get("rollout_log_probs"), i)),
-                            "response_length": scalar(at(rd.get("response_lengths"), i)),
-                            "tokens": ints(at(rd.get("tokens"), i))})
-    elif "samples" in data and data.get("format_version") is not None:
-        item["kind"], item["format_version"] = "train", scalar(data.get("format_version"))
-        for s in data.get("samples") or []:
-            if isinstance(s, dict):
-                samples.append({"sample_index": scalar(s.get("sample_index", s.get("index"))),
-                                "rollout_position": scalar(s.get("rollout_position", s.get("partition"))),
-                                "log_probs": floats(s.get("log_probs")),
-                                "rollout_log_probs": floats(s.get("rollout_log_probs")),
-                                "response_length": scalar(s.get("response_length")),
-                                "tokens": ints(s.get("tokens"))})
-    elif "samples" in data:
-        item["kind"] = "rollout"
-        for position, s in enumerate(data.get("samples") or []):
-            if isinstance(s, dict):
-                meta = s.get("metadata") if isinstance(s.get("metadata"), dict) else {}
-                ids = meta.get("rlprobe_request_ids")
-                samples.append({"sample_index": scalar(s.get("index")), "rollout_position": position,
-                                "rollout_log_probs": floats(s.get("rollout_log_probs")),
-                                "response_length": scalar(s.get("response_length")),
-                                "tokens": ints(s.get("tokens")), "prompt": text(s.get("prompt")),
-                                "request_id": str(ids[0]) if isinstance(ids, list) and ids else None})
-    else:
-        item["error"] = "neither a rollout dump (samples) nor a train dump (rollout_data, format_version)"
-    item["samples"] = samples
-    out.append(item)
-print(json.dumps(out))
-"""
 
 
 def read_slime_files(files: list[Path], python: str | None) -> list[dict[str, Any]]:
-    proc = run_python(python, _READER, timeout=1800, stdin=json.dumps([str(f) for f in files]))
-    for line in reversed(proc.stdout.strip().splitlines()):
-        if line.startswith("["):
-            items: list[dict[str, Any]] = json.loads(line)
-            return items
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    more = f" and {len(files) - 1} more" if len(files) > 1 else ""
-    raise RefusedError(
-        f"cannot read slime's debug dumps ({files[0]}{more}): {tail}",
-        hint="they are torch files: pass --python with the training environment's interpreter (it has torch)",
-    )
+    return [item["logprobs"] for item in read_slime_dumps(files, python, timeout=1800)]
 
 
 def join_slime(items: list[dict[str, Any]]) -> tuple[list[TokenBatch], list[str]]:
@@ -144,7 +39,7 @@ def join_slime(items: list[dict[str, Any]]) -> tuple[list[TokenBatch], list[str]
     for item in items:
         if "error" in item:
             raise RefusedError(f"{item['path']}: not a slime debug dump: {item['error']}")
-        if _EVAL.search(Path(item["path"]).name):
+        if is_evaluation(item["path"]):
             notes.append(f"{item['path']}: an evaluation rollout: no training side, left out")
             continue
         entry = rollouts.setdefault(str(item["rollout_id"]), {"rollout": [], "train": []})

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import RefusedError
+from rlprobe_patch.base.errors import RefusedError
 
 FORMAT = "rlprobe-weights"
 FORMAT_VERSION = 1

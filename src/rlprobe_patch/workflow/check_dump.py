@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.workflow.envprobe import interpreter, last_json, msprobe_import, run_python
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.interpreter import interpreter, last_json, last_line, msprobe_import, run_probe
+from rlprobe_patch.dumps.msprobe import PAIR_FILE
+from rlprobe_patch.workflow.slime_dumps import SlimeDebugReport, check_slime_debug, debug_files
 
 _STEP = re.compile(r"^step_?(\d+)$")
 _RANK = re.compile(r"^(?:rank_?(\d+)|proc(\d+))$")
@@ -109,13 +112,7 @@ class CompareVerdict:
         return f"{self.pairs} pair(s) compared by msprobe: {counts}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "pairs": self.pairs,
-            "agree": self.agree,
-            "disagree": self.disagree,
-            "unknown": self.unknown,
-        }
+        return {"ok": self.ok, **asdict(self)}
 
 
 @dataclass
@@ -580,116 +577,6 @@ def vllm_module_mapping(actor: dict[str, Any], generate: dict[str, Any]) -> dict
     return {"data_mapping": mapping, "left_out": left_out}
 
 
-_COMPARE = r"""
-import json, sys, io, contextlib, os
-from msprobe.pytorch.compare.pt_compare import pt_compare
-pairs = json.loads(sys.stdin.read())  # on stdin: a real model's module mappings pass one argument's limit
-
-
-def verdict(out, files):
-    # msprobe's own verdict per row (its `Result` column: pass / warning / error, from its thresholds),
-    # over the rows it matched by name on both sides.
-    try:
-        import pandas as pd
-        path = os.path.join(out, files[-1])
-        table = pd.read_csv(path) if path.endswith(".csv") else pd.read_excel(path)
-        bench = table["Bench Name"].astype(str)
-        matched = table[table["Bench Name"].notna() & ~bench.isin(["N/A", "nan", ""])]
-        results = matched["Result"].astype(str).str.lower()
-        accuracy = pd.Series([None] * len(matched), index=matched.index, dtype=object)
-        tensor_mode = "Cosine" in table.columns  # statistics mode: Max/Min/Mean/L2norm diff, no cosine
-        try:  # tensor mode: msprobe's accuracy rule on Cosine and MaxAbsErr (its "Accuracy Reached or Not")
-            from msprobe.core.compare.multiprocessing_compute import check_accuracy
-            if tensor_mode:
-                numeric = pd.to_numeric(matched["Cosine"], errors="coerce").notna()
-                accuracy = matched["Cosine"].where(~numeric, None).astype(object)
-                for index in matched.index[numeric]:
-                    accuracy[index] = check_accuracy(matched.at[index, "Cosine"], matched.at[index, "MaxAbsErr"])
-        except ImportError:
-            pass
-        bad = matched[results.isin(["warning", "error"]) | (accuracy == "No")]
-        last = matched[matched["NPU Name"].astype(str).str.contains(r"\.output\.", regex=True)].tail(1)
-        return {
-            "rows": int(len(table)), "matched": int(len(matched)),
-            "results": {k: int(v) for k, v in results.value_counts().items()},
-            "accuracy_reached": {k: int(v) for k, v in accuracy[accuracy.isin(["Yes", "No"])].value_counts().items()},
-            "agree": bool(len(matched)) and bad.empty,
-            "mismatched": [str(n) for n in bad["NPU Name"].head(10)],
-            "mode": "tensor" if tensor_mode else "statistics",
-            "last_output": {"name": str(last["NPU Name"].iloc[0]), "result": str(last["Result"].iloc[0]),
-                            **({"cosine": str(last["Cosine"].iloc[0]), "max_abs_err": str(last["MaxAbsErr"].iloc[0])}
-                               if tensor_mode else {"max_diff": str(last["Max diff"].iloc[0])})} if len(last) else None,
-        }
-    except Exception as exc:  # an older msprobe's columns: the files are still there
-        return {"agree": None, "verdict_error": f"{type(exc).__name__}: {exc}"}
-
-
-def flat_view(dump, folder, mapping):
-    # The actor dump as vLLM lays out a step: the tensors of the mapped modules (inputs, outputs) of a
-    # one-sequence micro-batch without their leading [1, ...] (values, dtypes, statistics untouched);
-    # the tensors are copies, the actor's dump stays as it is.
-    import torch
-    with open(dump) as f:
-        doc = json.load(f)
-    modules = {row.split(".parameters.")[0].rsplit(".output.", 1)[0] for row in mapping}
-    src = os.path.join(os.path.dirname(dump), "dump_tensor_data")
-    dst = os.path.join(folder, "dump_tensor_data")
-    os.makedirs(dst, exist_ok=True)
-
-    def walk(node, flatten):
-        if isinstance(node, dict) and node.get("data_name"):  # tensor mode: the tensor's file and its shape
-            name = node["data_name"]
-            if not os.path.isfile(os.path.join(src, name)):
-                return
-            value = torch.load(os.path.join(src, name), weights_only=True)
-            shape = node.get("shape") or []
-            if flatten and len(shape) > 1 and shape[0] == 1:
-                value = value.squeeze(0)
-                node["shape"] = list(shape[1:])
-            torch.save(value, os.path.join(dst, name))
-        elif isinstance(node, dict) and isinstance(node.get("shape"), list) and "Max" in node:  # statistics mode
-            shape = node["shape"]
-            if flatten and len(shape) > 1 and shape[0] == 1:
-                node["shape"] = list(shape[1:])
-        elif isinstance(node, dict):
-            for value in node.values():
-                walk(value, flatten)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value, flatten)
-
-    for key, entry in doc["data"].items():
-        for part, value in entry.items():
-            walk(value, key in modules and part != "parameters")
-    path = os.path.join(folder, "dump.json")
-    with open(path, "w") as f:
-        json.dump(doc, f)
-    return path
-
-
-results = []
-for pair in pairs:
-    out = pair["output"]
-    os.makedirs(out, exist_ok=True)
-    buf = io.StringIO()
-    try:
-        actor = pair["actor"]
-        mapping = pair.get("data_mapping") or {}
-        if mapping:
-            actor = flat_view(actor, pair["view"], mapping)
-        with contextlib.redirect_stdout(buf):
-            pt_compare({"npu_path": actor, "bench_path": pair["generate"],
-                        "is_print_compare_log": False}, out, **({"data_mapping": mapping} if mapping else {}))
-        files = sorted(f for f in os.listdir(out) if f.endswith((".csv", ".xlsx")))
-        results.append({"ok": bool(files), "output": out, "files": files, "mapped_rows": len(mapping),
-                        **verdict(out, files)})
-    except BaseException as exc:
-        results.append({"ok": False, "output": out, "error": f"{type(exc).__name__}: {exc}",
-                        "log": buf.getvalue().splitlines()[-5:]})
-print(json.dumps(results))
-"""
-
-
 def require_msprobe(python: str | None) -> None:
     """Refuse `--compare` where msprobe does not import (exit 3), naming the interpreter and why."""
     found = msprobe_import(python)
@@ -700,9 +587,6 @@ def require_msprobe(python: str | None) -> None:
             hint="pass --python with the training environment's interpreter (msprobe and its torch there), or install "
             f"it: rlprobe-patch doctor --install --python {exe}",
         )
-
-
-PAIR_FILE = "pair.json"  # in each pair's compare folder: the pair check-dump made (`report` reads it)
 
 
 def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[dict[str, Any]]:
@@ -727,17 +611,16 @@ def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[
             job["view"] = str(output.parent / f"{output.name}.actor-views" / name)
         left_out.append(mapped.get("left_out", {}))
         jobs.append(job)
-    proc = run_python(python, _COMPARE, timeout=1800, stdin=json.dumps(jobs))
-    for line in reversed(proc.stdout.strip().splitlines()):
-        if line.startswith("["):
-            results: list[dict[str, Any]] = json.loads(line)
-            for pair, result, skipped in zip(report.pairs, results, left_out):
-                if skipped:
-                    result["left_out"] = skipped
-                pair["compare"] = result
-            return results
-    last_json(proc, "msprobe compare")  # raises with the stderr tail
-    return []
+    proc = run_probe(python, "msprobe_compare", timeout=1800, stdin=json.dumps(jobs))
+    results = last_line(proc, "[")
+    if not isinstance(results, list):
+        last_json(proc, "msprobe compare")  # raises with the stderr tail
+        return []
+    for pair, result, skipped in zip(report.pairs, results, left_out):
+        if skipped:
+            result["left_out"] = skipped
+        pair["compare"] = result
+    return results
 
 
 def _mapping_for(actor: Path, generate: Path) -> dict[str, Any]:
@@ -774,3 +657,63 @@ def judge_compare(report: DumpReport, results: list[dict[str, Any]]) -> CompareV
             report.problems.append(f"msprobe: no verdict for {rid} ({result['output']}): {why}")
     report.compared = verdict
     return verdict
+
+
+@dataclass(frozen=True)
+class CheckDumpRequest:
+    """What `check-dump` checks: the actor's dump path, the generate side's, slime's debug dumps, and whether
+    msprobe compares each pair (into `compare_output`, in `python`)."""
+
+    actor: Path
+    generate: Path | None = None
+    slime_debug: tuple[Path, ...] = ()
+    compare: bool = False
+    compare_output: Path = Path("rlprobe_compare")
+    python: str | None = None
+
+
+@dataclass
+class CheckedDumps:
+    """`check-dump`'s result: the dump report (with msprobe's verdicts after a compare) and slime's debug dumps."""
+
+    report: DumpReport
+    slime: SlimeDebugReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.report.to_json()
+        if self.slime is not None:
+            data["slime_debug"] = {"files": self.slime.files, "rollouts": self.slime.rollouts}
+        return data
+
+
+def check_dump(request: CheckDumpRequest, progress: Callable[[str], None] = lambda _: None) -> CheckedDumps:
+    """The command as one call: the layout and the pairs, msprobe's compare of each pair where asked (refused
+    before anything is written where msprobe does not import in `request.python`), slime's debug dumps tied to
+    the actor's log."""
+    if request.compare:
+        output = request.compare_output
+        made = not output.exists()
+        output.mkdir(parents=True, exist_ok=True)  # msprobe writes there: refuse now, not per pair
+        try:
+            require_msprobe(request.python)  # before a pair.json is written: none left by a compare that cannot run
+        except RefusedError:
+            if made:
+                output.rmdir()
+            raise
+    report = check_dumps(request.actor, request.generate)
+    compared: list[dict[str, Any]] = []
+    if request.compare and report.pairs:
+        progress(f"msprobe compare on {len(report.pairs)} pair(s)")
+        compared = compare_pairs(report, request.compare_output, request.python)
+    if request.compare:
+        judge_compare(report, compared)
+    slime = None
+    if request.slime_debug:
+        slime = check_slime_debug(report.actor_log, debug_files(list(request.slime_debug)), request.python)
+        report.problems += slime.problems
+        report.notes += slime.notes
+    return CheckedDumps(report, slime)

@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.workflow.envprobe import interpreter, last_json, run_python
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.interpreter import interpreter, last_json, run_probe
 from rlprobe_patch.workflow.pairing import GENERATE_STEPS, GENERATE_STEPS_WHY
 
 SIDES = {"training": ("training",), "inference": ("generate",), "consistency": ("actor", "generate")}
@@ -115,36 +115,9 @@ def build_config(
     return config
 
 
-_CHECK = r"""
-import io, json, logging, sys, contextlib
-path, stand_in = sys.argv[1], sys.argv[2]
-buf = io.StringIO()
-result = {"ok": False}
-try:
-    with contextlib.redirect_stdout(buf):
-        result["stage"] = "import"
-        from msprobe.pytorch.dump.pt_config import parse_json_config
-        from msprobe.pytorch.dump.debugger.debugger_config import DebuggerConfig
-        result["stage"] = "parse"
-        common, task_config = parse_json_config(path, None)
-        debugger = DebuggerConfig(common, task_config, None, stand_in or None, None)
-    result = {"ok": True, "task": debugger.task, "level": debugger.level, "step": debugger.step,
-              "rank": debugger.rank, "dump_path": common.dump_path}
-except BaseException as exc:
-    result = {"ok": False, "stage": result.get("stage"), "error": f"{type(exc).__name__}: {exc}"}
-import importlib.metadata as md
-try:
-    result["msprobe"] = md.version("mindstudio-probe")
-except md.PackageNotFoundError:
-    result["msprobe"] = None
-result["log"] = [l for l in buf.getvalue().splitlines() if "ERROR" in l or "error" in l][-10:]
-print(json.dumps(result))
-"""
-
-
 def check_with_msprobe(path: Path, python: str | None, *, training: bool) -> dict[str, Any]:
     """Load `path` with msprobe's own config parsing in `python`; {"ok", ...} or {"ok": False, "error"}."""
-    proc = run_python(python, _CHECK, str(path), TRAINING_DUMP_PATH_STAND_IN if training else "")
+    proc = run_probe(python, "msprobe_config", str(path), TRAINING_DUMP_PATH_STAND_IN if training else "")
     result = last_json(proc, f"msprobe config check in {interpreter(python)}")
     if result.get("msprobe") is None and not result["ok"]:
         raise MsprobeMissing(

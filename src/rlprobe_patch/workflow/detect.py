@@ -11,16 +11,16 @@ Hydra from the tree's config (or the release defaults in the catalogue, marked a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import PatchError
+from rlprobe_patch.base.interpreter import packages
 from rlprobe_patch.catalogue.trees import find_verl_tree
-from rlprobe_patch.errors import PatchError
 from rlprobe_patch.launch.model import Script, is_true
-from rlprobe_patch.launch.script import read_script
+from rlprobe_patch.launch.script import ReaderOptions, read_script
 from rlprobe_patch.workflow.engines import vllm_engine
-from rlprobe_patch.workflow.envprobe import packages
 from rlprobe_patch.workflow.pairing import SGLANG_PAIRING, same_value
 
 COLLECTION_MODES = ("training", "inference", "consistency")  # what `detect` tells apart
@@ -46,13 +46,7 @@ class Signal:
     where: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "decision": self.decision,
-            "value": self.value,
-            "points": self.points,
-            "evidence": self.evidence,
-            "where": self.where,
-        }
+        return asdict(self)
 
 
 @dataclass
@@ -230,21 +224,10 @@ def sglang_pairing(script: Script, mode: str) -> tuple[list[dict[str, Any]], lis
     return rows, notices
 
 
-def detect_script(
-    path: Path,
-    hint: str = "",
-    *,
-    args: list[str] | None = None,
-    env: dict[str, str] | None = None,
-    verl_root: Path | None = None,
-    release: str | None = None,
-    extra: list[str] | None = None,
-    cwd: Path | None = None,
-    python: str | None = None,
-) -> Detection:
-    script = read_script(
-        path, args=args, env=env, verl_root=verl_root, release=release, extra=extra, cwd=cwd, python=python
-    )
+def detect_script(path: Path, hint: str = "", options: ReaderOptions = ReaderOptions()) -> Detection:
+    """The collection mode and the backends of the run `path` launches, read with `options`, each with its
+    signals; `hint` is the user's words about the run (`--hint`)."""
+    script = read_script(path, options)
     own = {k: v for k, v in script.settings.items() if not v.source.startswith("verl default")}
     signals = _hint_signals(hint) + _mode_signals(replace(script, settings=own))  # what the script sets
     scores = {

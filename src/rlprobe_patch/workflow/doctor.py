@@ -13,12 +13,12 @@ from typing import Any
 
 from packaging.version import Version
 
+from rlprobe_patch.base.errors import PatchError
+from rlprobe_patch.base.interpreter import Package, interpreter, msprobe_import, packages
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.catalogue.trees import find_verl_tree
 from rlprobe_patch.core.status import status
-from rlprobe_patch.errors import PatchError
 from rlprobe_patch.workflow.engines import vllm_engine
-from rlprobe_patch.workflow.envprobe import Package, interpreter, msprobe_import, packages
 
 MSPROBE_REQUIREMENT = "mindstudio-probe"
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import PatchError
+from rlprobe_patch.base.interpreter import Package
 from rlprobe_patch.catalogue.patches import load_catalogue
 from rlprobe_patch.catalogue.trees import find_tree
 from rlprobe_patch.core.status import status
-from rlprobe_patch.errors import PatchError
-from rlprobe_patch.workflow.envprobe import Package
 
 ASCEND = "vllm-ascend"
 COMMUNITY = "vllm"

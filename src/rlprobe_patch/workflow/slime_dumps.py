@@ -27,93 +27,12 @@ index; the request id the actor logs must be the first id the rollout sent for t
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.workflow.envprobe import run_python
-
-_READER = r"""
-import json, sys
-import torch
-
-def ints(value):
-    if value is None:
-        return None
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        try:
-            return [int(v.item() if hasattr(v, "item") else v) for v in value]
-        except (TypeError, ValueError):
-            return None
-    return None
-
-def plain(value):
-    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
-        value = value.item()
-    return value if isinstance(value, (int, str, float)) or value is None else str(value)
-
-def shards(value):
-    out = []
-    for rank, shard in enumerate(value or []):
-        if isinstance(shard, dict):
-            positions = next((shard[k] for k in ("rollout_positions", "positions", "partition") if k in shard), None)
-            out.append({"dp_rank": plain(shard.get("dp_rank", rank)), "rollout_positions": ints(positions),
-                        "sample_indices": ints(shard.get("sample_indices"))})
-        else:
-            out.append({"dp_rank": rank, "rollout_positions": ints(shard), "sample_indices": None})
-    return out
-
-results = []
-for path in json.loads(sys.stdin.read()):
-    item = {"path": path}
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        item["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-        results.append(item)
-        continue
-    if not isinstance(data, dict):
-        item["error"] = f"holds a {type(data).__name__}, not slime's dict"
-        results.append(item)
-        continue
-    item["keys"] = sorted(str(k) for k in data)
-    item["rollout_id"] = plain(data.get("rollout_id"))
-    item["rank"] = plain(data.get("rank"))
-    item["format_version"] = plain(data.get("format_version"))
-    if "rollout_data" in data:
-        rd = data["rollout_data"] if isinstance(data["rollout_data"], dict) else {}
-        item["kind"] = "train"
-        item["sample_indices"] = ints(rd.get("sample_indices"))
-        item["rollout_positions"] = ints(rd.get("partition"))
-        item["rollout_data_keys"] = sorted(str(k) for k in rd)
-    elif "samples" in data and data.get("format_version") is not None:
-        item["kind"] = "train"
-        samples = [s for s in data.get("samples") or [] if isinstance(s, dict)]
-        item["sample_indices"] = [plain(s.get("sample_index", s.get("index"))) for s in samples]
-        item["rollout_positions"] = [plain(s.get("rollout_position", s.get("partition"))) for s in samples]
-        item["dp_shards"] = shards(data.get("dp_shards"))
-    elif "samples" in data:
-        item["kind"] = "rollout"
-        item["samples"] = []
-        for s in data.get("samples") or []:
-            if not isinstance(s, dict):
-                continue
-            meta = s.get("metadata") if isinstance(s.get("metadata"), dict) else {}
-            ids = meta.get("rlprobe_request_ids")
-            item["samples"].append({"index": plain(s.get("index")), "status": plain(s.get("status")),
-                                    "request_ids": [str(i) for i in ids] if isinstance(ids, list) else None})
-    else:
-        item["error"] = "neither a rollout dump (samples) nor a train dump (rollout_data, format_version)"
-    results.append(item)
-print(json.dumps(results))
-"""
-
-_EVAL = re.compile(r"(^|[^A-Za-z])eval_\d+")
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.dumps.slime import is_evaluation, read_slime_dumps
 
 
 @dataclass
@@ -124,7 +43,7 @@ class SlimeDebugReport:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"files": self.files, "rollouts": self.rollouts, "problems": self.problems, "notes": self.notes}
+        return asdict(self)
 
 
 def debug_files(paths: list[Path]) -> list[Path]:
@@ -143,16 +62,7 @@ def read_debug_files(files: list[Path], python: str | None) -> list[dict[str, An
     """Each file's summary, read by torch (weights_only) in `python`."""
     if not files:
         return []
-    proc = run_python(python, _READER, timeout=600, stdin=json.dumps([str(f) for f in files]))
-    for line in reversed(proc.stdout.strip().splitlines()):
-        if line.startswith("["):
-            summaries: list[dict[str, Any]] = json.loads(line)
-            return summaries
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    raise RefusedError(
-        f"cannot read slime's debug dumps: {tail}",
-        hint="they are torch files: pass --python with the training environment's interpreter (it has torch)",
-    )
+    return [item["check"] for item in read_slime_dumps(files, python, timeout=600)]
 
 
 def check_slime_debug(actor_log: list[dict[str, Any]], files: list[Path], python: str | None) -> SlimeDebugReport:
@@ -170,7 +80,7 @@ def tie(report: SlimeDebugReport, actor_log: list[dict[str, Any]]) -> None:
         if "error" in item:
             report.problems.append(f"{item['path']}: not read: {item['error']}")
             continue
-        evaluation = bool(_EVAL.search(Path(item["path"]).name))
+        evaluation = is_evaluation(item["path"])
         key = f"eval_{item['rollout_id']}" if evaluation else str(item["rollout_id"])
         entry = rollouts.setdefault(
             key,

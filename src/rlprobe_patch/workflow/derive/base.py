@@ -14,15 +14,15 @@ import datetime as dt
 import functools
 import importlib.util
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from packaging.version import InvalidVersion, Version
 
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.fsio import atomic_write
 from rlprobe_patch.catalogue.releases import patches_dir
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.fsio import atomic_write
 from rlprobe_patch.launch.model import Script, is_true
 from rlprobe_patch.launch.shell import Probe
 from rlprobe_patch.workflow.config import SGLANG_STEP_WARNING, read_config, rule_problems
@@ -123,14 +123,7 @@ class Change:
     old: Any = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "value": self.value,
-            "why": self.why,
-            "action": self.action,
-            "source": self.source,
-            "old": self.old,
-        }
+        return asdict(self)
 
 
 def default_output(original: Path, mode: str) -> Path:
@@ -159,7 +152,7 @@ class ScriptCheck:
     warning: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail, "warning": self.warning}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.launch.model import Script
 from rlprobe_patch.launch.shell import Field
 from rlprobe_patch.launch.slime_args import FACT_FLAGS, flag_occurrences

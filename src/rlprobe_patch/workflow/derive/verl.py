@@ -25,8 +25,8 @@ from typing import Any
 
 from packaging.version import Version
 
+from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.releases import releases
-from rlprobe_patch.errors import RefusedError
 from rlprobe_patch.launch.hydra_compose import ACTOR, FACT_KEYS, REF, ROLLOUT
 from rlprobe_patch.launch.model import Script, Setting, is_true
 from rlprobe_patch.workflow.derive.base import (
@@ -637,8 +637,8 @@ class Verl(Framework):
             "the log-prob capture run: one file per training step in MISMATCH_DIR (exported as an absolute path: "
             "the trainer's folder, default rlprobe-logprobs in its working directory), and in MISMATCH_DIR/rollout "
             "vLLM's record of each request it ran (vllm.rollout-record), for rlprobe-patch report with check-dump "
-            "--compare's output; it needs verl.logprob-capture and verl.request-id applied, and on a vLLM rollout "
-            "vllm.rollout-record (all in apply --mode consistency)"
+            f"--compare's output; it needs {' and '.join(releases('verl').capture_patches)} applied, and on a vLLM "
+            f"rollout {' and '.join(releases('vllm').capture_patches)} (all in apply --mode consistency)"
         )
         return capture
 

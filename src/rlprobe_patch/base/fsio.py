@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlprobe_patch.errors import LockedError, RefusedError
+from rlprobe_patch.base.errors import LockedError, RefusedError
 
 
 def sha256(data: bytes) -> str:
@@ -87,8 +87,9 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def locked(lock_path: Path, timeout: float, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on `lock_path`; wait up to `timeout` seconds, then refuse."""
+def locked(lock_path: Path, timeout: float | None, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path`; wait up to `timeout` seconds, then refuse (None: wait as long as
+    it takes, for a cache that another process fills: a download, a venv build)."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     try:  # never through a symbolic link: the pid written below would land in the file it names
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -97,25 +98,31 @@ def locked(lock_path: Path, timeout: float, what: str) -> Iterator[None]:
             raise
         raise RefusedError(f"{lock_path} is a symbolic link; refusing to open it", hint="remove it") from None
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = _read_holder(lock_path)
-                    raise LockedError(
-                        f"{what} is locked by another rlprobe-patch run{holder}",
-                        hint="wait for it to finish, or pass --lock-timeout SECONDS to wait longer",
-                    ) from None
-                time.sleep(0.05)
+        _acquire(fd, timeout, lock_path, what)
         with contextlib.suppress(OSError):  # the holder's pid only serves messages; a full disk may refuse it
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         os.close(fd)  # closing drops the flock
+
+
+def _acquire(fd: int, timeout: float | None, lock_path: Path, what: str) -> None:
+    if timeout is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockedError(
+                    f"{what} is locked by another rlprobe-patch run{_read_holder(lock_path)}",
+                    hint="wait for it to finish, or pass --lock-timeout SECONDS to wait longer",
+                ) from None
+            time.sleep(0.05)
 
 
 def _read_holder(lock_path: Path) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path, PurePosixPath
 from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
 
-from rlprobe_patch.errors import RefusedError
-from rlprobe_patch.gitsafe import run_git
+from rlprobe_patch.base.errors import RefusedError
+from rlprobe_patch.base.gitsafe import run_git
 
 
 def unified_diff(changes: Mapping[str, tuple[bytes | None, bytes | None]]) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import importlib
+import sys
 
 
 class ExitCode(enum.IntEnum):
@@ -66,3 +68,23 @@ class LockedError(PatchError):
 
 class WriteFailedError(PatchError):
     exit_code = ExitCode.WRITE_FAILED
+
+
+# Modules a command needs that a broken install can lack (`pip install --no-deps`): the requirement to name.
+REQUIREMENTS = {"numpy": "numpy>=1.24", "matplotlib": "matplotlib>=3.7"}
+
+
+def require(module: str, what: str) -> None:
+    """Refuse at the start of `what` when `module` cannot be imported, naming the line that installs it here.
+
+    numpy is a dependency (and the `report` extra): the README's `pip install .` brings it, so this
+    is for an install without its dependencies, found before any work starts, not ten minutes in.
+    """
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        requirement = REQUIREMENTS.get(module, module)
+        raise RefusedError(
+            f"{what} needs {module}, which this Python cannot import ({sys.executable})",
+            hint=f"{sys.executable} -m pip install '{requirement}' (or pip install 'rlprobe-patch[report]')",
+        ) from None
