@@ -200,6 +200,9 @@ def test_the_layer_compare_pairs_every_dumped_request_and_names_the_broken_layer
     assert all(label.startswith("generate/") for label in view["within_floor"])
 
 
+# The SGLang stand-in's demo (the random model, the flipped weight) runs in the exhaustive leg: the README's slice
+# keeps the vLLM chain on the real model, and SGLang's dumps paired with the actor's in test_runtime_sglang_dispatch.
+@pytest.mark.exhaustive
 def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(demo: tuple[int, dict, Path]) -> None:
     code, out, _ = demo
     assert code == ExitCode.OK and out["ok"], out
@@ -228,6 +231,7 @@ def test_demo_consistency_pairs_every_prompt_and_catches_a_flipped_weight(demo: 
         assert caught["accuracy_reached"]["No"] >= 3
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(("rollout", "agree"), [("generate", True), ("generate-perturbed", False)])
 def test_check_dump_compare_exits_4_when_a_pair_disagrees(
     demo: tuple[int, dict, Path], tmp_path: Path, rollout: str, agree: bool
