@@ -1023,24 +1023,18 @@ def main() -> None:
     p.add_argument("--cpu-floors", help="a CPU `chain --device cpu` --out (the floor's parts on the CPU)")
     p.add_argument("--write", help="the docs page whose gpu-chain markers get the tables")
     args = parser.parse_args()
-    if args.cmd == "wheels":
-        wheels(args)
-    elif args.cmd == "pack":
-        pack(args)
-    elif args.cmd == "stage":
-        stage(args)
-    elif args.cmd == "chain":
-        sys.exit(chain(args))
-    elif args.cmd == "cost":
-        sys.exit(cost(args))
-    elif args.cmd == "decode-child":
-        decode_child(args)
-    elif args.cmd == "wait":
-        wait(args)
-    elif args.cmd == "rereport":
-        rereport(args)
-    else:
-        table(args)
+    commands = {
+        "wheels": wheels,
+        "pack": pack,
+        "stage": stage,
+        "chain": chain,
+        "cost": cost,
+        "decode-child": decode_child,
+        "wait": wait,
+        "rereport": rereport,
+        "table": table,
+    }
+    sys.exit(commands[args.cmd](args) or 0)  # chain and cost return their exit code, the others None
 
 
 if __name__ == "__main__":  # vLLM starts subprocesses: importable without running

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from test_demo_plants import PROMPTS  # the same two prompts as the CPU demo's plan tests
 
 from rlprobe_patch.demo.model import DemoModel
 from rlprobe_patch.demo.vllm_consistency import (
@@ -24,10 +25,6 @@ from rlprobe_patch.demo.vllm_consistency import (
     spread,
 )
 
-PROMPTS = [
-    {"request_id": "x", "text": "a", "input_ids": [1, 2, 30, 31, 3], "plain_ids": [30, 31]},
-    {"request_id": "y", "text": "b", "input_ids": [1, 2, 40, 3], "plain_ids": [40]},
-]
 GPU = Device("cuda", "bfloat16", (("VLLM_USE_FLASHINFER_SAMPLER", "0"),), floors=True)
 
 
