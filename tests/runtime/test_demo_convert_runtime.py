@@ -37,6 +37,9 @@ def python_with_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     return python, site
 
 
+# the exhaustive leg's: the README's slice converts the model in the demo (transformers 5.10.4 there), this is the
+# GPU image's case (a transformers that keeps its quantizer), a minute of conversion again
+@pytest.mark.exhaustive
 def test_the_real_model_converts_to_a_float32_checkpoint_where_transformers_keeps_its_gguf_quantizer(
     python_with_gguf: tuple[Path, Path], tmp_path: Path
 ) -> None:
