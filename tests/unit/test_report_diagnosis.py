@@ -24,16 +24,8 @@ from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.catalogue.releases import releases
 from rlprobe_patch.report.build import Evidence, Inputs, build, read_evidence, run_settings
 from rlprobe_patch.report.capture_format import TokenBatch, read_capture
-from rlprobe_patch.report.diagnosis import (
-    TITLES,
-    Floor,
-    _onsets,
-    choose_floor,
-    clip_shares,
-    diagnose,
-    measure_floor,
-)
-from rlprobe_patch.report.floor import chance_bound
+from rlprobe_patch.report.diagnosis import TITLES, _onsets, clip_shares, diagnose
+from rlprobe_patch.report.floor import Floor, chance_bound, choose_floor, measure_floor
 from rlprobe_patch.report.layers import layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import Tokens
 from rlprobe_patch.report.weights import read_weights

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from rlprobe_patch.report.build import build, classify, read_baseline, read_evidence, read_inputs, run_settings
-from rlprobe_patch.report.diagnosis import choose_floor
+from rlprobe_patch.report.floor import choose_floor
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "results" / "chain-h100" / "chain"
 CHAIN = json.loads((RESULTS / "chain.json").read_text())

@@ -22,7 +22,8 @@ from rlprobe_patch.base.fsio import atomic_write
 from rlprobe_patch.dumps.msprobe import TENSORS
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
 from rlprobe_patch.report.confirm import ConsistencySettings
-from rlprobe_patch.report.diagnosis import Floor, diagnose
+from rlprobe_patch.report.diagnosis import diagnose
+from rlprobe_patch.report.floor import Floor
 from rlprobe_patch.report.identity import StepIdentity, check_step, index_records, weights_for_step
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import (
@@ -413,7 +414,7 @@ def build(
     clip_source: str | None = None,
 ) -> dict[str, Any]:
     """The report's figures, diagnosis, thresholds and verdict; `floor` is the noise floor the diagnosis judges
-    against (`diagnosis.choose_floor`), `evidence` the engine's records and the weight fingerprints, `clip` the
+    against (`floor.choose_floor`), `evidence` the engine's records and the weight fingerprints, `clip` the
     run's PPO clip range (read from `clip_source`), `consistency` what a consistency script of `script` sets."""
     run = run_tokens(batches)
     report: dict[str, Any] = {

@@ -45,15 +45,11 @@ import numpy as np
 
 from rlprobe_patch.report.capture_format import TokenBatch
 from rlprobe_patch.report.confirm import ConsistencySettings, confirm_lines, sampling_of
-
-# Floor, choose_floor and measure_floor: the floor's names the diagnosis' readers import from here, with `diagnose`
-from rlprobe_patch.report.floor import Floor as Floor
-from rlprobe_patch.report.floor import FloorReading, dtype_name, read_floor, split_means
-from rlprobe_patch.report.floor import choose_floor as choose_floor
-from rlprobe_patch.report.floor import measure_floor as measure_floor
+from rlprobe_patch.report.floor import Floor, FloorReading, dtype_name, read_floor, split_means
 from rlprobe_patch.report.identity import StepIdentity, identity_rows, shown_tensors
 from rlprobe_patch.report.layers import LayerView, layer_view
 from rlprobe_patch.report.metrics import Tokens
+from rlprobe_patch.report.verdict import figure as _g
 
 GROWTH = 1.25  # a step's gap above this times the step before's: it grew (not a fluctuation)
 SLOPE_SAID = 0.01  # a slope of d in log p below this is not worth a temperature in the evidence
@@ -89,10 +85,6 @@ class Cause:
 
     def __post_init__(self) -> None:
         self.title = self.title or TITLES[self.cause]
-
-
-def _g(value: float) -> str:
-    return f"{value:.3g}"
 
 
 # --- what one step brings -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.report.capture_format import TokenBatch
 from rlprobe_patch.report.metrics import Tokens
 from rlprobe_patch.report.verdict import TME_GATE, TME_SOURCE
+from rlprobe_patch.report.verdict import figure as _g
 
 FLOOR_FACTOR = 4.0  # how far above the floor's spread a step or a token must be to leave it
 CHANCE = 1e-4  # a tail or a sign this unlikely from the floor's own distribution (bound on the p-value) is not noise
@@ -40,10 +41,6 @@ ULPS = 2.0  # the rounding of a log-prob in its compute dtype, in units of that 
 # the unit roundoff of each compute dtype a log-prob may have been computed in
 EPSILON = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
-
-
-def _g(value: float) -> str:
-    return f"{value:.3g}"
 
 
 def dtype_name(value: Any) -> str | None:

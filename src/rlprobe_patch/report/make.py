@@ -26,7 +26,7 @@ from rlprobe_patch.report.build import (
     run_settings,
 )
 from rlprobe_patch.report.confirm import ConsistencyOf, confirming_keys
-from rlprobe_patch.report.diagnosis import choose_floor
+from rlprobe_patch.report.floor import choose_floor
 from rlprobe_patch.report.next_steps import next_steps
 from rlprobe_patch.report.page import render_html
 from rlprobe_patch.report.plots import plots

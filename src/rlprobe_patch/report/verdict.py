@@ -32,7 +32,8 @@ _ORDER = {"ok": 0, "no value": 0, "warn": 1, "fail": 2}
 _TOLD = 12  # steps said one by one in the reasons; the others are counted
 
 
-def _g(value: float) -> str:
+def figure(value: float) -> str:
+    """A figure as the report's texts write it: three significant digits."""
     return f"{value:.3g}"
 
 
@@ -49,24 +50,24 @@ def grade_step(step: dict[str, Any], guidance: MismatchGuidance) -> dict[str, An
         # |dp| <= max(p_train, p_rollout): no mismatch could push the mean past `ceiling` on these tokens
         state = "fail" if tme > TME_GATE else "ok"
         why = (
-            f"{name}{_g(value)} is uninformative here: the tokens are unlikely (median p "
-            f"{_g(scale['median_rollout_p'])}), so it could be at most {_g(ceiling)} whatever the mismatch, "
+            f"{name}{figure(value)} is uninformative here: the tokens are unlikely (median p "
+            f"{figure(scale['median_rollout_p'])}), so it could be at most {figure(ceiling)} whatever the mismatch, "
             f"below verl's {guidance.fail}; the log-probs "
-            f"say {'mismatch' if state == 'fail' else 'within'}: mean exp(|dlogp|) {_g(tme)} "
+            f"say {'mismatch' if state == 'fail' else 'within'}: mean exp(|dlogp|) {figure(tme)} "
             f"{'above' if state == 'fail' else 'within'} NeMo-RL's gate {TME_GATE} (mean |dlogp| "
-            f"{_g(scale['mean_abs_dlogp'])}, max {_g(scale['max_abs_dlogp'])})"
+            f"{figure(scale['mean_abs_dlogp'])}, max {figure(scale['max_abs_dlogp'])})"
         )
         return {**graded, "state": state, "informative": False, "why": why}
     if value > guidance.fail:
-        state, why = "fail", f"{name}{_g(value)} above verl's {guidance.fail}: a precision issue by verl's guidance"
+        state, why = "fail", f"{name}{figure(value)} above verl's {guidance.fail}: a precision issue by verl's guidance"
     elif value > guidance.warn:
         state = "warn"
-        why = f"{name}{_g(value)} above verl's warning level {guidance.warn} (mismatch above {guidance.fail})"
+        why = f"{name}{figure(value)} above verl's warning level {guidance.warn} (mismatch above {guidance.fail})"
     else:
-        state, why = "ok", f"{name}{_g(value)} within verl's {guidance.warn}"
+        state, why = "ok", f"{name}{figure(value)} within verl's {guidance.warn}"
     if state == "ok" and tme > TME_GATE:
         state = "warn"
-        why += f"; but mean exp(|dlogp|) {_g(tme)} is above NeMo-RL's gate {TME_GATE}: look at the worst tokens"
+        why += f"; but mean exp(|dlogp|) {figure(tme)} is above NeMo-RL's gate {TME_GATE}: look at the worst tokens"
     return {**graded, "state": state, "informative": True, "why": why}
 
 
@@ -89,9 +90,9 @@ def _with_diagnosis(steps: list[dict[str, Any]], diagnosis: dict[str, Any] | Non
             continue
         top = step["causes"][0]
         if step["state"] == "ok":
-            why = f"within the measured noise floor (mean |dlogp| {_g(step['mean_abs_dlogp'])}): precision noise"
+            why = f"within the measured noise floor (mean |dlogp| {figure(step['mean_abs_dlogp'])}): precision noise"
         else:
-            why = f"the diagnosis ranks {top['cause']} first ({top['title']}, score {_g(top['score'])})"
+            why = f"the diagnosis ranks {top['cause']} first ({top['title']}, score {figure(top['score'])})"
         merged.append(
             {**grade, "state": step["state"], "guidance_state": grade["state"], "why": f"{grade['why']}; but {why}"}
         )
@@ -114,7 +115,7 @@ def verdict(report: dict[str, Any], grades: list[dict[str, Any]] | None = None) 
         reasons.insert(
             0,
             f"{len(plain)} step(s) within verl's {guidance.warn} (largest {guidance.metric.split('/')[-1]} "
-            f"{_g(largest['value'])}, step {largest['step']})",
+            f"{figure(largest['value'])}, step {largest['step']})",
         )
     states = [s["state"] for s in steps]
     layers = report.get("layers")
