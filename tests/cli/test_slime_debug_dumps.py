@@ -51,4 +51,4 @@ def test_slime_debug_needs_an_existing_path(tmp_path: Path) -> None:
     actor = write_actor(tmp_path / "actor", [actor_line(0, "log_prob", 1)])
     args = ["check-dump", "--actor", str(actor), "--slime-debug", str(tmp_path / "missing"), "--json"]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 3 and "no such file or directory" in json.loads(result.output)["message"]
+    assert result.exit_code == 3 and "no such file or directory" in json.loads(result.stdout)["message"]

@@ -228,7 +228,7 @@ def test_script_and_check_script_on_a_real_slime_script(trees: dict[str, Path], 
     # the original: what is wrong, with file:line
     result = runner.invoke(main, ["check-script", str(original), "--mode", "consistency", "--json"])
     assert result.exit_code == 4, result.output
-    checks = {c["name"]: c for c in json.loads(result.output)["checks"]}
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     assert checks["--use-dynamic-batch-size off"]["detail"].startswith("is on at run-qwen3-4B.sh:87")
     assert checks["--balance-data off"]["detail"].startswith("is on at run-qwen3-4B.sh:63")
     assert checks["--eval-interval off"]["detail"].startswith("is 20 at run-qwen3-4B.sh:67")
@@ -240,7 +240,7 @@ def test_script_and_check_script_on_a_real_slime_script(trees: dict[str, Path], 
     result = runner.invoke(main, ["script", str(original), *args, "--n-gpus", "4", "-o", str(derived), "--json"])
     assert result.exit_code == 0, result.output
     assert original.read_bytes() == before
-    changes = {c["key"]: c["action"] for c in json.loads(result.output)["changes"]}
+    changes = {c["key"]: c["action"] for c in json.loads(result.stdout)["changes"]}
     assert changes["use-dynamic-batch-size"] == "removed" and changes["micro-batch-size"] == "added"
     result = runner.invoke(main, ["check-script", str(derived), "--mode", "consistency", "--json"])
     assert result.exit_code == 0, result.output
@@ -267,7 +267,7 @@ def test_check_script_reads_dump_phase_with_slimes_grammar(tmp_path: Path) -> No
     def phase_check(phase: str) -> dict[str, object]:
         script.write_text(f"export DUMP_ON=1\nexport DUMP_PHASE={phase}\npython3 train.py --micro-batch-size 1\n")
         result = runner.invoke(main, ["check-script", str(script), "--mode", "consistency", "--json"])
-        checks = json.loads(result.output)["checks"]
+        checks = json.loads(result.stdout)["checks"]
         return next((c for c in checks if c["name"] == "DUMP_PHASE value"), {})
 
     assert phase_check("log_prob,ref_forward") == {}  # a valid list: no complaint
@@ -283,14 +283,14 @@ def test_removing_a_switch_set_in_a_sourced_file_is_refused(tmp_path: Path) -> N
     args = ["--actor-config", str(actor), "--generate-config", str(generate)]
     result = CliRunner().invoke(main, ["script", str(script), "--mode", "consistency", *args, "--dry-run", "--json"])
     assert result.exit_code == 3, result.output
-    assert "perf.sh:1" in json.loads(result.output)["message"]
+    assert "perf.sh:1" in json.loads(result.stdout)["message"]
 
 
 def test_training_mode_is_refused_for_slime(tmp_path: Path) -> None:
     script = tmp_path / "run.sh"
     script.write_text("python3 train.py --tensor-model-parallel-size 2\n")
     result = CliRunner().invoke(main, ["check-script", str(script), "--mode", "training", "--json"])
-    checks = json.loads(result.output)["checks"]
+    checks = json.loads(result.stdout)["checks"]
     assert any(c["name"] == "alignment" and "no msprobe integration" in c["detail"] for c in checks)
     assert os.path.exists(script)
 
@@ -306,14 +306,14 @@ def test_tp_mismatch_is_refused_with_the_fix_and_the_fix_works(tmp_path: Path) -
     runner = CliRunner()
     result = runner.invoke(main, [*args, str(generate), "--n-gpus", "2", "--dry-run", "--json"])
     assert result.exit_code == 3, result.output
-    error = json.loads(result.output)
+    error = json.loads(result.stdout)
     assert "--tensor-model-parallel-size 2 (run.sh:1)" in error["details"][0]
     assert "--rollout-num-gpus-per-engine 4 (run.sh:2)" in error["details"][0]
     assert "--set rollout-num-gpus-per-engine=2" in error["hint"]
     fixed = [*args, str(generate), "--n-gpus", "2", "--set", "rollout-num-gpus-per-engine=2", "--dry-run", "--json"]
     result = runner.invoke(main, fixed)
     assert result.exit_code == 0, result.output
-    text = json.loads(result.output)["text"]
+    text = json.loads(result.stdout)["text"]
     assert "--rollout-num-gpus-per-engine=2 \\\n" in text and "--n-samples-per-prompt 1" in text
 
 
@@ -325,7 +325,7 @@ def test_old_sglang_gets_the_model_runner_patch_config(tmp_path: Path) -> None:
     args = ["--actor-config", str(actor), "--generate-config", str(generate), "--sglang-version", "0.5.9"]
     result = CliRunner().invoke(main, ["script", str(script), "--mode", "consistency", *args, "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["env"]["MSPROBE_SGLANG_CONFIG"] == str(generate)
     assert "--sglang-msprobe-dump-config" not in data["text"]
     assert any("sglang.model-runner" in n for n in data["notices"])
@@ -342,5 +342,5 @@ def test_a_switch_written_flag_equals_value_is_removed_whole(tmp_path: Path) -> 
     args = ["--actor-config", str(actor), "--generate-config", str(generate), "--n-gpus", "1"]
     result = CliRunner().invoke(main, ["script", str(script), "--mode", "consistency", *args, "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
-    text = json.loads(result.output)["text"]
+    text = json.loads(result.stdout)["text"]
     assert "A=( --lr 1)" in text and "python3 train.py  \\\n" in text and "eval-interval" not in text

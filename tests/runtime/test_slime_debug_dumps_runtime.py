@@ -67,7 +67,7 @@ def test_slime_debug_dumps_of_the_four_releases(tmp_path: Path) -> None:
         args = ["check-dump", "--actor", str(actor), "--slime-debug", str(tmp_path / "debug" / str(number))]
         result = runner.invoke(main, [*args, "--python", str(python), "--json"])
         assert result.exit_code == 0, (release, result.output)
-        data = json.loads(result.output)
+        data = json.loads(result.stdout)
         rollout, evaluation = data["slime_debug"]["rollouts"]
         assert (rollout["rollout_id"], rollout["evaluation"], evaluation["evaluation"]) == (3, False, True)
         (dump,) = rollout["rollout_dumps"]
@@ -92,7 +92,7 @@ def test_slime_debug_dumps_of_the_four_releases(tmp_path: Path) -> None:
     args = ["check-dump", "--actor", str(bad), "--slime-debug", str(tmp_path / "debug" / "0")]
     result = runner.invoke(main, [*args, "--python", str(python), "--json"])
     assert result.exit_code == 4, result.output
-    problems = json.loads(result.output)["problems"]
+    problems = json.loads(result.stdout)["problems"]
     assert any("sample 11 logged as slime-99, but the rollout sent slime-11" in p for p in problems)
     assert any("junk.pt: not read" in p for p in problems)
 
@@ -113,9 +113,16 @@ def _expected(index: int) -> tuple[int, float, float, float]:
 
 
 @pytest.mark.skipif(not UPSTREAM.is_dir(), reason="../shared/upstream/slime not here")
-def test_report_of_slime_logprob_dumps(tmp_path: Path) -> None:
-    """Issue 30: slime's own writers' per-rank dumps -> `report`: per-sample |dlogp|, the perturbed first."""
+def test_report_of_slime_logprob_dumps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30: slime's own writers' per-rank dumps -> `report`: per-sample |dlogp|, the perturbed first.
+
+    The report's progress is said from the start, as on a machine where reading the dumps takes over 3 s: its
+    lines go to stderr, and stdout stays one JSON document (CI read both as one and failed)."""
     from runtime import venvs
+
+    from rlprobe_patch.cli import report as report_cli
+
+    monkeypatch.setattr(report_cli._Progress.__init__, "__defaults__", (0.0, 10.0))
 
     python = venvs.ensure_megatron_venv()
     perturb = ["12=-0.5", "14@1=-0.3"]
@@ -138,7 +145,8 @@ def test_report_of_slime_logprob_dumps(tmp_path: Path) -> None:
         out = tmp_path / "report" / release
         args = ["report", str(tmp_path / "debug" / str(number)), "-o", str(out), "--python", str(python)]
         result = runner.invoke(main, [*args, "--json"])
-        data = json.loads(result.output.splitlines()[0])
+        assert "... report: " in result.stderr, release
+        data = json.loads(result.stdout)
         # the perturbed samples' |dp| puts rollout_probs_diff_mean above verl's 0.01: the default verdict fails
         assert (result.exit_code, data["verdict"]["state"]) == (4, "fail"), (release, result.output)
         assert len(data["inputs"]["slime"]) == 4, release
