@@ -63,17 +63,26 @@ def test_the_comparison_sees_a_change_but_not_a_last_bit() -> None:
 
 
 def test_threads_compute_what_one_thread_does(tmp_path: Path) -> None:
-    """The report takes its figures in threads: every one equal to the single thread's, to the bit."""
+    """The report takes its figures and judges its steps in threads: every figure and every cause equal to the
+    single thread's, to the bit."""
     from concurrent.futures import ThreadPoolExecutor
 
     from report_numbers import write_captures
 
     from rlprobe_patch.report.build import classify, read_inputs, run_tokens, token_report
+    from rlprobe_patch.report.diagnosis import diagnose
+    from rlprobe_patch.report.floor import choose_floor
 
     write_captures(tmp_path)
     batches = read_inputs(classify([tmp_path]), None)[0]
-    alone = token_report(batches)
+    floor = choose_floor(batches, [], 1)  # step 1 as the floor: the other two judged against a measured one
+    alone = token_report(batches), diagnose(batches, None, floor, clip=(0.2, 0.28))
     with ThreadPoolExecutor(max_workers=2) as pool:
-        side_by_side = token_report(batches, run_tokens(batches), pool)
+        run = run_tokens(batches)
+        side_by_side = (
+            token_report(batches, run, pool),
+            diagnose(batches, None, floor, clip=(0.2, 0.28), parts=run.part_list(), pool=pool),
+        )
     assert json.dumps(side_by_side) == json.dumps(alone)
-    assert len(alone["steps"]) == 3 and alone["tokens"] > 20_000
+    assert len(alone[0]["steps"]) == 3 and alone[0]["tokens"] > 20_000
+    assert len(alone[1]["steps"]) == 3 and alone[1]["top"] != "precision-noise"

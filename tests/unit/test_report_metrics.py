@@ -8,6 +8,8 @@ import statistics
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlprobe_patch.report.metrics import Profiles, debug_metrics, dlogp_histogram, offpolicy_metrics, per_request
 
@@ -190,3 +192,54 @@ def test_histogram_parts_sum_to_the_runs_histogram() -> None:
     assert [sum(p["counts"]) + p["identical"] for p in split["parts"]] == [1200, 0, 2900, 900]
     assert np.array_equal(np.sum([p["counts"] for p in split["parts"]], axis=0), whole["counts"])
     assert np.array_equal(values, before)  # the run's array is left as it was (no log taken in place)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(min_value=-50.0, max_value=1e300, allow_nan=False), min_size=1, max_size=60),
+    st.booleans(),
+)
+def test_median_is_numpys_to_the_bit(values: list[float], ties: bool) -> None:
+    """Issue 45: the report's median of a step's (and the run's) probabilities, one selection where np.median makes
+    three, is np.median's value exactly, at odd and even counts, with ties and infinities."""
+    from rlprobe_patch.report.metrics import median
+
+    array = np.array(values + values[: len(values) // 2] if ties else values)
+    assert median(array) == float(np.median(array))
+    both = np.array([-np.inf, np.inf])
+    assert np.isnan(median(both)) and np.isnan(np.median(both))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=6), st.integers(0, 2**32 - 1))
+def test_run_figures_combined_from_the_steps_are_numpys_over_the_run(sizes: list[int], seed: int) -> None:
+    """Issue 45: the run's mean, std, Pearson correlation, maxima and means of the scale figures are combined from
+    the steps' sums (no pass over the run's tokens): numpy's over every token to 1e-12 of their size, and one
+    step's are numpy's own to the bit."""
+    from rlprobe_patch.report.metrics import PartSums, Tokens, debug_figures
+
+    rng = np.random.default_rng(seed)
+    batches = []
+    for size in sizes:
+        mask = np.ones((1, size), dtype=bool)
+        training = np.log(rng.uniform(1e-6, 1.0, (1, size)))
+        batches.append((training + rng.normal(0.0, 0.05, (1, size)), training, mask, None))
+    run = Tokens.join(batches)
+    combined = debug_figures(PartSums.combine([PartSums.of(part) for part in run.parts()]))
+    dp, a, b = run.abs_dp, run.p_train, run.p_rollout
+    if run.size == 0:
+        assert combined["training/rollout_probs_diff_valid"] == 0
+        return
+    expected = {
+        "training/rollout_probs_diff_valid": 1,
+        "training/rollout_probs_diff_max": float(dp.max()),
+        "training/rollout_probs_diff_mean": float(dp.mean()),
+        "training/rollout_probs_diff_std": float(dp.std(ddof=1)) if dp.size > 1 else float("nan"),
+        "training/rollout_actor_probs_pearson_corr": float(np.corrcoef(a, b)[0, 1]) if dp.size > 1 else float("nan"),
+    }
+    for key, value in expected.items():
+        assert combined[key] == pytest.approx(value, rel=1e-12, abs=1e-300, nan_ok=True), key
+    alone = debug_figures(PartSums.of(run))
+    assert alone["training/rollout_probs_diff_mean"] == float(dp.mean())
+    if dp.size > 1:
+        assert alone["training/rollout_probs_diff_std"] == float(dp.std(ddof=1))

@@ -10,10 +10,10 @@ import itertools
 import json
 import shlex
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,13 +27,15 @@ from rlprobe_patch.report.floor import Floor
 from rlprobe_patch.report.identity import StepIdentity, check_step, index_records, weights_for_step
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import (
+    PartSums,
     Profiles,
     Tokens,
+    debug_figures,
     dlogp_histogram,
-    tokens_debug_metrics,
+    median,
+    scale_figures,
     tokens_offpolicy_metrics,
     tokens_per_request,
-    tokens_scale_metrics,
 )
 from rlprobe_patch.report.rollout_record import SUFFIX as RECORD_SUFFIX
 from rlprobe_patch.report.rollout_record import RolloutRecord, read_records
@@ -274,28 +276,26 @@ def run_tokens(batches: list[TokenBatch]) -> Tokens:
     return Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
 
 
+_T = TypeVar("_T")
+
 _LEVELS = (0.5, 0.9, 0.99, 0.999, 1.0)  # the |dlogp| quantiles report.json gives
 
 
 def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Executor | None = None) -> dict[str, Any]:
     """Per step, per request and over the run; each step's figures are computed over its slice of the run's
-    arrays (`run`, else `run_tokens(batches)`). With `pool`, the run's figures, its |dlogp| distribution and the
-    steps' figures are taken side by side in its threads (each the same computation as alone)."""
+    arrays (`run`, else `run_tokens(batches)`), and the run's combined from the steps' sums (`PartSums`). With
+    `pool`, the run's |dlogp| distribution and median probability and the steps' figures are taken side by side in
+    its threads (each the same computation as alone)."""
     run = run if run is not None else run_tokens(batches)
-    if pool is None:
-        overall: dict[str, Any] = tokens_debug_metrics(run)
-        overall.update(tokens_offpolicy_metrics(run))
-        scale = tokens_scale_metrics(run)
-        steps, requests, profiles = _per_step(batches, run)
-        distribution = _distribution(run)
-    else:
-        run.make("abs_dp", "abs_dlogp", "k3_terms")  # each once, before the threads read them
-        scale_later, distribution_later = pool.submit(tokens_scale_metrics, run), pool.submit(_distribution, run)
-        overall = tokens_debug_metrics(run)
-        overall.update(tokens_offpolicy_metrics(run))
-        steps, requests, profiles = _per_step(batches, run, pool)
-        scale, distribution = scale_later.result(), distribution_later.result()
-    quantile_values, histogram = distribution
+    run.make("abs_dp", "abs_dlogp", "k3_terms")  # each once, before any thread reads them
+    distribution = _later(pool, _distribution, run)
+    median_p = _later(pool, lambda: median(run.p_rollout) if run.size else float("nan"))
+    offpolicy = tokens_offpolicy_metrics(run)  # over the rows, and sums that cancel: taken over the run itself
+    steps, requests, profiles, sums = _per_step(batches, run, pool)
+    combined = PartSums.combine(sums)
+    overall: dict[str, Any] = debug_figures(combined) | offpolicy
+    scale = scale_figures(combined, median_p())
+    quantile_values, histogram = distribution()
     ranked = sorted(
         (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
     )
@@ -321,6 +321,14 @@ def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Exe
     }
 
 
+def _later(pool: Executor | None, work: Callable[..., _T], *args: Any) -> Callable[[], _T]:
+    """`work(*args)` in `pool` (its result when asked for), or now without one."""
+    if pool is None:
+        value = work(*args)
+        return lambda: value
+    return pool.submit(work, *args).result
+
+
 def _distribution(run: Tokens) -> tuple[list[float], dict[str, Any]]:
     """|dlogp|'s quantiles over the run, and its histogram with each step's counts (`parts`)."""
     dlogp = run.abs_dlogp
@@ -331,22 +339,27 @@ def _distribution(run: Tokens) -> tuple[list[float], dict[str, Any]]:
 
 def _per_step(
     batches: list[TokenBatch], run: Tokens, pool: Executor | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles]:
-    """Each step's metrics, its requests' figures, and the profiles over every step (each step's taken apart, in
-    `pool` where given, and gathered in the steps' order)."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles, list[PartSums]]:
+    """Each step's metrics, its requests' figures, the profiles over every step and each step's sums (each step's
+    taken apart, in `pool` where given, and gathered in the steps' order)."""
     steps = []
     requests: list[dict[str, Any]] = []
     profiles = Profiles()
-    for step, rows, counts in (pool.map if pool else map)(_step_figures, batches, run.part_list()):
+    sums = []
+    for step, rows, counts, part_sums in (pool.map if pool else map)(_step_figures, batches, run.part_list()):
         steps.append(step)
         requests += rows
         profiles.add_counts(counts)
-    return steps, requests, profiles
+        sums.append(part_sums)
+    return steps, requests, profiles, sums
 
 
-def _step_figures(b: TokenBatch, tokens: Tokens) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    """One step's metrics, its requests' figures, and its share of the profiles."""
-    metrics: dict[str, Any] = tokens_debug_metrics(tokens)
+def _step_figures(
+    b: TokenBatch, tokens: Tokens
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], PartSums]:
+    """One step's metrics, its requests' figures, its share of the profiles, and its sums."""
+    sums = PartSums.of(tokens)
+    metrics: dict[str, Any] = debug_figures(sums)
     metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
     step = {
         "step": b.step,
@@ -355,7 +368,7 @@ def _step_figures(b: TokenBatch, tokens: Tokens) -> tuple[dict[str, Any], list[d
         "samples": b.samples,
         "tokens": tokens.size,
         "metrics": metrics,
-        "scale": tokens_scale_metrics(tokens),
+        "scale": scale_figures(sums, median(tokens.p_rollout)) if tokens.size else {},
     }
     counts = Profiles.count(tokens)
     dataset_index = b.dataset_index.tolist() if b.dataset_index is not None else [None] * b.samples
@@ -366,7 +379,7 @@ def _step_figures(b: TokenBatch, tokens: Tokens) -> tuple[dict[str, Any], list[d
         row.update(
             request_id=request_id, step=b.step, kind=b.kind, row=i, dataset_index=index, prompt_length=prompt_length
         )
-    return step, rows, counts
+    return step, rows, counts, sums
 
 
 def check_thresholds(report: dict[str, Any], limits: dict[str, float | None]) -> list[dict[str, Any]]:
@@ -417,51 +430,46 @@ def build(
     against (`floor.choose_floor`), `evidence` the engine's records and the weight fingerprints, `clip` the
     run's PPO clip range (read from `clip_source`), `consistency` what a consistency script of `script` sets."""
     run = run_tokens(batches)
-    report: dict[str, Any] = {
-        "format": REPORT_FORMAT,
-        "format_version": REPORT_VERSION,
-        "tokens": _token_figures(batches, run) if batches else None,
-        "layers": layer_summary(pairs) if pairs else None,
-    }
-    grades = grade_steps(report)
-    if batches:
-        # the verdict's step grades are in the batches' order (token_report keeps it)
-        by_batch = {index: grade["state"] for index, grade in enumerate(grades)}
-        identities = (evidence or Evidence()).identities(batches)
-        # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
-        from threadpoolctl import threadpool_limits
+    # two threads for the figures and the diagnosis (numpy releases the interpreter's lock in its loops, so they
+    # share the machine's cores; every figure is the one a single thread computes)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        report: dict[str, Any] = {
+            "format": REPORT_FORMAT,
+            "format_version": REPORT_VERSION,
+            "tokens": token_report(batches, run, pool) if batches else None,
+            "layers": layer_summary(pairs) if pairs else None,
+        }
+        grades = grade_steps(report)
+        if batches:
+            # the verdict's step grades are in the batches' order (token_report keeps it)
+            by_batch = {index: grade["state"] for index, grade in enumerate(grades)}
+            identities = (evidence or Evidence()).identities(batches)
+            # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
+            from threadpoolctl import threadpool_limits
 
-        # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more
-        # than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last bits
-        # with the machine's number of cores
-        with threadpool_limits(limits=1, user_api="blas"):
-            report["diagnosis"] = diagnose(
-                batches,
-                report["layers"],
-                floor,
-                script,
-                sampling,
-                identities,
-                by_batch,
-                clip,
-                run.part_list(),
-                consistency=consistency,
-                clip_source=clip_source,
-            )
+            # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost
+            # more than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last
+            # bits with the machine's number of cores
+            with threadpool_limits(limits=1, user_api="blas"):
+                report["diagnosis"] = diagnose(
+                    batches,
+                    report["layers"],
+                    floor,
+                    script,
+                    sampling,
+                    identities,
+                    by_batch,
+                    clip,
+                    run.part_list(),
+                    consistency=consistency,
+                    clip_source=clip_source,
+                    pool=pool,
+                )
     report["thresholds"] = check_thresholds(report, limits)
     report["verdict"] = verdict(report, grades)
     # the threshold options given decide the exit code; without any, the verdict does
     report["verdict"]["decides_exit"] = not report["thresholds"]
     return report
-
-
-def _token_figures(batches: list[TokenBatch], run: Tokens) -> dict[str, Any]:
-    """`token_report` in two threads (numpy releases the interpreter's lock in its loops, so they share the
-    machine's cores; every figure is the one a single thread computes)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return token_report(batches, run, pool)
 
 
 def replay(

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -385,10 +386,9 @@ def low_probability_tail(tokens: Tokens) -> Cause:
         return Cause("low-probability-tail", 0.0, 0.0, why)
     share = float(tokens.abs_dlogp[tail].sum()) / total
     fit = max(0.0, (share - token_share) / (1.0 - token_share))
-    thirds = [
-        f"{_g(float(tokens.abs_dlogp[part & tail].sum() / max(tokens.abs_dlogp[part].sum(), 1e-300)))}"
-        for part in _thirds(tokens)
-    ]
+    # sum |dlogp| per third of the responses, in the tail and out of it: one count of the six (third, tail) groups
+    sums = np.bincount(2 * _third(tokens) + tail, weights=tokens.abs_dlogp, minlength=6)
+    thirds = [_g(float(sums[2 * k + 1] / max(sums[2 * k] + sums[2 * k + 1], 1e-300))) for k in range(3)]
     evidence = (
         f"tokens of p < {TAIL_P} hold {share:.0%} of sum |dlogp| and are {token_share:.0%} of the tokens; their share "
         f"by position (first, middle, last third of the responses): {', '.join(thirds)}"
@@ -396,13 +396,14 @@ def low_probability_tail(tokens: Tokens) -> Cause:
     return Cause("low-probability-tail", fit, fit, evidence)
 
 
-def _thirds(tokens: Tokens) -> list[Any]:
+def _third(tokens: Tokens) -> Any:
+    """Each token's third of its response (0, 1, 2)."""
     length = np.maximum(tokens.counts[tokens.row], 1)
     # min(3 * position // length, 2), by two comparisons (an integer division per token cost more than the rest)
     three = 3 * tokens.position
-    third = (three >= length).astype(np.int8)
+    third = (three >= length).astype(np.intp)
     third += three >= 2 * length
-    return [third == k for k in range(3)]
+    return third
 
 
 def precision_noise(step: Step) -> Cause:
@@ -590,6 +591,7 @@ def diagnose(
     *,
     consistency: ConsistencySettings | None = None,
     clip_source: str | None = None,
+    pool: Executor | None = None,
 ) -> dict[str, Any]:
     """The diagnosis document: the floor, each step's causes ranked, and the run's (each cause's best step).
 
@@ -599,7 +601,7 @@ def diagnose(
     verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range (read
     from `clip_source`). `consistency`: what a consistency script of `script` sets (`confirm.confirm_lines`).
     `parts`: each batch's valid tokens as the report took them out (`Tokens.part_list`), in the order of
-    `batches`, read where no row is left out (else taken out here)."""
+    `batches`, read where no row is left out (else taken out here). `pool`: threads to judge the steps in."""
     steps: list[dict[str, Any]] = []
     best: dict[str, Cause] = {}
     best_key: dict[str, tuple[float, bool, float]] = {}
@@ -607,38 +609,26 @@ def diagnose(
     order = sorted(range(len(batches)), key=lambda i: (batches[i].step is None, batches[i].step or 0))
     judged = [s for s in (_step(batches[i], i, floor, sampling, identities, guidance, parts) for i in order) if s]
     # the layer floor: msprobe's agreeing pairs and the clean steps' (in bfloat16 msprobe's thresholds fail them all)
-    clean = _clean_requests([step for _, step in judged])
+    clean = _clean_requests([step for _, step in judged]) if layers else set()
     view = layer_view(layers, None, clean)  # the run's, of every pair; each step reads its own requests' pairs
-    for index, step in judged:
-        b = step.batch
-        step.layers = layer_view(layers, set(b.request_ids), clean)
-        causes = diagnose_step(step)
-        means.append(step.mean)
-        state = step_state(causes[0].cause, step, (guidance or {}).get(index, "ok"))
-        entry: dict[str, Any] = {
-            "batch": index,  # the input's index: the verdict's grade of the same step
-            "step": b.step,
-            "kind": b.kind,
-            "mean_abs_dlogp": step.mean,
-            "within_floor": step.within,
-            "leaves_floor_by": step.reading.leaving,
-            "state": state,
-            "tokens": step.tokens.size,
-            "sampling": step.settings,
-            "engine": step.engine or None,
-            "identity": _identity_json(step.identity),
-            "split": split_means(step.tokens, step.prefill),
-            "causes": [_plain(c) for c in causes],
-        }
-        if clip is not None:
-            entry["clip"] = {"low": clip[0], "high": clip[1], **clip_shares(step.tokens, clip)}
+
+    def judge(index: int, step: Step) -> tuple[dict[str, Any], list[Cause]]:
+        step.layers = layer_view(layers, set(step.batch.request_ids), clean)
+        return _judged_entry(index, step, diagnose_step(step), guidance, clip)
+
+    # each step judged on its own (in `pool`'s threads where given: numpy's loops release the interpreter's lock),
+    # gathered in the steps' order
+    indices, judged_steps = [i for i, _ in judged], [step for _, step in judged]
+    for (entry, causes), step in zip((pool.map if pool else map)(judge, indices, judged_steps), judged_steps):
         steps.append(entry)
+        means.append(step.mean)
         for c in causes:
             # the step that shows the cause best: by score, then a step out of the floor (a clean step's reading of
             # a cause is no evidence of it), then by fit
             key = (c.score, not step.within, c.fit)
             if c.cause not in best or key > best_key[c.cause]:
-                best[c.cause], best_key[c.cause] = Cause(c.cause, c.score, c.fit, f"step {b.step}: {c.evidence}"), key
+                best[c.cause] = Cause(c.cause, c.score, c.fit, f"step {step.batch.step}: {c.evidence}")
+                best_key[c.cause] = key
     trend = growth_and_reset(means, floor)
     if "stale-weights" in best and trend.score > best["stale-weights"].score:
         best["stale-weights"] = trend
@@ -663,6 +653,32 @@ def diagnose(
         "top": ranked[0].cause if ranked else None,
         "steps": steps,
     }
+
+
+def _judged_entry(
+    index: int, step: Step, causes: list[Cause], guidance: dict[int, str] | None, clip: tuple[float, float] | None
+) -> tuple[dict[str, Any], list[Cause]]:
+    """A step's entry of the diagnosis document, and its causes ranked."""
+    b = step.batch
+    state = step_state(causes[0].cause, step, (guidance or {}).get(index, "ok"))
+    entry: dict[str, Any] = {
+        "batch": index,  # the input's index: the verdict's grade of the same step
+        "step": b.step,
+        "kind": b.kind,
+        "mean_abs_dlogp": step.mean,
+        "within_floor": step.within,
+        "leaves_floor_by": step.reading.leaving,
+        "state": state,
+        "tokens": step.tokens.size,
+        "sampling": step.settings,
+        "engine": step.engine or None,
+        "identity": _identity_json(step.identity),
+        "split": split_means(step.tokens, step.prefill),
+        "causes": [_plain(c) for c in causes],
+    }
+    if clip is not None:
+        entry["clip"] = {"low": clip[0], "high": clip[1], **clip_shares(step.tokens, clip)}
+    return entry, causes
 
 
 def _step(

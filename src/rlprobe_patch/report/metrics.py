@@ -263,8 +263,102 @@ def debug_metrics(rollout: FloatArray, training: FloatArray, mask: BoolArray) ->
 
 
 def tokens_debug_metrics(tokens: Tokens) -> dict[str, float]:
-    if not tokens.size:
-        nan = float("nan")
+    return debug_figures(PartSums.of(tokens))
+
+
+@dataclass(frozen=True)
+class PartSums:
+    """A part's token figures as sums: its count, sums, extremes, and sums of squared deviations from its own means
+    (numpy's two passes for a variance). A run's figures are combined from its steps' (`combine`), with no pass over
+    its tokens of their own; one part's figures are numpy's own (`np.mean`, `np.std`, the two-pass Pearson)."""
+
+    n: int = 0
+    dp_sum: float = 0.0  # |p_train - p_rollout|
+    dp_m2: float = 0.0
+    dp_max: float = -math.inf
+    train_sum: float = 0.0  # p_train and p_rollout, for their correlation
+    rollout_sum: float = 0.0
+    train_m2: float = 0.0
+    rollout_m2: float = 0.0
+    co_m2: float = 0.0  # sum of the product of the two deviations
+    ceiling_sum: float = 0.0  # max(p_train, p_rollout)
+    dlogp_sum: float = 0.0
+    dlogp_max: float = -math.inf
+    multiplicative_sum: float = 0.0  # exp(|dlogp|)
+
+    @classmethod
+    def of(cls, tokens: Tokens) -> PartSums:
+        n = tokens.size
+        if not n:
+            return cls()
+        dp, train, rollout, dlogp = tokens.abs_dp, tokens.p_train, tokens.p_rollout, tokens.abs_dlogp
+        sums = [float(values.sum()) for values in (dp, train, rollout)]
+        deviations = [values - total / n for values, total in zip((dp, train, rollout), sums)]
+        # each product into one scratch array, summed (not np.dot: a BLAS call wakes its thread pool, slower than the
+        # sum here, and sums in another order)
+        products = np.empty_like(deviations[0])
+        dp_m2, train_m2, rollout_m2 = (float(np.multiply(d, d, out=products).sum()) for d in deviations)
+        co_m2 = float(np.multiply(deviations[1], deviations[2], out=products).sum())
+        return cls(
+            n=n,
+            dp_sum=sums[0],
+            dp_m2=dp_m2,
+            dp_max=float(dp.max()),
+            train_sum=sums[1],
+            rollout_sum=sums[2],
+            train_m2=train_m2,
+            rollout_m2=rollout_m2,
+            co_m2=co_m2,
+            ceiling_sum=float(np.maximum(train, rollout, out=products).sum()),
+            dlogp_sum=float(dlogp.sum()),
+            dlogp_max=float(dlogp.max()),
+            multiplicative_sum=float(np.exp(dlogp, out=products).sum()),
+        )
+
+    @classmethod
+    def combine(cls, parts: list[PartSums]) -> PartSums:
+        """The parts' figures as one part's: the sums added exactly rounded (`math.fsum`), the squared deviations
+        by Chan, Golub and LeVeque's update (each part's own, plus its count times its mean's distance from the
+        whole's, squared). One part is itself."""
+        parts = [p for p in parts if p.n]
+        if len(parts) == 1:
+            return parts[0]
+        n = sum(p.n for p in parts)
+        if not n:
+            return cls()
+        total: dict[str, float] = {
+            name: math.fsum(getattr(p, name) for p in parts)
+            for name in ("dp_sum", "train_sum", "rollout_sum", "ceiling_sum", "dlogp_sum", "multiplicative_sum")
+        }
+
+        def spread(name: str, other: str | None = None) -> float:
+            """The whole's sum of squared deviations (of `name` with itself, or its co-moment with `other`)."""
+            other = other or name
+            own = "co_m2" if other != name else name.replace("_sum", "_m2")
+            return math.fsum(
+                [getattr(p, own) for p in parts]
+                + [
+                    p.n * (getattr(p, name) / p.n - total[name] / n) * (getattr(p, other) / p.n - total[other] / n)
+                    for p in parts
+                ]
+            )
+
+        return cls(
+            n=n,
+            dp_m2=spread("dp_sum"),
+            dp_max=max(p.dp_max for p in parts),
+            train_m2=spread("train_sum"),
+            rollout_m2=spread("rollout_sum"),
+            co_m2=spread("train_sum", "rollout_sum"),
+            dlogp_max=max(p.dlogp_max for p in parts),
+            **total,
+        )
+
+
+def debug_figures(sums: PartSums) -> dict[str, float]:
+    """verl's `calculate_debug_metrics` from a part's sums."""
+    nan = float("nan")
+    if not sums.n:
         return {
             "training/rollout_probs_diff_valid": 0,
             "training/rollout_probs_diff_max": nan,
@@ -272,32 +366,25 @@ def tokens_debug_metrics(tokens: Tokens) -> dict[str, float]:
             "training/rollout_probs_diff_std": nan,
             "training/rollout_actor_probs_pearson_corr": nan,
         }
-    diff = tokens.abs_dp
     return {
         "training/rollout_probs_diff_valid": 1,
-        "training/rollout_probs_diff_max": float(diff.max()),
-        "training/rollout_probs_diff_mean": float(diff.mean()),
-        "training/rollout_probs_diff_std": float(diff.std(ddof=1)) if diff.size > 1 else float("nan"),
-        "training/rollout_actor_probs_pearson_corr": _pearson(tokens.p_train, tokens.p_rollout),
+        "training/rollout_probs_diff_max": sums.dp_max,
+        "training/rollout_probs_diff_mean": sums.dp_sum / sums.n,
+        "training/rollout_probs_diff_std": math.sqrt(sums.dp_m2 / (sums.n - 1)) if sums.n > 1 else nan,
+        "training/rollout_actor_probs_pearson_corr": _pearson(sums),
     }
 
 
-def _pearson(a: FloatArray, b: FloatArray) -> float:
+def _pearson(sums: PartSums) -> float:
     """Pearson's correlation of the two probabilities, clamped to [-1, 1]; NaN for fewer than two tokens or a side
     without spread. Not `np.corrcoef`: its covariance is a BLAS dot product, another order of summation, whose last
     bits differ (by 1e-16 on the pinned reports, tests/report_numbers.py)."""
-    if a.size < 2:
+    if sums.n < 2:
         return float("nan")
-    da, db = a - a.mean(), b - b.mean()
-    # products summed, not np.dot: a BLAS call wakes its thread pool, slower than the sum itself here;
-    # each product into the one scratch array
-    products = np.multiply(da, da)
-    sum_aa = float(products.sum())
-    sum_bb = float(np.multiply(db, db, out=products).sum())
-    denominator = math.sqrt(sum_aa * sum_bb)
+    denominator = math.sqrt(sums.train_m2 * sums.rollout_m2)
     if denominator == 0.0:
         return float("nan")
-    return max(-1.0, min(1.0, float(np.multiply(da, db, out=products).sum()) / denominator))
+    return max(-1.0, min(1.0, sums.co_m2 / denominator))
 
 
 def _eps_count(count: Any) -> Any:
@@ -338,23 +425,42 @@ def tokens_offpolicy_metrics(tokens: Tokens) -> dict[str, float]:
 
 
 def tokens_scale_metrics(tokens: Tokens) -> dict[str, float]:
+    return scale_figures(PartSums.of(tokens), median(tokens.p_rollout))
+
+
+def scale_figures(sums: PartSums, median_rollout_p: float) -> dict[str, float]:
     """What a probability-space figure can see on these tokens, and the log-space figures that see past it.
 
     |p_train - p_rollout| is at most max(p_train, p_rollout), so `probs_diff_mean_ceiling` (the mean of that
     maximum) is the largest `rollout_probs_diff_mean` these tokens could give, however far the two sides
     disagree: on tokens of probability 0.004 (a random model) it stays far below verl's 0.01. The log-probs
     see the difference at any probability: mean |dlogp|, and `token_multiplicative_error`, mean exp(|dlogp|)
-    (NeMo-RL's figure for the same two views of a token). {} without a token.
+    (NeMo-RL's figure for the same two views of a token). {} without a token. From the tokens' sums and the
+    median of their rollout probability.
     """
-    if not tokens.size:
+    if not sums.n:
         return {}
     return {
-        "probs_diff_mean_ceiling": float(np.maximum(tokens.p_train, tokens.p_rollout).mean()),
-        "median_rollout_p": float(np.median(tokens.p_rollout)),
-        "mean_abs_dlogp": float(tokens.abs_dlogp.mean()),
-        "max_abs_dlogp": float(tokens.abs_dlogp.max()),
-        "token_multiplicative_error": float(np.exp(tokens.abs_dlogp).mean()),
+        "probs_diff_mean_ceiling": sums.ceiling_sum / sums.n,
+        "median_rollout_p": median_rollout_p,  # of the tokens themselves (no part's median makes the whole's)
+        "mean_abs_dlogp": sums.dlogp_sum / sums.n,
+        "max_abs_dlogp": sums.dlogp_max,
+        "token_multiplicative_error": sums.multiplicative_sum / sums.n,
     }
+
+
+def median(values: FloatArray) -> float:
+    """`np.median` of finite values, to the bit, at a third of its cost: one selection of the middle value (numpy's
+    takes the two middle values and the largest, for its NaN check), then the largest below it where the count is
+    even, the two averaged as numpy averages them."""
+    size = values.size
+    if size == 0:
+        return float("nan")
+    middle = size // 2
+    part = np.partition(values, middle)
+    if size % 2:
+        return float(part[middle])
+    return float((part[:middle].max() + part[middle]) / 2.0)
 
 
 def per_request(
