@@ -118,9 +118,8 @@ def test_report_of_slime_logprob_dumps(tmp_path: Path, monkeypatch: pytest.Monke
 
     The report's progress is said from the start, as on a machine where reading the dumps takes over 3 s: its
     lines go to stderr, and stdout stays one JSON document (CI read both as one and failed)."""
-    from runtime import venvs
-
     from rlprobe_patch.cli import report as report_cli
+    from runtime import venvs
 
     monkeypatch.setattr(report_cli._Progress.__init__, "__defaults__", (0.0, 10.0))
 
