@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 
@@ -243,3 +244,26 @@ def test_run_figures_combined_from_the_steps_are_numpys_over_the_run(sizes: list
     assert alone["training/rollout_probs_diff_mean"] == float(dp.mean())
     if dp.size > 1:
         assert alone["training/rollout_probs_diff_std"] == float(dp.std(ddof=1))
+
+
+def test_requests_encoded_in_a_thread_are_the_documents_text() -> None:
+    """Issue 45: report.json's requests are encoded in a thread while the diagnosis runs (`EncodedList`); the text,
+    laid out and on one line, is what the same document with a plain list gives, NaN and infinities included."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlprobe_patch.report import EncodedList, encode, to_json
+
+    requests = [
+        {"request_id": f"r{i}", "max_abs_dp": i / 7, "worst_token": {"position": i, "rollout_logp": -i / 3}}
+        for i in range(50)
+    ]
+    requests[3]["max_abs_dp"] = float("nan")
+    requests[4]["worst_token"]["rollout_logp"] = float("-inf")
+    plain = {"format": "rlprobe-report", "tokens": {"tokens": 50, "requests": requests}}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        threaded = {"format": "rlprobe-report", "tokens": {"tokens": 50, "requests": EncodedList(requests, pool)}}
+        text, line = encode(threaded)
+    assert (text, line) == encode(plain)
+    assert json.loads(line) == json.loads(json.dumps(to_json(plain)))
+    assert json.loads(line)["tokens"]["requests"][3]["max_abs_dp"] is None
+    assert text.count("\n") == 50 + 8  # a request a line, and the 8 lines around them

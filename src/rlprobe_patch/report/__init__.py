@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,19 @@ def _json(value: Any) -> str:
         return _ENCODER.encode(value)
     except ValueError:
         return _ENCODER.encode(_plain(value))
+
+
+class EncodedList(list[Any]):
+    """A list of JSON objects whose one-line texts are made in `pool` from the start (the report's requests: most
+    of report.json's text, encoded while the diagnosis computes); `encode` lays out the texts made. Nothing
+    changes the list after: the texts are of the items as they were."""
+
+    def __init__(self, items: list[Any], pool: Executor) -> None:
+        super().__init__(items)
+        self._texts = pool.submit(lambda: [_json(item) for item in self])
+
+    def texts(self) -> list[str]:
+        return self._texts.result()
 
 
 def to_json(report: dict[str, Any]) -> dict[str, Any]:
@@ -100,7 +114,8 @@ def _layout(value: Any, depth: int) -> tuple[str, str]:
         if depth < 2:
             entries = [_layout(v, depth + 1) for v in value]
         else:
-            entries = [(text, text) for text in map(_json, value)]
+            texts = value.texts() if isinstance(value, EncodedList) else map(_json, value)
+            entries = [(text, text) for text in texts]
         return (
             "[\n" + ",\n".join(pad + laid for laid, _ in entries) + "\n" + " " * depth + "]",
             "[" + ", ".join(line for _, line in entries) + "]",

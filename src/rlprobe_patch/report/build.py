@@ -20,6 +20,7 @@ import numpy as np
 from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.base.fsio import atomic_write
 from rlprobe_patch.dumps.msprobe import TENSORS
+from rlprobe_patch.report import EncodedList
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
 from rlprobe_patch.report.confirm import ConsistencySettings
 from rlprobe_patch.report.diagnosis import diagnose
@@ -287,7 +288,11 @@ def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Exe
     `pool`, the run's |dlogp| distribution and median probability and the steps' figures are taken side by side in
     its threads (each the same computation as alone)."""
     run = run if run is not None else run_tokens(batches)
-    run.make("abs_dp", "abs_dlogp", "k3_terms")  # each once, before any thread reads them
+    # each per-token value once, before any thread reads it: the probabilities' and the log-ratio's apart, side by
+    # side (neither reads the other's)
+    probabilities = _later(pool, run.make, "abs_dp")
+    run.make("abs_dlogp", "k3_terms")
+    probabilities()
     distribution = _later(pool, _distribution, run)
     median_p = _later(pool, lambda: median(run.p_rollout) if run.size else float("nan"))
     offpolicy = tokens_offpolicy_metrics(run)  # over the rows, and sums that cancel: taken over the run itself
@@ -439,6 +444,10 @@ def build(
             "tokens": token_report(batches, run, pool) if batches else None,
             "layers": layer_summary(pairs) if pairs else None,
         }
+        if report["tokens"]:
+            # report.json's requests encoded in a thread beside the diagnosis (the encoder holds the interpreter's
+            # lock, numpy's loops do not)
+            report["tokens"]["requests"] = EncodedList(report["tokens"]["requests"], pool)
         grades = grade_steps(report)
         if batches:
             # the verdict's step grades are in the batches' order (token_report keeps it)
