@@ -57,9 +57,8 @@ class Material:
         self.dump = root / "dump"
         self.dump.mkdir(parents=True)
         (self.dump / "actor").symlink_to(work / "dumps" / "actor")
-        # the rollout session that dumped the plant's prefills (the clean run's session where the plant has none)
-        session = "dump-stale" if result["run"] == "stale" else "dump-session"
-        (self.dump / "generate").symlink_to(work / "dumps" / session)
+        # the rollout session that dumped every dumped run's prefills (the stale run's on its weights, loaded last)
+        (self.dump / "generate").symlink_to(work / "dumps" / "dump-session")
         self.script = root / "run_grpo.sh"
         self.script.write_bytes((WORKFLOW_SCRIPTS / "grpo_fsdp_vllm.sh").read_bytes())
         self.rid = out["runs"][result["run"]]["request_ids"][0]

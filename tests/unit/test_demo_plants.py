@@ -48,22 +48,37 @@ def test_every_run_has_request_ids_of_its_own_and_the_plants_that_reuse_the_clea
     assert runs["temperature"].sampling["temperature"] == 0.7 and runs["top-p"].sampling["top_p"] == 0.8
     assert runs["none"].sampling["seed"] == 4321 and runs[FLOOR].sampling["seed"] != runs[CLEAN].sampling["seed"]
     assert runs["layer"].broken_layer and not runs[CLEAN].broken_layer
-    assert (runs["stale"].session, runs["dtype"].session) == ("stale", "bfloat16")
+    assert (runs["stale"].session, runs["dtype"].session) == ("sample", "bfloat16")
+    assert {n for n, r in runs.items() if r.stale} == {"stale"}
 
 
 def test_the_sessions_dump_one_prefill_at_a_time_and_sample_batched(tmp_path: Path) -> None:
     runs = _runs(tuple(PLANTS), PROMPTS)
     model = DemoModel(tmp_path / "m", True, "", PROMPTS, 64, 8, 40)
     sessions = _sessions(runs, model, tmp_path)
-    assert list(sessions) == ["dump", "sample", "stale-dump", "stale", "bfloat16"]
+    assert list(sessions) == ["dump", "sample", "bfloat16"]
     dump = sessions["dump"]
     assert dump["max_num_seqs"] == 1 and {r["kind"] for r in dump["runs"]} == {"prefill"}
-    assert [r["name"] for r in dump["runs"]] == [CLEAN, "layer"]
+    assert [r["name"] for r in dump["runs"]] == [CLEAN, "layer", "stale"]
     assert json.loads(Path(dump["dump_config"]).read_text())["task"] == "statistics"
     sample = sessions["sample"]
     assert sample["max_num_seqs"] == 2 and sample["record"] and sample.get("dump_config") is None
     assert all(r["kind"] == "sample" and r["rescore"] for r in sample["runs"])
-    assert sessions["stale"]["model_dir"] == sessions["stale-dump"]["model_dir"] == str(tmp_path / "model-stale")
+    # the stale run last in both sessions, on the stale checkpoint loaded into the running engine; the others on the
+    # session's own weights
+    stale = str(tmp_path / "model-stale")
+    assert dump["runs"][-1]["model_dir"] == sample["runs"][-1]["model_dir"] == stale
+    assert sample["runs"][-1]["name"] == "stale" and sample["model_dir"] == dump["model_dir"] == str(model.path)
+    assert all("model_dir" not in r for r in dump["runs"][:-1] + sample["runs"][:-1])
+    # the fingerprints of the weights each sampled run ran on; the dumped prefills write none
+    assert not any("fingerprints" in r for r in dump["runs"])
+    written = {r["name"]: Path(r["fingerprints"]).name for n in ("sample", "bfloat16") for r in sessions[n]["runs"]}
+    assert written == {
+        r.name: "rollout-sample.rlprobe-weights.json" for r in runs.values() if r.session == "sample"
+    } | {
+        "stale": "rollout-stale.rlprobe-weights.json",
+        "dtype": "rollout-bfloat16.rlprobe-weights.json",
+    }
     assert sessions["bfloat16"]["dtype"] == "bfloat16" and sessions["sample"]["dtype"] == "float32"
     assert next(r for r in sample["runs"] if r["name"] == "layer")["plant"] == "layer"
 
