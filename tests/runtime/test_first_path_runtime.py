@@ -57,8 +57,10 @@ class Material:
         self.dump = root / "dump"
         self.dump.mkdir(parents=True)
         (self.dump / "actor").symlink_to(work / "dumps" / "actor")
-        # the rollout session that dumped every dumped run's prefills (the stale run's on its weights, loaded last)
-        (self.dump / "generate").symlink_to(work / "dumps" / "dump-session")
+        # the rollout dumps of the plant's prefills (the clean run's where the plant has none): the stale run's are in a
+        # folder of their own, moved out of the dump session
+        session = "dump-stale" if result["run"] == "stale" else "dump-session"
+        (self.dump / "generate").symlink_to(work / "dumps" / session)
         self.script = root / "run_grpo.sh"
         self.script.write_bytes((WORKFLOW_SCRIPTS / "grpo_fsdp_vllm.sh").read_bytes())
         self.rid = out["runs"][result["run"]]["request_ids"][0]
@@ -242,8 +244,8 @@ def test_check_dump_finds_a_paired_dump_cut_short(demo: tuple[dict, Path], tmp_p
     _, work = demo
     actor, generate = _dump_copy(work, tmp_path)
     code, out = cli_json("check-dump", "--actor", actor, "--generate", generate)
-    # the clean run's, the layer's and the stale run's (its weights loaded into the same engine): every actor dump
-    assert code == ExitCode.OK and len(out["pairs"]) == 24 and out["unpaired"] == [], out["problems"]
+    # the clean run's and the layer's (the stale run's prefills are in dumps/dump-stale)
+    assert code == ExitCode.OK and len(out["pairs"]) == 16 and out["unpaired"] == [], out["problems"]
     cut = Path(out["pairs"][0]["actor"]["dump"])
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
     result = cli("check-dump", "--actor", actor, "--generate", generate)

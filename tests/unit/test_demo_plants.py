@@ -19,6 +19,7 @@ from rlprobe_patch.demo.vllm_consistency import (
     _trainer_rows,
     _write_step,
     changed_token,
+    split_dumps,
 )
 from rlprobe_patch.report.capture_format import read_capture
 
@@ -81,6 +82,29 @@ def test_the_sessions_dump_one_prefill_at_a_time_and_sample_batched(tmp_path: Pa
     }
     assert sessions["bfloat16"]["dtype"] == "bfloat16" and sessions["sample"]["dtype"] == "float32"
     assert next(r for r in sample["runs"] if r["name"] == "layer")["plant"] == "layer"
+
+
+def test_the_stale_runs_passes_leave_the_dump_session_with_their_dispatch_lines(tmp_path: Path) -> None:
+    """The dump session dumps the stale run's prefills last, on the weights loaded for them: their step folders and
+    dispatch-log lines go to a folder of their own (vLLM's `-<8 hex>` suffix on the ids), the others stay."""
+    session, dest = tmp_path / "dump-session", tmp_path / "dump-stale"
+    sent = [["a-0123abcd"], ["b-0123abcd"], ["s1-89abcdef"], ["s2-89abcdef"]]
+    lines = []
+    for step, ids in enumerate(sent):
+        (session / f"step{step}" / "rank0").mkdir(parents=True)
+        (session / f"step{step}" / "rank0" / "dump.json").write_text(json.dumps({"data": {"step": step}}))
+        lines.append(json.dumps({"step": step, "dump": f"step{step}/rank0/dump.json", "request_ids": ids}))
+    (session / "77").mkdir()
+    (session / "77" / "dispatch_log.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    assert split_dumps(session, dest, {"s1", "s2"}) == 2
+    assert sorted(p.name for p in session.iterdir()) == ["77", "step0", "step1"]
+    assert sorted(p.name for p in dest.iterdir()) == ["77", "step2", "step3"]
+    assert (session / "77" / "dispatch_log.jsonl").read_text().splitlines() == lines[:2]
+    assert (dest / "77" / "dispatch_log.jsonl").read_text().splitlines() == lines[2:]
+    for line in lines[2:]:  # each line's dump where it says, relative to its folder
+        record = json.loads(line)
+        assert json.loads((dest / record["dump"]).read_text())["data"]["step"] == record["step"]
+    assert split_dumps(session, dest, {"s1", "s2"}) == 0  # nothing left to move
 
 
 def test_the_template_and_token_plants_score_the_clean_runs_responses_otherwise() -> None:

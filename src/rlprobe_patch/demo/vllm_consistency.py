@@ -18,7 +18,8 @@ request with a verl-style id (uuid4 hex) of its own run:
 
   The stale plant's run (a copy of the checkpoint one Adam-like step behind the training side's) runs last in
   the `dump` and the `sample` sessions: its weights are loaded into the running engine, in place, as verl's
-  weight sync loads a new step's weights (vLLM's `reload_weights`), not by another engine session. The runs of
+  weight sync loads a new step's weights (vLLM's `reload_weights`), not by another engine session (its prefill
+  passes are then moved into a dump folder of their own, `split_dumps`). The runs of
   a session differ only in their requests' sampling settings and seeds (per request), a broken layer put back
   after its run, or the weights loaded before it: nothing in them depends on a fresh engine.
 - training: verl's FSDP engine (the demo venv, patched with `apply --mode consistency`, float32), one
@@ -412,6 +413,34 @@ def noise_floors(
     return parts
 
 
+def split_dumps(session: Path, dest: Path, ids: set[str]) -> int:
+    """The passes of the requests `ids` moved out of a dump session's folder into `dest`: each one's step folder and
+    its dispatch-log line (same relative paths, same pid folder), as an engine session of their own would have
+    written them. The stale run's prefills, dumped last in the dump session on the weights loaded for them, get a
+    folder of their own this way: a compare of the other runs' dumps pairs none of them. The number moved."""
+    from rlprobe_patch.workflow.check_dump import strip_vllm_suffix
+
+    moved = 0
+    for log in sorted(session.glob("*/dispatch_log.jsonl")):
+        keep: list[str] = []
+        move: list[str] = []
+        for line in log.read_text(encoding="utf-8").splitlines():
+            sent = {strip_vllm_suffix(r) for r in json.loads(line).get("request_ids") or []}
+            (move if sent and sent <= ids else keep).append(line)
+        if not move:
+            continue
+        target = dest / log.parent.name / log.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("".join(f"{line}\n" for line in move), encoding="utf-8")
+        log.write_text("".join(f"{line}\n" for line in keep), encoding="utf-8")
+        for line in move:
+            step = Path(json.loads(line)["dump"]).parts[0]  # step<N>, beside the pid folder
+            if (session / step).is_dir():  # once for all the ranks of the pass
+                shutil.move(session / step, dest / step)
+                moved += 1
+    return moved
+
+
 def _weights_folder(work: Path, name: str, step_runs: list[tuple[int, Run]], fingerprints: dict[str, Path]) -> Path:
     """The fingerprints a report reads: the training side's (every dtype), and per capture step the rollout's of
     the weights that step's run ran on."""
@@ -609,6 +638,10 @@ def _rollout_side(
                     target["dtype"] = result["dtype"]
                 if got.get("fingerprints"):
                     fingerprints[spec["name"]] = Path(got["fingerprints"])
+            stale = {p["request_id"] for spec in plan["runs"] if spec.get("model_dir") for p in spec["prompts"]}
+            if plan.get("dump_config") and stale:  # the stale run's prefills: a folder of their own
+                dumped = Path(json.loads(Path(plan["dump_config"]).read_text())["dump_path"])
+                split_dumps(dumped, dumped.parent / "dump-stale", stale)
             loads = "".join(
                 f"; weights {Path(r['model_dir']).name} loaded in {r['seconds']} s" for r in result["reloads"]
             )
@@ -716,7 +749,7 @@ def _layer_compares(chain: _Chain) -> dict[str, dict[str, Any]]:
     for run in runs.values():
         if not run.dumped:
             continue
-        dumps = work / "dumps" / "dump-session"  # every dumped run's prefills, the stale run's too
+        dumps = work / "dumps" / ("dump-stale" if run.stale else "dump-session")
         ids = {p["request_id"] for p in run.prompts}
         layer_runs[run.name] = check(
             work / "dumps" / "actor", dumps, work / "compare" / run.name, chain.verl_python, only=ids
