@@ -57,7 +57,8 @@ class Material:
         self.dump = root / "dump"
         self.dump.mkdir(parents=True)
         (self.dump / "actor").symlink_to(work / "dumps" / "actor")
-        # the rollout session that dumped the plant's prefills (the clean run's session where the plant has none)
+        # the rollout dumps of the plant's prefills (the clean run's where the plant has none): the stale run's are in a
+        # folder of their own, moved out of the dump session
         session = "dump-stale" if result["run"] == "stale" else "dump-session"
         (self.dump / "generate").symlink_to(work / "dumps" / session)
         self.script = root / "run_grpo.sh"
@@ -243,7 +244,8 @@ def test_check_dump_finds_a_paired_dump_cut_short(demo: tuple[dict, Path], tmp_p
     _, work = demo
     actor, generate = _dump_copy(work, tmp_path)
     code, out = cli_json("check-dump", "--actor", actor, "--generate", generate)
-    assert code == ExitCode.OK and len(out["pairs"]) == 16, out["problems"]  # the clean run's and the layer's
+    # the clean run's and the layer's (the stale run's prefills are in dumps/dump-stale)
+    assert code == ExitCode.OK and len(out["pairs"]) == 16 and out["unpaired"] == [], out["problems"]
     cut = Path(out["pairs"][0]["actor"]["dump"])
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
     result = cli("check-dump", "--actor", actor, "--generate", generate)

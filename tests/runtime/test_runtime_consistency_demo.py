@@ -103,6 +103,19 @@ def test_the_demo_runs_a_real_model_on_chat_prompts_and_reverts_both_sides(vllm_
     sent = {r.sent_id for r in records}
     assert set(ids) <= sent
     assert {r.dtype for r in records} == {"float32", "bfloat16"}
+    # three engine sessions: the stale run's weights loaded into the running dump and sample engines, once each, the
+    # tied LM head's packed handle made again from the weight it now holds and checked against it
+    assert sorted(p.name for p in work.glob("session-*-0.json")) == [
+        "session-bfloat16-0.json",
+        "session-dump-0.json",
+        "session-sample-0.json",
+    ]
+    for session in ("dump", "sample"):
+        done = json.loads((work / f"session-{session}-0.json").read_text())
+        (reload,) = done["reloads"]
+        assert reload["model_dir"] == str(work / "model-stale") and "lm_head" in reload["repacked"], reload
+        assert reload["handle_difference"] < 1e-5, reload
+        assert list(done["runs"])[-1] == "stale" and done["runs"]["stale"]["model_dir"] == str(work / "model-stale")
 
 
 def test_the_floor_is_two_implementations_on_the_same_weights_split_three_ways(

@@ -111,12 +111,34 @@ def record_matches(site: Path) -> list[str]:
     return bad + added
 
 
-def test_patched_engine_dumps_every_pass_and_changes_nothing_when_off(python: Path, tmp_path: Path) -> None:
+# the rollout record's requests: sampled at T 0.7, top-p 0.8, seed 7, processed log-probs (verl's default)
+SAMPLED = ("0.7", "0.8", "7")
+PROCESSED = ("--logprobs-mode", "processed_logprobs")
+
+
+def test_patched_engine_dumps_every_pass_records_each_request_and_changes_nothing_when_off(
+    python: Path, tmp_path: Path
+) -> None:
+    """vllm.model-runner and vllm.dispatch-logger: off, the engine computes what the unpatched one does and msprobe
+    is never imported; on, one msprobe step and one dispatch-log line per forward pass, and msprobe's request_id
+    slices one request's rows out of a mixed batch.
+
+    vllm.rollout-record: with MISMATCH_ON=1 and an absolute MISMATCH_DIR, the engine core (in a process of its own,
+    as verl's rollout servers run it) writes one line per request into
+    MISMATCH_DIR/rollout/<host>-<pid>.rlprobe-rollout.jsonl: the ids it was sent and the ids it returned, the
+    sampling it applied (T 0.7, top-p 0.8, a seed), logprobs_mode and the dtype; the report's reader reads it. Off:
+    nothing written, the same tokens and log-probs as the unpatched engine.
+
+    Four engine starts serve both: the unpatched and the off engine run the greedy requests, then the sampled ones
+    (`--then`); the request_id slice runs the sampled requests with the record on, the engine core in its own
+    process."""
     site = venvs.site_packages(python)
-    unpatched = drive(python, tmp_path, "unpatched")
+    unpatched = drive(python, tmp_path, "unpatched", *PROCESSED, "--then", *SAMPLED)
     assert unpatched["ok"], unpatched.get("traceback")
     ids = unpatched["request_ids"]
     assert sorted(unpatched["tokens"]) == sorted(ids) and unpatched["engine_steps"] >= 3
+    assert sorted(unpatched["then"]["tokens"]) == sorted(ids)
+    assert unpatched["then"]["tokens"] != unpatched["tokens"]  # sampled, not greedy
 
     code, applied = cli_json("apply", "--python", python, "--only", PATCHES)
     assert code == ExitCode.OK, applied
@@ -125,13 +147,30 @@ def test_patched_engine_dumps_every_pass_and_changes_nothing_when_off(python: Pa
         "vllm/v1/worker/gpu/model_runner.py",
         "vllm/v1/worker/gpu_model_runner.py",
     ]
+    code, applied = cli_json("apply", "--python", python, "--only", "vllm.rollout-record")
+    try:
+        assert code == ExitCode.OK, applied
+        assert applied["files"] == ["vllm/v1/core/sched/scheduler.py"]
+        _patched_engine(python, tmp_path, unpatched)
+    finally:
+        assert cli_json("revert", "--python", python)[0] == ExitCode.OK
+    assert record_matches(site) == []
 
-    # Switches off (no dump config): the same tokens and logprobs, and msprobe never imported.
-    off = drive(python, tmp_path, "off")
+
+def _patched_engine(python: Path, tmp_path: Path, unpatched: dict) -> None:
+    ids = unpatched["request_ids"]
+    # Switches off (no dump config, no MISMATCH_ON): the same tokens and logprobs, greedy and sampled, msprobe
+    # never imported, no record written.
+    off = drive(python, tmp_path, "off", *PROCESSED, "--then", *SAMPLED)
     assert off["ok"], off.get("traceback")
     assert (off["tokens"], off["logprobs"]) == (unpatched["tokens"], unpatched["logprobs"])
+    assert (off["then"]["tokens"], off["then"]["logprobs"]) == (
+        unpatched["then"]["tokens"],
+        unpatched["then"]["logprobs"],
+    )
     assert off["msprobe_imported"] is False
     assert "rlprobe-patch:" not in off["stderr"]
+    assert record_files([tmp_path]) == []
 
     # On: one msprobe step per forward pass, one dispatch-log line per step.
     dump = tmp_path / "dump"
@@ -160,11 +199,25 @@ def test_patched_engine_dumps_every_pass_and_changes_nothing_when_off(python: Pa
     assert {r["phase"] for r in lines[1:]} == {"decode"}
     assert all(set(r["num_scheduled_tokens"].values()) == {1} for r in lines[1:])
 
-    # msprobe's request_id: only that request's rows of the mixed prefill batch are dumped.
+    # msprobe's request_id: only that request's rows of the mixed prefill batch are dumped; the same engine (its core
+    # in a process of its own) records each request it ran (MISMATCH_ON), sampled as the unpatched engine's second
+    # requests were.
     wanted = ids[2]
     sliced = tmp_path / "sliced"
     config = msprobe_config(tmp_path / "sliced.json", sliced, request_id=wanted)
-    one = drive(python, tmp_path, "sliced", "--dump-config", str(config))
+    caps = tmp_path / "caps"
+    sampled = ("--temperature", SAMPLED[0], "--top-p", SAMPLED[1], "--seed", SAMPLED[2], *PROCESSED)
+    one = drive(
+        python,
+        tmp_path,
+        "sliced",
+        *sampled,
+        "--dump-config",
+        str(config),
+        MISMATCH_ON="1",
+        MISMATCH_DIR=str(caps),
+        VLLM_ENABLE_V1_MULTIPROCESSING="1",
+    )
     assert one["ok"], one.get("traceback")
     steps = dumped_steps(sliced)
     (log,) = sliced.glob("*/dispatch_log.jsonl")
@@ -172,9 +225,31 @@ def test_patched_engine_dumps_every_pass_and_changes_nothing_when_off(python: Pa
     assert len(lines[0]["request_ids"]) == 4 and strip_vllm_suffix(lines[0]["dumped_request_id"]) == wanted
     assert embedding_rows(steps[lines[0]["step"]]) == len(prompts[wanted])  # 12 of the batch's 46 rows
     assert all(embedding_rows(steps[r["step"]]) == 1 for r in lines[1:])  # its one decode token
+    _recorded(one, unpatched["then"], caps, tmp_path)
 
-    assert cli_json("revert", "--python", python)[0] == ExitCode.OK
-    assert record_matches(site) == []
+
+def _recorded(on: dict, unpatched: dict, caps: Path, tmp_path: Path) -> None:
+    """The rollout record of run `on` (sampled; the engine core in its own process) against the unpatched engine's
+    run of the same requests."""
+    assert (on["tokens"], on["logprobs"]) == (unpatched["tokens"], unpatched["logprobs"])
+    (path,) = record_files([tmp_path])
+    records = read_records(path)
+    pids = {json.loads(line)["pid"] for line in path.read_text().splitlines()}
+    assert len(pids) == 1 and pids != {on["pid"]}  # the engine core's process, not the driver's
+    assert path == caps / "rollout" / f"{socket.gethostname()}-{pids.pop()}.rlprobe-rollout.jsonl"
+    # exactly one line per request sent, under the id it was sent (vLLM >= 0.14 appends -<8 hex>)
+    assert sorted(r.sent_id for r in records) == sorted(on["request_ids"])
+    assert all(re.fullmatch(r".+-[0-9a-f]{8}", r.request_id) for r in records)
+    for record in records:
+        assert list(record.prompt_ids) == on["prompts"][record.sent_id]
+        assert list(record.output_ids) == on["tokens"][record.sent_id]
+        assert record.finish_reason == "length"
+        assert (record.engine, record.engine_version) == ("vllm", on["vllm"])
+        assert (record.dtype, record.logprobs_mode) == ("float32", "processed_logprobs")
+        assert record.model == str(tmp_path / "model")
+        sampling = {k: record.sampling[k] for k in ("temperature", "top_p", "seed", "max_tokens", "logprobs")}
+        assert sampling == {"temperature": 0.7, "top_p": 0.8, "seed": 7, "max_tokens": 4, "logprobs": 0}
+    assert on["stderr"].count(f"rlprobe-patch: vllm.rollout-record r1: each finished request recorded in {path}") == 1
 
 
 @pytest.mark.parametrize(
@@ -243,59 +318,3 @@ def test_tensor_parallel_2_dumps_and_logs_each_rank(python: Path, tmp_path: Path
         assert [r["step"] for r in logs[0]] == [r["step"] for r in logs[1]]
     finally:
         assert cli_json("revert", "--python", python)[0] == ExitCode.OK
-
-
-def test_rollout_record_is_one_line_per_request_as_the_engine_ran_it(python: Path, tmp_path: Path) -> None:
-    """vllm.rollout-record: with MISMATCH_ON=1 and an absolute MISMATCH_DIR, the engine core (in a
-    process of its own, as verl's rollout servers run it) writes one line per request into
-    MISMATCH_DIR/rollout/<host>-<pid>.rlprobe-rollout.jsonl: the ids it was sent and the ids it
-    returned, the sampling it applied (T 0.7, top-p 0.8, a seed), logprobs_mode and the dtype; the
-    report's reader reads it. Off: nothing written, the same tokens and log-probs as the unpatched engine."""
-    site = venvs.site_packages(python)
-    sampled = ("--temperature", "0.7", "--top-p", "0.8", "--seed", "7", "--logprobs-mode", "processed_logprobs")
-    unpatched = drive(python, tmp_path, "record-unpatched", *sampled)
-    assert unpatched["ok"], unpatched.get("traceback")
-    code, applied = cli_json("apply", "--python", python, "--only", "vllm.rollout-record")
-    assert code == ExitCode.OK, applied
-    try:
-        assert applied["files"] == ["vllm/v1/core/sched/scheduler.py"]
-        off = drive(python, tmp_path, "record-off", *sampled)
-        assert off["ok"], off.get("traceback")
-        assert (off["tokens"], off["logprobs"]) == (unpatched["tokens"], unpatched["logprobs"])
-        assert record_files([tmp_path]) == [] and "rlprobe-patch:" not in off["stderr"]
-
-        caps = tmp_path / "caps"
-        on = drive(
-            python,
-            tmp_path,
-            "record-on",
-            *sampled,
-            MISMATCH_ON="1",
-            MISMATCH_DIR=str(caps),
-            VLLM_ENABLE_V1_MULTIPROCESSING="1",
-        )
-        assert on["ok"], on.get("traceback")
-        assert (on["tokens"], on["logprobs"]) == (unpatched["tokens"], unpatched["logprobs"])
-        (path,) = record_files([tmp_path])
-        records = read_records(path)
-        pids = {json.loads(line)["pid"] for line in path.read_text().splitlines()}
-        assert len(pids) == 1 and pids != {on["pid"]}  # the engine core's process, not the driver's
-        assert path == caps / "rollout" / f"{socket.gethostname()}-{pids.pop()}.rlprobe-rollout.jsonl"
-        # exactly one line per request sent, under the id it was sent (vLLM >= 0.14 appends -<8 hex>)
-        assert sorted(r.sent_id for r in records) == sorted(on["request_ids"])
-        assert all(re.fullmatch(r".+-[0-9a-f]{8}", r.request_id) for r in records)
-        for record in records:
-            assert list(record.prompt_ids) == on["prompts"][record.sent_id]
-            assert list(record.output_ids) == on["tokens"][record.sent_id]
-            assert record.finish_reason == "length"
-            assert (record.engine, record.engine_version) == ("vllm", on["vllm"])
-            assert (record.dtype, record.logprobs_mode) == ("float32", "processed_logprobs")
-            assert record.model == str(tmp_path / "model")
-            sampling = {k: record.sampling[k] for k in ("temperature", "top_p", "seed", "max_tokens", "logprobs")}
-            assert sampling == {"temperature": 0.7, "top_p": 0.8, "seed": 7, "max_tokens": 4, "logprobs": 0}
-        assert (
-            on["stderr"].count(f"rlprobe-patch: vllm.rollout-record r1: each finished request recorded in {path}") == 1
-        )
-    finally:
-        assert cli_json("revert", "--python", python)[0] == ExitCode.OK
-    assert record_matches(site) == []

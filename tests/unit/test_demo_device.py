@@ -34,7 +34,7 @@ def test_on_the_cpu_the_dtype_plant_moves_the_rollout_to_bfloat16_and_the_traine
     runs = _runs(tuple(PLANTS), PROMPTS, CPU)
     assert runs["dtype"].session == "bfloat16" and {r.training_dtype for r in runs.values()} == {"float32"}
     sessions = _sessions(runs, DemoModel(tmp_path / "m", True, "", PROMPTS, 64, 8, 40), tmp_path, CPU)
-    assert list(sessions) == ["dump", "sample", "stale-dump", "stale", "bfloat16"]
+    assert list(sessions) == ["dump", "sample", "bfloat16"]
     assert sessions["bfloat16"]["dtype"] == "bfloat16"
     assert {p["dtype"] for n, p in sessions.items() if n != "bfloat16"} == {"float32"}
 
@@ -46,7 +46,7 @@ def test_on_a_bfloat16_device_the_dtype_plant_samples_with_the_rest_and_the_trai
     assert runs["dtype"].session == "sample" and runs["dtype"].training_dtype == "float32"
     assert {n for n, r in runs.items() if r.training_dtype != "bfloat16"} == {"dtype"}
     sessions = _sessions(runs, DemoModel(tmp_path / "m", True, "", PROMPTS, 64, 8, 40), tmp_path, GPU)
-    assert list(sessions) == ["dump", "sample", "stale-dump", "stale", "batch1"]
+    assert list(sessions) == ["dump", "sample", "batch1"]
     assert {p["dtype"] for p in sessions.values()} == {"bfloat16"}
     assert "dtype" in [r["name"] for r in sessions["sample"]["runs"]]
 

@@ -19,6 +19,7 @@ from rlprobe_patch.demo.vllm_consistency import (
     _trainer_rows,
     _write_step,
     changed_token,
+    split_dumps,
 )
 from rlprobe_patch.report.capture_format import read_capture
 
@@ -48,24 +49,62 @@ def test_every_run_has_request_ids_of_its_own_and_the_plants_that_reuse_the_clea
     assert runs["temperature"].sampling["temperature"] == 0.7 and runs["top-p"].sampling["top_p"] == 0.8
     assert runs["none"].sampling["seed"] == 4321 and runs[FLOOR].sampling["seed"] != runs[CLEAN].sampling["seed"]
     assert runs["layer"].broken_layer and not runs[CLEAN].broken_layer
-    assert (runs["stale"].session, runs["dtype"].session) == ("stale", "bfloat16")
+    assert (runs["stale"].session, runs["dtype"].session) == ("sample", "bfloat16")
+    assert {n for n, r in runs.items() if r.stale} == {"stale"}
 
 
 def test_the_sessions_dump_one_prefill_at_a_time_and_sample_batched(tmp_path: Path) -> None:
     runs = _runs(tuple(PLANTS), PROMPTS)
     model = DemoModel(tmp_path / "m", True, "", PROMPTS, 64, 8, 40)
     sessions = _sessions(runs, model, tmp_path)
-    assert list(sessions) == ["dump", "sample", "stale-dump", "stale", "bfloat16"]
+    assert list(sessions) == ["dump", "sample", "bfloat16"]
     dump = sessions["dump"]
     assert dump["max_num_seqs"] == 1 and {r["kind"] for r in dump["runs"]} == {"prefill"}
-    assert [r["name"] for r in dump["runs"]] == [CLEAN, "layer"]
+    assert [r["name"] for r in dump["runs"]] == [CLEAN, "layer", "stale"]
     assert json.loads(Path(dump["dump_config"]).read_text())["task"] == "statistics"
     sample = sessions["sample"]
     assert sample["max_num_seqs"] == 2 and sample["record"] and sample.get("dump_config") is None
     assert all(r["kind"] == "sample" and r["rescore"] for r in sample["runs"])
-    assert sessions["stale"]["model_dir"] == sessions["stale-dump"]["model_dir"] == str(tmp_path / "model-stale")
+    # the stale run last in both sessions, on the stale checkpoint loaded into the running engine; the others on the
+    # session's own weights
+    stale = str(tmp_path / "model-stale")
+    assert dump["runs"][-1]["model_dir"] == sample["runs"][-1]["model_dir"] == stale
+    assert sample["runs"][-1]["name"] == "stale" and sample["model_dir"] == dump["model_dir"] == str(model.path)
+    assert all("model_dir" not in r for r in dump["runs"][:-1] + sample["runs"][:-1])
+    # the fingerprints of the weights each sampled run ran on; the dumped prefills write none
+    assert not any("fingerprints" in r for r in dump["runs"])
+    written = {r["name"]: Path(r["fingerprints"]).name for n in ("sample", "bfloat16") for r in sessions[n]["runs"]}
+    assert written == {
+        r.name: "rollout-sample.rlprobe-weights.json" for r in runs.values() if r.session == "sample"
+    } | {
+        "stale": "rollout-stale.rlprobe-weights.json",
+        "dtype": "rollout-bfloat16.rlprobe-weights.json",
+    }
     assert sessions["bfloat16"]["dtype"] == "bfloat16" and sessions["sample"]["dtype"] == "float32"
     assert next(r for r in sample["runs"] if r["name"] == "layer")["plant"] == "layer"
+
+
+def test_the_stale_runs_passes_leave_the_dump_session_with_their_dispatch_lines(tmp_path: Path) -> None:
+    """The dump session dumps the stale run's prefills last, on the weights loaded for them: their step folders and
+    dispatch-log lines go to a folder of their own (vLLM's `-<8 hex>` suffix on the ids), the others stay."""
+    session, dest = tmp_path / "dump-session", tmp_path / "dump-stale"
+    sent = [["a-0123abcd"], ["b-0123abcd"], ["s1-89abcdef"], ["s2-89abcdef"]]
+    lines = []
+    for step, ids in enumerate(sent):
+        (session / f"step{step}" / "rank0").mkdir(parents=True)
+        (session / f"step{step}" / "rank0" / "dump.json").write_text(json.dumps({"data": {"step": step}}))
+        lines.append(json.dumps({"step": step, "dump": f"step{step}/rank0/dump.json", "request_ids": ids}))
+    (session / "77").mkdir()
+    (session / "77" / "dispatch_log.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    assert split_dumps(session, dest, {"s1", "s2"}) == 2
+    assert sorted(p.name for p in session.iterdir()) == ["77", "step0", "step1"]
+    assert sorted(p.name for p in dest.iterdir()) == ["77", "step2", "step3"]
+    assert (session / "77" / "dispatch_log.jsonl").read_text().splitlines() == lines[:2]
+    assert (dest / "77" / "dispatch_log.jsonl").read_text().splitlines() == lines[2:]
+    for line in lines[2:]:  # each line's dump where it says, relative to its folder
+        record = json.loads(line)
+        assert json.loads((dest / record["dump"]).read_text())["data"]["step"] == record["step"]
+    assert split_dumps(session, dest, {"s1", "s2"}) == 0  # nothing left to move
 
 
 def test_the_template_and_token_plants_score_the_clean_runs_responses_otherwise() -> None:

@@ -8,15 +8,20 @@ request with a verl-style id (uuid4 hex) of its own run:
   transformers release verl's FSDP engine does not run with), patched through `rlprobe-patch apply --python
   <vllm venv> --only PATCHES` (demo.toml [vllm] `patches`: the msprobe debugger, the dispatch log, the engine's
   own request record) and reverted at the end, in
-  four engine sessions (`drivers/vllm_rollout.py`):
+  three engine sessions (`drivers/vllm_rollout.py`):
   - `dump`: one request at a time (`max_num_seqs=1`), each prompt prefilled alone and dumped by msprobe
     (statistics of every module): what check-dump pairs with the training side's micro-batch of the same id;
   - `sample`: the runs sampled, batched, each with the log-prob of every sampled token and its re-score as one
-    prefill (`prompt_logprobs`); the engine's rollout record of each request (MISMATCH_ON); its weights'
-    fingerprints;
-  - `stale` (the stale plant): the same on a copy of the checkpoint one Adam-like step behind the training
-    side's, its prefills dumped first;
-  - `bfloat16` (the dtype plant): the same in bfloat16;
+    prefill (`prompt_logprobs`); the engine's rollout record of each request (MISMATCH_ON); the fingerprints of
+    the weights each run ran on;
+  - `bfloat16` (the dtype plant): the same in bfloat16.
+
+  The stale plant's run (a copy of the checkpoint one Adam-like step behind the training side's) runs last in
+  the `dump` and the `sample` sessions: its weights are loaded into the running engine, in place, as verl's
+  weight sync loads a new step's weights (vLLM's `reload_weights`), not by another engine session (its prefill
+  passes are then moved into a dump folder of their own, `split_dumps`). The runs of
+  a session differ only in their requests' sampling settings and seeds (per request), a broken layer put back
+  after its run, or the weights loaded before it: nothing in them depends on a fresh engine.
 - training: verl's FSDP engine (the demo venv, patched with `apply --mode consistency`, float32), one
   forward-only pass dumping each dumped request's prompt as a micro-batch with its request id, one more
   computing old_log_probs of every run's sampled tokens, and its weights' fingerprints;
@@ -92,6 +97,7 @@ class Plant:
     said: str
     cause: str  # the report's diagnosis must rank it first
     session: str = "sample"  # the engine session that runs it
+    stale: bool = False  # run on the stale checkpoint, loaded into the running engine before it
     sampling: dict[str, Any] = field(default_factory=dict)  # the run's sampling settings beside the clean run's
     layers: str | None = None  # "agree" / "disagree": what msprobe's compare of the run's own dumped prefills says
     broken_layer: bool = False
@@ -115,7 +121,7 @@ PLANTS = {
         "stale",
         f"the rollout's weights one Adam-like step (lr {STALE_LR:g}) behind the training side's: a weight sync missed",
         "stale-weights",
-        session="stale",
+        stale=True,
         layers="disagree",
     ),
     "template": Plant(
@@ -183,6 +189,7 @@ class Run:
     sampling: dict[str, Any]
     session: str
     broken_layer: bool = False
+    stale: bool = False  # on the stale checkpoint (`<work>/model-stale`)
     dumped: bool = False
     training_dtype: str = "float32"
     result: dict[str, Any] = field(default_factory=dict)
@@ -208,6 +215,7 @@ def _runs(plants: tuple[str, ...], prompts: list[dict[str, Any]], device: Device
             # a session named after a dtype is the sampling session where the device computes in that dtype anyway
             "sample" if session == device.dtype else session,
             broken_layer=bool(plant and plant.broken_layer),
+            stale=bool(plant and plant.stale),
             dumped=name == CLEAN or bool(plant and plant.layers),
             training_dtype=(plant.training_dtype if plant else None) or device.dtype,
         )
@@ -225,7 +233,7 @@ def _sessions(runs: dict[str, Run], model: DemoModel, work: Path, device: Device
         "seed": SEED,
     }
 
-    def spec(run: Run, kind: str) -> dict[str, Any]:
+    def spec(run: Run, kind: str, fingerprints: str | None = None) -> dict[str, Any]:
         keys = ("temperature", "top_p", "top_k", "seed")
         return {
             "name": run.name,
@@ -233,11 +241,19 @@ def _sessions(runs: dict[str, Run], model: DemoModel, work: Path, device: Device
             "prompts": [{k: p[k] for k in ("request_id", "input_ids")} for p in run.prompts],
             "plant": "layer" if run.broken_layer else None,
             "rescore": kind == "sample",
+            # the stale checkpoint, loaded into the running engine before the run (the session's own weights else)
+            **({"model_dir": str(work / "model-stale")} if run.stale else {}),
+            **(
+                {"fingerprints": str(work / "weights" / f"rollout-{fingerprints}.rlprobe-weights.json")}
+                if fingerprints
+                else {}
+            ),
             **{k: run.sampling[k] for k in keys if k in run.sampling},
         }
 
     sessions: dict[str, dict[str, Any]] = {}
-    sampled = [r for r in runs.values() if r.session == "sample"]
+    # the session's own weights first, the stale run's last: one weight load per session
+    sampled = sorted((r for r in runs.values() if r.session == "sample"), key=lambda r: r.stale)
     dumped = [r for r in sampled if r.dumped]
     sessions["dump"] = base | {
         "max_num_seqs": 1,
@@ -246,33 +262,16 @@ def _sessions(runs: dict[str, Run], model: DemoModel, work: Path, device: Device
     }
     sessions["sample"] = base | {
         "max_num_seqs": len(model.prompts),
-        "fingerprints": str(work / "weights" / "rollout-sample.rlprobe-weights.json"),
         "record": True,
-        "runs": [spec(r, "sample") for r in sampled],
+        "runs": [spec(r, "sample", "stale" if r.stale else "sample") for r in sampled],
     }
     for run in runs.values():
-        if run.session == "stale":
-            # the stale checkpoint's prefills dumped one at a time, then its run sampled batched
-            sessions["stale-dump"] = base | {
-                "model_dir": str(work / "model-stale"),
-                "max_num_seqs": 1,
-                "dump_config": str(config(work, "dump-stale", task="statistics", step=[], rank=[])),
-                "runs": [spec(run, "prefill")],
-            }
-            sessions["stale"] = base | {
-                "model_dir": str(work / "model-stale"),
-                "max_num_seqs": len(model.prompts),
-                "fingerprints": str(work / "weights" / "rollout-stale.rlprobe-weights.json"),
-                "record": True,
-                "runs": [spec(run, "sample")],
-            }
-        elif run.session == "bfloat16":
+        if run.session == "bfloat16":
             sessions["bfloat16"] = base | {
                 "dtype": "bfloat16",
                 "max_num_seqs": len(model.prompts),
-                "fingerprints": str(work / "weights" / "rollout-bfloat16.rlprobe-weights.json"),
                 "record": True,
-                "runs": [spec(run, "sample")],
+                "runs": [spec(run, "sample", "bfloat16")],
             }
     if device.floors:  # the floor run's requests, the same seeds, one at a time: the engine's batch floor
         sessions["batch1"] = base | {
@@ -414,16 +413,44 @@ def noise_floors(
     return parts
 
 
-def _weights_folder(work: Path, name: str, step_runs: list[tuple[int, Run]], sessions: dict[str, Path]) -> Path:
+def split_dumps(session: Path, dest: Path, ids: set[str]) -> int:
+    """The passes of the requests `ids` moved out of a dump session's folder into `dest`: each one's step folder and
+    its dispatch-log line (same relative paths, same pid folder), as an engine session of their own would have
+    written them. The stale run's prefills, dumped last in the dump session on the weights loaded for them, get a
+    folder of their own this way: a compare of the other runs' dumps pairs none of them. The number moved."""
+    from rlprobe_patch.workflow.check_dump import strip_vllm_suffix
+
+    moved = 0
+    for log in sorted(session.glob("*/dispatch_log.jsonl")):
+        keep: list[str] = []
+        move: list[str] = []
+        for line in log.read_text(encoding="utf-8").splitlines():
+            sent = {strip_vllm_suffix(r) for r in json.loads(line).get("request_ids") or []}
+            (move if sent and sent <= ids else keep).append(line)
+        if not move:
+            continue
+        target = dest / log.parent.name / log.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("".join(f"{line}\n" for line in move), encoding="utf-8")
+        log.write_text("".join(f"{line}\n" for line in keep), encoding="utf-8")
+        for line in move:
+            step = Path(json.loads(line)["dump"]).parts[0]  # step<N>, beside the pid folder
+            if (session / step).is_dir():  # once for all the ranks of the pass
+                shutil.move(session / step, dest / step)
+                moved += 1
+    return moved
+
+
+def _weights_folder(work: Path, name: str, step_runs: list[tuple[int, Run]], fingerprints: dict[str, Path]) -> Path:
     """The fingerprints a report reads: the training side's (every dtype), and per capture step the rollout's of
-    the session that ran that step's run."""
+    the weights that step's run ran on."""
     folder = work / f"weights-{name}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     for path in (work / "weights").glob("training-*.rlprobe-weights.json"):
         shutil.copy(path, folder / path.name)
     for step, run in step_runs:
-        document = json.loads(sessions[run.session].read_text())
+        document = json.loads(fingerprints[run.name].read_text())
         document["step"] = step
         (folder / f"rollout-step{step}.rlprobe-weights.json").write_text(json.dumps(document))
     return folder
@@ -482,7 +509,7 @@ class _Scored:
 def _run(chain: _Chain, plants: tuple[str, ...]) -> dict[str, Any]:
     """The chain's phases, in order, and what it found."""
     sessions = _sessions(chain.runs, chain.model, chain.work, chain.device)
-    if "stale" in sessions:
+    if any(run.stale for run in chain.runs.values()):
         _stale_checkpoint(chain)
     fingerprints, vllm_version, extra = _rollout_side(chain, sessions)
     scored = _training_side(chain, plants)
@@ -575,8 +602,8 @@ def _stale_checkpoint(chain: _Chain) -> None:
 def _rollout_side(
     chain: _Chain, sessions: dict[str, dict[str, Any]]
 ) -> tuple[dict[str, Path], str, dict[str, dict[str, Any]]]:
-    """vLLM patched (its consistency patches), each engine session run, vLLM reverted: the fingerprints each
-    session wrote, vLLM's release, and the runs of no capture (the floor run at batch 1)."""
+    """vLLM patched (its consistency patches), each engine session run, vLLM reverted: the fingerprints of each
+    run's weights (by run), vLLM's release, and the runs of no capture (the floor run at batch 1)."""
     from rlprobe_patch.catalogue.patches import load_catalogue
 
     work, runs, vllm, say = chain.work, chain.runs, chain.vllm, chain.say
@@ -609,11 +636,19 @@ def _rollout_side(
                 if spec["kind"] == "sample":
                     target.update(got)
                     target["dtype"] = result["dtype"]
-            if "fingerprints" in result:
-                fingerprints[name] = Path(result["fingerprints"]["path"])
+                if got.get("fingerprints"):
+                    fingerprints[spec["name"]] = Path(got["fingerprints"])
+            stale = {p["request_id"] for spec in plan["runs"] if spec.get("model_dir") for p in spec["prompts"]}
+            if plan.get("dump_config") and stale:  # the stale run's prefills: a folder of their own
+                dumped = Path(json.loads(Path(plan["dump_config"]).read_text())["dump_path"])
+                split_dumps(dumped, dumped.parent / "dump-stale", stale)
+            loads = "".join(
+                f"; weights {Path(r['model_dir']).name} loaded in {r['seconds']} s" for r in result["reloads"]
+            )
             say(
                 f"rollout side, session {name}: vLLM {result['vllm']} ({result['dtype']}), started in "
-                f"{result['startup_s']} s; " + ", ".join(f"{r} {v['seconds']} s" for r, v in result["runs"].items())
+                f"{result['startup_s']} s{loads}; "
+                + ", ".join(f"{r} {v['seconds']} s" for r, v in result["runs"].items())
             )
             chain.lap(f"session-{name}")
             vllm_version = result["vllm"]
@@ -714,7 +749,7 @@ def _layer_compares(chain: _Chain) -> dict[str, dict[str, Any]]:
     for run in runs.values():
         if not run.dumped:
             continue
-        dumps = work / "dumps" / ("dump-stale" if run.session == "stale" else "dump-session")
+        dumps = work / "dumps" / ("dump-stale" if run.stale else "dump-session")
         ids = {p["request_id"] for p in run.prompts}
         layer_runs[run.name] = check(
             work / "dumps" / "actor", dumps, work / "compare" / run.name, chain.verl_python, only=ids

