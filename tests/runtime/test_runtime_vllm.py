@@ -25,8 +25,8 @@ import pytest
 from conftest import TESTS, cli_json
 
 from rlprobe_patch.base.errors import ExitCode
+from rlprobe_patch.dumps.request_ids import strip_vllm_suffix
 from rlprobe_patch.report.rollout_record import read_records, record_files
-from rlprobe_patch.workflow.check_dump import strip_vllm_suffix
 from runtime import venvs
 
 DRIVER = TESTS / "runtime" / "vllm_driver.py"

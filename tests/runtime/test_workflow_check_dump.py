@@ -20,7 +20,8 @@ import pytest
 from conftest import TESTS, cli, cli_json
 
 from rlprobe_patch.base.errors import ExitCode
-from rlprobe_patch.workflow.check_dump import check_dumps, strip_vllm_suffix
+from rlprobe_patch.dumps.request_ids import strip_vllm_suffix
+from rlprobe_patch.workflow.check_dump import check_dumps
 from runtime import venvs
 
 DRIVER = TESTS / "runtime" / "fsdp_driver.py"

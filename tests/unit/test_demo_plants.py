@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rlprobe_patch.demo.model import DemoModel
 from rlprobe_patch.demo.vllm_consistency import (
@@ -145,3 +146,41 @@ def test_a_step_of_the_demos_capture_holds_both_sides_the_prompt_ids_and_the_eng
     np.testing.assert_allclose(batch.training[batch.mask], [-0.1, -0.25, -0.3, -0.5], rtol=1e-6)
     assert batch.provenance == {"training_dtype": "float32", "rollout_dtype": "bfloat16", "training_temperature": 1.0}
     assert batch.sampling == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs_mode": "processed_logprobs"}
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # a session that fails as the vLLM driver says it (the weight load's check: a traceback in its output)
+        (
+            "raise RuntimeError('after loading /w/model-stale, a packed layer of [lm_head] computes with other "
+            "weights than it holds (relative difference 0.0073)')",
+            "RuntimeError: after loading /w/model-stale, a packed layer of [lm_head] computes with other weights",
+        ),
+        # a driver that dies before writing anything
+        ("import sys; sys.stderr.write('Killed\\n'); sys.exit(137)", "Killed"),
+    ],
+)
+def test_a_failed_engine_session_stops_the_demo_with_one_line(body: str, said: str, tmp_path: Path) -> None:
+    """A driver that fails (its own error, or a crash with nothing written) stops the demo with exit 4 and one line
+    naming the session and the error's last line; the traceback's lines follow as details."""
+    import sys
+
+    from rlprobe_patch.base.errors import ExitCode
+    from rlprobe_patch.demo.consistency import DemoError, drive
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import json, sys, traceback\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "try:\n" + "".join(f"    {line}\n" for line in body.split("; ")) + "except Exception:\n"
+        "    json.dump({'ok': False, 'error': traceback.format_exc()}, open(out, 'w'))\n"
+    )
+    with pytest.raises(DemoError) as caught:
+        drive(Path(sys.executable), tmp_path, "session-sample", "--plan", "p.json", driver=driver)
+    error = caught.value
+    assert error.exit_code == ExitCode.VERIFY_FAILED
+    assert error.message.startswith("the session-sample side failed: ") and "\n" not in error.message
+    assert said in error.message
+    if "raise" in body:
+        assert error.details[0].startswith("Traceback")

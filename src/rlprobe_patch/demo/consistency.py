@@ -178,7 +178,9 @@ def drive(
     )
     result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {"ok": False}
     if proc.returncode != 0 or not result.get("ok"):
-        raise DemoError(f"the {what} side failed:\n{result.get('error') or proc.stderr[-3000:]}")
+        # one line: the error's last (a traceback's exception); its last lines after it
+        error = (result.get("error") or proc.stderr).strip().splitlines() or [f"exit {proc.returncode}, nothing said"]
+        raise DemoError(f"the {what} side failed: {error[-1].strip()}", details=error[-20:-1])
     return result
 
 

@@ -64,6 +64,7 @@ from rlprobe_patch.demo.consistency import (
     vllm_data,
 )
 from rlprobe_patch.demo.model import DemoModel, ensure_model
+from rlprobe_patch.dumps.request_ids import strip_vllm_suffix
 
 VLLM_DRIVER = DRIVER.parent / "vllm_rollout.py"
 CHANGED_AT = 3  # the response position `--plant token` changes
@@ -418,8 +419,6 @@ def split_dumps(session: Path, dest: Path, ids: set[str]) -> int:
     its dispatch-log line (same relative paths, same pid folder), as an engine session of their own would have
     written them. The stale run's prefills, dumped last in the dump session on the weights loaded for them, get a
     folder of their own this way: a compare of the other runs' dumps pairs none of them. The number moved."""
-    from rlprobe_patch.workflow.check_dump import strip_vllm_suffix
-
     moved = 0
     for log in sorted(session.glob("*/dispatch_log.jsonl")):
         keep: list[str] = []

@@ -294,7 +294,7 @@ def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Exe
     run.make("abs_dlogp", "k3_terms")
     probabilities()
     distribution = _later(pool, _distribution, run)
-    median_p = _later(pool, lambda: median(run.p_rollout) if run.size else float("nan"))
+    median_p = _later(pool, median, run.p_rollout)
     offpolicy = tokens_offpolicy_metrics(run)  # over the rows, and sums that cancel: taken over the run itself
     steps, requests, profiles, sums = _per_step(batches, run, pool)
     combined = PartSums.combine(sums)
@@ -373,7 +373,7 @@ def _step_figures(
         "samples": b.samples,
         "tokens": tokens.size,
         "metrics": metrics,
-        "scale": scale_figures(sums, median(tokens.p_rollout)) if tokens.size else {},
+        "scale": scale_figures(sums, median(tokens.p_rollout)),
     }
     counts = Profiles.count(tokens)
     dataset_index = b.dataset_index.tolist() if b.dataset_index is not None else [None] * b.samples

@@ -331,25 +331,19 @@ class PartSums:
             for name in ("dp_sum", "train_sum", "rollout_sum", "ceiling_sum", "dlogp_sum", "multiplicative_sum")
         }
 
-        def spread(name: str, other: str | None = None) -> float:
-            """The whole's sum of squared deviations (of `name` with itself, or its co-moment with `other`)."""
-            other = other or name
-            own = "co_m2" if other != name else name.replace("_sum", "_m2")
-            return math.fsum(
-                [getattr(p, own) for p in parts]
-                + [
-                    p.n * (getattr(p, name) / p.n - total[name] / n) * (getattr(p, other) / p.n - total[other] / n)
-                    for p in parts
-                ]
-            )
+        def spread(own: str, a: str, b: str) -> float:
+            """The whole's sum of products of the deviations of `a` and `b` (`a` twice: its squared deviations),
+            from the parts' own (`own`) and their means' distances from the whole's."""
+            between = [p.n * (getattr(p, a) / p.n - total[a] / n) * (getattr(p, b) / p.n - total[b] / n) for p in parts]
+            return math.fsum([getattr(p, own) for p in parts] + between)
 
         return cls(
             n=n,
-            dp_m2=spread("dp_sum"),
+            dp_m2=spread("dp_m2", "dp_sum", "dp_sum"),
             dp_max=max(p.dp_max for p in parts),
-            train_m2=spread("train_sum"),
-            rollout_m2=spread("rollout_sum"),
-            co_m2=spread("train_sum", "rollout_sum"),
+            train_m2=spread("train_m2", "train_sum", "train_sum"),
+            rollout_m2=spread("rollout_m2", "rollout_sum", "rollout_sum"),
+            co_m2=spread("co_m2", "train_sum", "rollout_sum"),
             dlogp_max=max(p.dlogp_max for p in parts),
             **total,
         )
@@ -422,10 +416,6 @@ def tokens_offpolicy_metrics(tokens: Tokens) -> dict[str, float]:
         "chi2_token": float(tokens._get("rho_squared").sum() / total - 1.0),
         "chi2_seq": float(np.exp(2.0 * seq_log_ratio).mean() - 1.0),
     }
-
-
-def tokens_scale_metrics(tokens: Tokens) -> dict[str, float]:
-    return scale_figures(PartSums.of(tokens), median(tokens.p_rollout))
 
 
 def scale_figures(sums: PartSums, median_rollout_p: float) -> dict[str, float]:

@@ -30,19 +30,11 @@ from typing import Any
 from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.base.interpreter import interpreter, last_json, last_line, msprobe_import, run_probe
 from rlprobe_patch.dumps.msprobe import PAIR_FILE
+from rlprobe_patch.dumps.request_ids import strip_vllm_suffix
 from rlprobe_patch.workflow.slime_dumps import SlimeDebugReport, check_slime_debug, debug_files
 
 _STEP = re.compile(r"^step_?(\d+)$")
 _RANK = re.compile(r"^(?:rank_?(\d+)|proc(\d+))$")
-_VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
-_PD_SUFFIX = re.compile(r"_[PD]$")  # prefill / decode instance of a disaggregated request
-
-
-def strip_vllm_suffix(request_id: str) -> str:
-    """The id verl sent: without vLLM's `-<8 hex>` and the `_P` / `_D` suffix, in either order."""
-    stripped = _VLLM_SUFFIX.sub("", request_id)
-    without_pd = _PD_SUFFIX.sub("", stripped)
-    return _VLLM_SUFFIX.sub("", without_pd) if without_pd != stripped else stripped
 
 
 @dataclass(frozen=True)
