@@ -39,6 +39,15 @@ pytest.register_assert_rewrite("partial_compare", "patched_bytes")
 # scratch HOME costs a minute and more, and its verl wheel is downloaded again).
 os.environ.setdefault("RLPROBE_TEST_CACHE", str(wheels.cache_dir()))
 
+# Where several xdist workers share the cores (the README's `-n auto`: two on two), the OpenMP threads of the torch,
+# verl and vLLM processes the runtime tests start wait at each barrier asleep, not spinning: a spinning thread burns the
+# core the other worker's test needs, and while it is descheduled its own parallel region waits for it. Measured on
+# the all-plant demo beside a one-thread CPU hog, 2 cores: 395 s spinning (413 s of user CPU), 222 s asleep (201 s),
+# 166 s alone; its tokens, log-probs, dumps and reports bitwise the same (the wait policy decides how a waiting thread
+# waits, not how the work is split). A value set outside the suite is kept.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 FIXTURES = REPO / "fixtures"

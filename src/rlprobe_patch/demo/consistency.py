@@ -27,14 +27,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlprobe_patch.base.errors import ExitCode, LockedError, PatchError, RefusedError
 from rlprobe_patch.base.fsio import locked
 from rlprobe_patch.catalogue.releases import releases_dir
+
+if TYPE_CHECKING:
+    from rlprobe_patch.workflow.check_dump import DumpReport
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -204,14 +207,29 @@ def _unpack_sglang(version: str, dest: Path, progress: Callable[[str], None]) ->
 def check(actor: Path, generate: Path, output: Path, python: Path, only: set[str] | None = None) -> dict[str, Any]:
     """check-dump --compare of `generate` against `actor` (of the requests `only` names, where given: a dump
     folder several runs dumped into)."""
-    from rlprobe_patch.workflow.check_dump import check_dumps, compare_pairs
+    (checked,) = check_all([(actor, generate, output, only)], python)
+    return checked
 
-    report = check_dumps(actor, generate)
-    if only is not None:
-        report.pairs = [p for p in report.pairs if p["request_id"] in only]
-        report.unpaired = [u for u in report.unpaired if u["request_id"] in only]
-    if report.pairs:
-        compare_pairs(report, output, str(python))
+
+def check_all(checks: Sequence[tuple[Path, Path, Path, set[str] | None]], python: Path) -> list[dict[str, Any]]:
+    """`check` of each (actor, generate, output, only), msprobe's compares of them all in one process of `python`
+    (msprobe and torch imported once)."""
+    from rlprobe_patch.workflow.check_dump import check_dumps, compare_reports
+
+    reports = []
+    for actor, generate, output, only in checks:
+        report = check_dumps(actor, generate)
+        if only is not None:
+            report.pairs = [p for p in report.pairs if p["request_id"] in only]
+            report.unpaired = [u for u in report.unpaired if u["request_id"] in only]
+        reports.append((report, output))
+    paired = [(report, output) for report, output in reports if report.pairs]
+    if paired:
+        compare_reports(paired, str(python))
+    return [_checked(report) for report, _ in reports]
+
+
+def _checked(report: DumpReport) -> dict[str, Any]:
     data = report.to_json()
     agree = [p["compare"].get("agree") for p in report.pairs if "compare" in p]
     return {

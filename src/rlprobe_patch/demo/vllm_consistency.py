@@ -53,7 +53,7 @@ from typing import Any
 
 from rlprobe_patch.demo.consistency import (
     DRIVER,
-    check,
+    check_all,
     cli,
     config,
     drive,
@@ -744,15 +744,19 @@ def _training_side(chain: _Chain, plants: tuple[str, ...]) -> _Scored:
 def _layer_compares(chain: _Chain) -> dict[str, dict[str, Any]]:
     """The layer compare of each dumped run: its prefills against their micro-batches (check-dump --compare)."""
     work, runs, say = chain.work, chain.runs, chain.say
-    layer_runs: dict[str, dict[str, Any]] = {}
-    for run in runs.values():
-        if not run.dumped:
-            continue
-        dumps = work / "dumps" / ("dump-stale" if run.stale else "dump-session")
-        ids = {p["request_id"] for p in run.prompts}
-        layer_runs[run.name] = check(
-            work / "dumps" / "actor", dumps, work / "compare" / run.name, chain.verl_python, only=ids
+    dumped = [run for run in runs.values() if run.dumped]
+    checks = [
+        (
+            work / "dumps" / "actor",
+            work / "dumps" / ("dump-stale" if run.stale else "dump-session"),
+            work / "compare" / run.name,
+            {p["request_id"] for p in run.prompts},
         )
+        for run in dumped
+    ]
+    # msprobe's compares of every dumped run in one process of the verl venv (its imports paid once, not per run)
+    layer_runs = {run.name: checked for run, checked in zip(dumped, check_all(checks, chain.verl_python))}
+    for run in dumped:
         layer_runs[run.name]["rows"] = _rows(layer_runs[run.name], run.prompts)
     chain.lap("check-dump")
     for name, layer in layer_runs.items():

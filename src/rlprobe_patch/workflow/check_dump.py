@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -583,36 +583,49 @@ def require_msprobe(python: str | None) -> None:
 
 def compare_pairs(report: DumpReport, output: Path, python: str | None) -> list[dict[str, Any]]:
     """msprobe's own compare (actor = target, generate = golden) on each pair, in `python`."""
-    jobs = []
+    (results,) = compare_reports([(report, output)], python)
+    return results
+
+
+def compare_reports(items: Sequence[tuple[DumpReport, Path]], python: str | None) -> list[list[dict[str, Any]]]:
+    """`compare_pairs` of several reports (each pair's output under its report's folder) in one `python` process:
+    msprobe, torch and pandas imported once, not once per report. The results of each report, in order."""
+    jobs: list[dict[str, Any]] = []
     left_out: list[dict[str, str]] = []
-    for index, pair in enumerate(report.pairs):
-        name = f"{index:03d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', pair['request_id'])}"
-        job: dict[str, Any] = {
-            "actor": pair["actor"]["dump"],
-            "generate": pair["generate"]["dump"],
-            "output": str(output / name),
-        }
-        # what the pair is (request, both dumps' step and rank, the actor's micro-batch labels), beside msprobe's
-        # CSV, for `report`'s headings
-        Path(job["output"]).mkdir(parents=True, exist_ok=True)
-        (Path(job["output"]) / PAIR_FILE).write_text(json.dumps(pair, indent=1, default=str), encoding="utf-8")
-        mapped = _mapping_for(Path(job["actor"]), Path(job["generate"]))
-        if mapped:
-            job["data_mapping"] = mapped["data_mapping"]
-            # beside the compare output, not in it (`report` reads that folder)
-            job["view"] = str(output.parent / f"{output.name}.actor-views" / name)
-        left_out.append(mapped.get("left_out", {}))
-        jobs.append(job)
+    for report, output in items:
+        for index, pair in enumerate(report.pairs):
+            name = f"{index:03d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', pair['request_id'])}"
+            job: dict[str, Any] = {
+                "actor": pair["actor"]["dump"],
+                "generate": pair["generate"]["dump"],
+                "output": str(output / name),
+            }
+            # what the pair is (request, both dumps' step and rank, the actor's micro-batch labels), beside msprobe's
+            # CSV, for `report`'s headings
+            Path(job["output"]).mkdir(parents=True, exist_ok=True)
+            (Path(job["output"]) / PAIR_FILE).write_text(json.dumps(pair, indent=1, default=str), encoding="utf-8")
+            mapped = _mapping_for(Path(job["actor"]), Path(job["generate"]))
+            if mapped:
+                job["data_mapping"] = mapped["data_mapping"]
+                # beside the compare output, not in it (`report` reads that folder)
+                job["view"] = str(output.parent / f"{output.name}.actor-views" / name)
+            left_out.append(mapped.get("left_out", {}))
+            jobs.append(job)
     proc = run_probe(python, "msprobe_compare", timeout=1800, stdin=json.dumps(jobs))
     results = last_line(proc, "[")
     if not isinstance(results, list):
         last_json(proc, "msprobe compare")  # raises with the stderr tail
-        return []
-    for pair, result, skipped in zip(report.pairs, results, left_out):
+        return [[] for _ in items]
+    pairs = [pair for report, _ in items for pair in report.pairs]
+    for pair, result, skipped in zip(pairs, results, left_out):
         if skipped:
             result["left_out"] = skipped
         pair["compare"] = result
-    return results
+    split, start = [], 0
+    for report, _ in items:
+        split.append(results[start : start + len(report.pairs)])
+        start += len(report.pairs)
+    return split
 
 
 def _mapping_for(actor: Path, generate: Path) -> dict[str, Any]:
