@@ -98,8 +98,10 @@ def test_non_ppo_entry_points_are_reported() -> None:
 
 
 def test_each_config_file_is_parsed_once_until_it_changes(tmp_path: Path) -> None:
-    """The compose memo (a file's YAML parsed once per process) gives what plain Hydra gives, and an
-    edited file is read again: compose, edit ppo_trainer.yaml, compose."""
+    """The compose memo (each file Hydra loads kept once per process, each compose given its own copy; each
+    interpolation parsed once) gives what plain Hydra gives, resolved or not, composed again with other overrides
+    (a group swapped, a value of a loaded file changed, which must not reach the next compose), and an edited
+    file is read again: compose, edit ppo_trainer.yaml, compose."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -107,25 +109,30 @@ def test_each_config_file_is_parsed_once_until_it_changes(tmp_path: Path) -> Non
     root = tmp_path / "verl"
     shutil.copytree(verl_root("0.8.0") / "verl", root / "verl")
     config_dir = root / "verl" / "trainer" / "config"
-    overrides = ["trainer.total_epochs=3"]
+    first_overrides = ["trainer.total_epochs=3"]
+    second_overrides = ["model_engine=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"]
 
-    def plain() -> object:
+    def plain(overrides: list[str], resolve: bool) -> object:
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             config = compose(config_name="ppo_trainer", overrides=overrides)
         GlobalHydra.instance().clear()
-        return OmegaConf.to_container(config)
+        return OmegaConf.to_container(config, resolve=resolve)
 
-    def ours() -> object:
+    def ours(overrides: list[str], resolve: bool) -> object:
         composed = compose_launch(root, "verl.trainer.main_ppo", hydra_args(*overrides), cwd=tmp_path)
         assert not composed.errors
-        return OmegaConf.to_container(composed.config)
+        return OmegaConf.to_container(composed.config, resolve=resolve)
 
-    first = ours()
-    assert ours() == first == plain()
+    first = ours(first_overrides, False)
+    assert ours(first_overrides, False) == first == plain(first_overrides, False)
+    second = ours(second_overrides, True)
+    assert second == plain(second_overrides, True) and second != ours(first_overrides, True)
+    assert second["actor_rollout_ref"]["actor"]["megatron"]["tensor_model_parallel_size"] == 4  # type: ignore[index]
+    assert ours(first_overrides, True) == plain(first_overrides, True)
     trainer = config_dir / "ppo_trainer.yaml"
     text = trainer.read_text(encoding="utf-8")
     assert "  project_name: verl_examples\n" in text
     trainer.write_text(text.replace("  project_name: verl_examples\n", "  project_name: edited\n"), encoding="utf-8")
-    again = ours()
-    assert again["trainer"]["project_name"] == "edited" and again == plain()  # type: ignore[index]
+    again = ours(first_overrides, False)
+    assert again["trainer"]["project_name"] == "edited" and again == plain(first_overrides, False)  # type: ignore[index]

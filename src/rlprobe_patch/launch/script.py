@@ -312,18 +312,24 @@ def _settle_composed(script: Script) -> None:
 
     composed = script.composed
     assert composed is not None and composed.config is not None
-    try:
-        data = OmegaConf.to_container(composed.config, resolve=True)
-    except Exception:  # an interpolation only verl's own resolvers answer: resolve key by key
-        data = _resolved_by_key(composed.config)
+    with hydra_compose.grammar_parsed_once():
+        try:
+            data = OmegaConf.to_container(composed.config, resolve=True)
+        except Exception:  # an interpolation only verl's own resolvers answer: resolve key by key
+            data = _resolved_by_key(composed.config)
     default = f"verl default ({composed.config_file})"
     settings = {key: Setting(key, value, default) for key, value in flatten(data).items()}
+    # each key under its parents ("a.b.c" under "a" and "a.b"): an override sets its key and everything below
+    below: dict[str, list[Setting]] = {}
+    for name, setting in settings.items():
+        below.setdefault(name, []).append(setting)
+        for dot in (i for i, char in enumerate(name) if char == "."):
+            below.setdefault(name[:dot], []).append(setting)
     for override in script.overrides:
         key = override.key.split("@")[0] if "@" in override.key else override.key
-        for name, setting in settings.items():
-            if name == key or name.startswith(key + "."):
-                setting.source = override.source
-                setting.override = override
+        for setting in below.get(key, ()):
+            setting.source = override.source
+            setting.override = override
     script.settings = settings
 
 
