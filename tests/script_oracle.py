@@ -6,15 +6,17 @@ Each script runs under `bash` with every launcher on PATH (`python3`, `uv`, `tor
 root, or from the folder an example says to run it in), `env -i`, a temporary HOME, no network.
 Each recorded verl launch (`-m verl.X`, a path to a file of the verl package with `@hydra.main`,
 or such a file in the folder the run is in) is then parsed by Hydra's own argument parser and
-composed with `hydra.compose` against the release's own config. Nothing from rlprobe_patch
-is used here except the wheel download helper.
+composed with `hydra.compose` against the release's own config (each file's text loaded by OmegaConf once per
+process, every compose given a copy). Nothing from rlprobe_patch is used here except the wheel download helper.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -349,7 +351,7 @@ def _compose(entry: str, args: list[str], root: Path, cwd: Path, keep: list[Any]
     GlobalHydra.instance().clear()
     try:
         os.chdir(cwd)
-        with initialize_config_dir(config_dir=os.path.normpath(config_dir), version_base=None):
+        with _each_text_loaded_once(), initialize_config_dir(os.path.normpath(config_dir), version_base=None):
             config = compose(config_name=config_name, overrides=parsed.overrides)
     except Exception as exc:
         launch.error = " ".join(str(exc).split()) or type(exc).__name__
@@ -363,6 +365,33 @@ def _compose(entry: str, args: list[str], root: Path, cwd: Path, keep: list[Any]
     if launch.ppo:
         launch.facts = truth_facts(config)
     return launch
+
+
+_LOADED: dict[str | bytes, Any] = {}  # a config file's text -> what OmegaConf.load made of it
+
+
+@contextlib.contextmanager
+def _each_text_loaded_once() -> Iterator[None]:
+    """`OmegaConf.load`, with which Hydra's config sources load every file, remembered by the text it reads: every
+    compose loads the same few dozen files, and PyYAML's scanner and OmegaConf's wrapping of each value were most
+    of the oracle's time. Each load is given its own deep copy (Hydra edits what it loads)."""
+    from omegaconf import OmegaConf
+
+    original = OmegaConf.__dict__["load"]
+
+    def load(file_: Any) -> Any:
+        if not hasattr(file_, "read"):
+            return original(file_)
+        text = file_.read()
+        if text not in _LOADED:
+            _LOADED[text] = original(io.BytesIO(text) if isinstance(text, bytes) else io.StringIO(text))
+        return copy.deepcopy(_LOADED[text])
+
+    OmegaConf.load = staticmethod(load)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        OmegaConf.load = original  # type: ignore[method-assign]
 
 
 def _get(config: Any, key: str) -> tuple[bool, Any]:

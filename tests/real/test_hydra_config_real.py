@@ -136,3 +136,31 @@ def test_each_config_file_is_parsed_once_until_it_changes(tmp_path: Path) -> Non
     trainer.write_text(text.replace("  project_name: verl_examples\n", "  project_name: edited\n"), encoding="utf-8")
     again = ours(first_overrides, False)
     assert again["trainer"]["project_name"] == "edited" and again == plain(first_overrides, False)  # type: ignore[index]
+
+
+def test_the_oracles_load_memo_composes_what_plain_hydra_does(tmp_path: Path) -> None:
+    """tests/script_oracle.py's memo (each config file's text loaded by OmegaConf once per process, every load a deep
+    copy) composes what plain Hydra composes: twice the same launch, then a group swap, then the first again."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+    from script_oracle import compose_config
+
+    root = verl_root("0.8.0")
+    config_dir = root / "verl" / "trainer" / "config"
+    first = ["trainer.total_epochs=3", "actor_rollout_ref.rollout.name=sglang"]
+    second = ["model_engine=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"]
+
+    def plain(overrides: list[str]) -> object:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            config = compose(config_name="ppo_trainer", overrides=overrides)
+        GlobalHydra.instance().clear()
+        return OmegaConf.to_container(config, resolve=True)
+
+    def oracle(overrides: list[str]) -> object:
+        return OmegaConf.to_container(compose_config("verl.trainer.main_ppo", overrides, root, tmp_path), resolve=True)
+
+    assert oracle(first) == oracle(first) == plain(first)
+    assert oracle(second) == plain(second) != plain(first)
+    assert oracle(first) == plain(first)
