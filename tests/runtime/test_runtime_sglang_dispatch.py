@@ -25,9 +25,9 @@ from packaging.version import Version
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
+from runtime.shared_runs import fsdp_actor_dump
 
 DRIVER = TESTS / "runtime" / "sglang_forward_driver.py"
-FSDP_DRIVER = TESTS / "runtime" / "fsdp_driver.py"
 ENV_KEYS = ("MSPROBE_SGLANG_CONFIG", "MSPROBE_SGLANG_PREFILL_CONFIG", "MSPROBE_SGLANG_DECODE_CONFIG")
 NATIVE = ("0.5.11", "0.5.23")
 PHASES = ["prefill", "prefill", "decode", "prefill", "prefill", "prefill", "prefill"]
@@ -165,26 +165,10 @@ def test_pd_role_is_logged(python: Path, patched, tmp_path: Path) -> None:
 
 # -- check-dump on these dumps and the real FSDP actor's ------------------------------------------
 @pytest.fixture(scope="module")
-def actor_dump(python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """verl 0.9.1's real FSDP engine patched with verl.fsdp-engine: two micro-batches, req-0 and req-1."""
-    tmp = tmp_path_factory.mktemp("actor")
-    cfg, dump = config(tmp, "actor")
-    cfg.write_text(json.dumps({"task": "statistics", "dump_path": str(dump), "level": "mix", "async_dump": False}))
-    env = {k: v for k, v in os.environ.items() if k not in ("DUMP_PHASE", "PROMPTS_ONLY")}
-    with state_home(tmp_path_factory.mktemp("state")), venvs.using("0.9.1") as venv_python:
-        code, out = cli_json("apply", "--python", venv_python, "--backend", "fsdp2", "--only", "verl.fsdp-engine")
-        assert code == ExitCode.OK, out
-        proc = subprocess.run(
-            [str(venv_python), str(FSDP_DRIVER), "--model-dir", str(tmp / "model"), "--micro-batches", "2"]
-            + ["--micro-batch-size", "1", "--out", str(tmp / "actor.json")],
-            env={**env, "DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(cfg)},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert cli_json("revert", "--python", venv_python)[0] == ExitCode.OK
-    return dump
+def actor_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """verl 0.9.1's real FSDP engine patched with verl.fsdp-engine: two micro-batches, req-0 and req-1 (the session's
+    run, test_workflow_check_dump.py's actor side too)."""
+    return fsdp_actor_dump(tmp_path_factory)
 
 
 RIDS = "req-0,req-1,req-2,req-3,req-4,req-5"

@@ -11,58 +11,19 @@ write (section P7's format), with vLLM's `-<8 hex>` suffix on the ids.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, cli, cli_json
+from conftest import cli, cli_json
 
 from rlprobe_patch.base.errors import ExitCode
 from rlprobe_patch.dumps.request_ids import strip_vllm_suffix
 from rlprobe_patch.workflow.check_dump import check_dumps
 from runtime import venvs
+from runtime.shared_runs import drive_fsdp, fsdp_actor_dump, once_per_session
 
-DRIVER = TESTS / "runtime" / "fsdp_driver.py"
 GEN_PID = "43210"
-
-
-def _drive(python: Path, tmp: Path, name: str, dump_path: Path) -> None:
-    config = tmp / f"config-{name}.json"
-    config.write_text(
-        json.dumps(
-            {
-                "task": "statistics",
-                "dump_path": str(dump_path),
-                "rank": [],
-                "step": [],
-                "level": "mix",
-                "async_dump": False,
-            }
-        )
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("DUMP_PHASE", "PROMPTS_ONLY")}
-    env.update(DUMP_ON="1", MSPROBE_ACTOR_CONFIG=str(config))  # DUMP_PHASE default: log_prob (the prefill)
-    proc = subprocess.run(
-        [
-            str(python),
-            str(DRIVER),
-            "--model-dir",
-            str(tmp / "model"),
-            "--micro-batches",
-            "2",
-            "--micro-batch-size",
-            "1",
-            "--out",
-            str(tmp / f"{name}.json"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def _dispatch(record_step: int, requests: list[str], phase: str = "prefill") -> dict:
@@ -82,34 +43,33 @@ def _dispatch(record_step: int, requests: list[str], phase: str = "prefill") -> 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("dumps")
-    state = tmp_path_factory.mktemp("state")
-    old = os.environ.get("RLPROBE_PATCH_STATE_HOME")
-    os.environ["RLPROBE_PATCH_STATE_HOME"] = str(state)
-    try:
-        with venvs.using("0.9.1") as python:
+    """The actor side: the session's shared run of the patched engine (`shared_runs.fsdp_actor_dump`); the generate
+    side: the same engine run again, dumping to generate/<pid>, with the dispatch log a DispatchLogger would write.
+    Made once per session (the module's tests may run on both workers)."""
+    actor = fsdp_actor_dump(tmp_path_factory)
+
+    def build(tmp: Path) -> None:
+        shutil.copytree(actor, tmp / "actor")
+        shutil.copytree(actor.parent / "model", tmp / "model")  # the generate side runs the actor's checkpoint
+        with pytest.MonkeyPatch.context() as monkeypatch, venvs.using("0.9.1") as python:
+            monkeypatch.setenv("RLPROBE_PATCH_STATE_HOME", str(tmp / "state"))
             code, out = cli_json("apply", "--python", python, "--backend", "fsdp2", "--only", "verl.fsdp-engine")
             assert code == ExitCode.OK, out
-            _drive(python, tmp, "actor", tmp / "actor")
-            _drive(python, tmp, "generate", tmp / "generate" / GEN_PID)
+            drive_fsdp(python, tmp, "generate", tmp / "generate" / GEN_PID)
             code, out = cli_json("revert", "--python", python)
             assert code == ExitCode.OK, out
-    finally:
-        if old is None:
-            os.environ.pop("RLPROBE_PATCH_STATE_HOME", None)
-        else:
-            os.environ["RLPROBE_PATCH_STATE_HOME"] = old
-    gen = tmp / "generate" / GEN_PID
-    for extra in gen.glob("*/update_actor_log.jsonl"):  # the engine's own log: not part of a rollout dump
-        shutil.rmtree(extra.parent)
-    lines = [
-        _dispatch(0, ["req-0-1a2b3c4d"]),
-        _dispatch(1, ["req-1-deadbeef"]),
-        _dispatch(2, ["req-0-1a2b3c4d", "req-1-deadbeef"], phase="decode"),
-        _dispatch(3, ["req-2-00000000", "req-3-11111111"]),  # a batched prefill: not comparable
-    ]
-    (gen / "dispatch_log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return tmp
+        gen = tmp / "generate" / GEN_PID
+        for extra in gen.glob("*/update_actor_log.jsonl"):  # the engine's own log: not part of a rollout dump
+            shutil.rmtree(extra.parent)
+        lines = [
+            _dispatch(0, ["req-0-1a2b3c4d"]),
+            _dispatch(1, ["req-1-deadbeef"]),
+            _dispatch(2, ["req-0-1a2b3c4d", "req-1-deadbeef"], phase="decode"),
+            _dispatch(3, ["req-2-00000000", "req-3-11111111"]),  # a batched prefill: not comparable
+        ]
+        (gen / "dispatch_log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    return once_per_session(tmp_path_factory, "check-dump-dumps", build)
 
 
 def copy(dumps: Path, tmp_path: Path) -> tuple[Path, Path]:
