@@ -30,14 +30,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlprobe_patch.base.errors import ExitCode, LockedError, PatchError, RefusedError
 from rlprobe_patch.base.fsio import locked
 from rlprobe_patch.catalogue.releases import releases_dir
-
-if TYPE_CHECKING:
-    from rlprobe_patch.workflow.check_dump import DumpReport
+from rlprobe_patch.workflow.check_dump import DumpReport, check_dumps, compare_reports
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -204,18 +202,10 @@ def _unpack_sglang(version: str, dest: Path, progress: Callable[[str], None]) ->
     return unpack(wheel, dest, "sglang")
 
 
-def check(actor: Path, generate: Path, output: Path, python: Path, only: set[str] | None = None) -> dict[str, Any]:
-    """check-dump --compare of `generate` against `actor` (of the requests `only` names, where given: a dump
-    folder several runs dumped into)."""
-    (checked,) = check_all([(actor, generate, output, only)], python)
-    return checked
-
-
 def check_all(checks: Sequence[tuple[Path, Path, Path, set[str] | None]], python: Path) -> list[dict[str, Any]]:
-    """`check` of each (actor, generate, output, only), msprobe's compares of them all in one process of `python`
-    (msprobe and torch imported once)."""
-    from rlprobe_patch.workflow.check_dump import check_dumps, compare_reports
-
+    """check-dump --compare of each (actor, generate, output, only): `generate` against `actor`, of the requests
+    `only` names where given (a dump folder several runs dumped into); msprobe's compares of them all in one
+    process of `python` (msprobe and torch imported once)."""
     reports = []
     for actor, generate, output, only in checks:
         report = check_dumps(actor, generate)
@@ -346,12 +336,13 @@ def run_consistency_demo(
         say(f"SGLang {sglang['tree']['version']}: " + ", ".join(p["id"] for p in sglang["patches"]), fg="green")
         runner = root / "sglang" / "srt" / "model_executor"
         files = ["--patched-file", str(runner / "model_runner.py"), "--logger-file", str(runner / "dispatch_logger.py")]
-        runs: dict[str, dict[str, Any]] = {}
-        for name, extra in (("generate", []), ("generate-perturbed", ["--perturb"])):
+        names = ("generate", "generate-perturbed")
+        for name, extra in zip(names, ([], ["--perturb"])):
             cfg = config(work, name)
             progress(f"rollout side ({name}): one prefill pass per prompt through the patched ModelRunner.forward")
             drive(venv_python, work, "sglang", *files, *extra, env={"MSPROBE_SGLANG_CONFIG": str(cfg)})
-            runs[name] = check(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, venv_python)
+        checks = [(work / "dumps" / "actor", work / "dumps" / name, work / "compare" / name, None) for name in names]
+        runs = dict(zip(names, check_all(checks, venv_python)))
 
         same, flipped = runs["generate"], runs["generate-perturbed"]
         for name, run in runs.items():
