@@ -4,6 +4,8 @@ Run it with the python of a venv from ``venvs.ensure_runtime_venv`` (not pytest'
 
     <venv>/bin/python tests/runtime/fsdp_driver.py --model-dir /tmp/m --out result.json
 
+or, for several runs with torch and transformers imported once, ``--runs SPEC`` (tests/runtime/forked_runs.py).
+
 For each training step it runs, under ``engine.train_mode()``, one
 ``forward_backward_batch(batch, loss_function=sft_loss, forward_only=False)`` and an
 optimizer step, then, under ``engine.eval_mode()``, one forward-only
@@ -515,5 +517,18 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def preload() -> None:
+    """What every run imports before verl: torch and transformers (`--runs`: once for all the runs)."""
+    import numpy  # noqa: F401
+    import torch
+    import torch.distributed  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import AutoModelForCausalLM, Qwen2Config  # noqa: F401
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--runs"]:  # several runs, the imports once (tests/runtime/forked_runs.py)
+        from forked_runs import run_forked
+
+        sys.exit(run_forked(Path(sys.argv[2]), preload, main))
     sys.exit(main())

@@ -678,5 +678,24 @@ def main(argv=None) -> int:
     return code
 
 
+def preload() -> None:
+    """What the runs import before verl's or the patched file's code, where this venv has it: torch, megatron-core
+    (the Megatron venv) or transformers (verl's). `--runs`: once for all the runs."""
+    import importlib.util
+
+    import torch.distributed  # noqa: F401
+
+    if importlib.util.find_spec("megatron") is not None:
+        from megatron.core import parallel_state  # noqa: F401
+        from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: F401
+        from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: F401
+    if importlib.util.find_spec("transformers") is not None:
+        import transformers  # noqa: F401
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--runs"]:  # several runs, the imports once (tests/runtime/forked_runs.py)
+        from forked_runs import run_forked
+
+        sys.exit(run_forked(Path(sys.argv[2]), preload, main))
     sys.exit(main())

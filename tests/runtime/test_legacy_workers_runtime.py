@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from conftest import LEGACY_PATCHES, TESTS, cli_json, snapshot
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
+from runtime.forked_runs import drive_forked
 
 DRIVER = TESTS / "runtime" / "legacy_driver.py"
 SWITCHES = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG", "PROMPTS_ONLY")
@@ -45,19 +45,31 @@ def msprobe_config(tmp: Path, name: str) -> tuple[Path, Path]:
     return config, dump
 
 
-def run_driver(python: Path, tmp: Path, name: str, *args: str, **env: str) -> dict:
-    out = tmp / f"{name}.json"
+Runs = dict[str, tuple[tuple[str, ...], dict[str, str]]]  # name -> (the driver's arguments, switches set)
+
+
+def run_drivers(python: Path, tmp: Path, batch: str, runs: Runs) -> dict[str, dict]:
+    """The driver's runs, each a process of its own forked from one driver that imported torch (and megatron-core or
+    transformers) once (tests/runtime/forked_runs.py): every run's result JSON, by name."""
     clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
-    proc = subprocess.run(
-        [str(python), str(DRIVER), *args, "--micro-batches", str(MICRO_BATCHES), "--out", str(out)],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    result = json.loads(out.read_text())
-    assert proc.returncode == 0 and result["ok"], (result.get("error"), proc.stderr[-3000:])
-    return result
+    specs = [
+        ([*args, "--micro-batches", str(MICRO_BATCHES), "--out", str(tmp / f"{name}.json")], {**clean, **env})
+        for name, (args, env) in runs.items()
+    ]
+    results = {}
+    for name, (code, stderr) in zip(runs, drive_forked(python, DRIVER, specs, tmp / f"runs-{batch}")):
+        result = json.loads((tmp / f"{name}.json").read_text())
+        assert code == 0 and result["ok"], (name, result.get("error"), stderr[-3000:])
+        results[name] = result
+    return results
+
+
+def phase_env(config: Path, phase: str) -> dict[str, str]:
+    """DUMP_ON with the config, for `phase` (log_prob is the default: DUMP_PHASE left unset for it)."""
+    env = {"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(config)}
+    if phase != "log_prob":
+        env["DUMP_PHASE"] = phase
+    return env
 
 
 def steps_of(result: dict) -> list[int]:
@@ -87,27 +99,33 @@ def test_fsdp_legacy_actor_dumps_per_micro_batch(tmp_path: Path) -> None:
     with venvs.using("0.7.1") as python:
         site = venvs.site_packages(python)
         pristine = snapshot(site / "verl")
-        baseline = run_driver(python, tmp_path, "unpatched", "fsdp")
+        baseline = run_drivers(python, tmp_path, "unpatched", {"unpatched": (("fsdp",), {})})["unpatched"]
         assert baseline["patched"] is False
 
         code, out = cli_json("apply", "--python", python, "--backend", "fsdp", "--only", "verl.legacy-fsdp-workers")
         assert code == ExitCode.OK, out
         assert out["tree"]["root"] == str(site) and out["files"] == [LEGACY_PATCHES["fsdp"][1]]
 
+        off_config, off_dump = msprobe_config(tmp_path, "off")
+        runs: Runs = {"off": (("fsdp",), {"MSPROBE_ACTOR_CONFIG": str(off_config), "DUMP_PHASE": "all"})}
+        for phase in ("log_prob", "update_actor", "all"):
+            runs[phase] = (("fsdp",), phase_env(msprobe_config(tmp_path, phase)[0], phase))
+        prompts_config, _ = msprobe_config(tmp_path, "prompts")
+        runs["prompts"] = (
+            ("fsdp",),
+            {"DUMP_ON": "1", "PROMPTS_ONLY": "1", "MSPROBE_ACTOR_CONFIG": str(prompts_config)},
+        )
+        results = run_drivers(python, tmp_path, "patched", runs)
+
         # DUMP_ON unset: the same numbers as the original actor, no file written.
-        config, dump = msprobe_config(tmp_path, "off")
-        off = run_driver(python, tmp_path, "off", "fsdp", MSPROBE_ACTOR_CONFIG=str(config), DUMP_PHASE="all")
+        off = results["off"]
         assert off["patched"] is True and off["real"]["dp_actor"].startswith(str(site))
         assert numbers(off) == numbers(baseline)
-        assert not dump.exists() and "debugger.start" not in off["events"]
+        assert not off_dump.exists() and "debugger.start" not in off["events"]
 
         # DUMP_ON=1: one msprobe step and one log line per micro-batch of the phase asked for.
         for phase in ("log_prob", "update_actor", "all"):
-            config, dump = msprobe_config(tmp_path, phase)
-            env = {"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(config)}
-            if phase != "log_prob":
-                env["DUMP_PHASE"] = phase  # log_prob is the default
-            on = run_driver(python, tmp_path, phase, "fsdp", **env)
+            on = results[phase]
             assert numbers(on) == numbers(baseline), phase
             calls = 2 * MICRO_BATCHES if phase == "all" else MICRO_BATCHES
             assert steps_of(on) == list(range(calls))
@@ -128,10 +146,7 @@ def test_fsdp_legacy_actor_dumps_per_micro_batch(tmp_path: Path) -> None:
                 assert on["events"][begin : on["events"].index("debugger.stop", begin)].count("model.grad") == 3
 
         # PROMPTS_ONLY=1: the log-prob pass runs on the prompt columns only.
-        config, dump = msprobe_config(tmp_path, "prompts")
-        prompts = run_driver(
-            python, tmp_path, "prompts", "fsdp", DUMP_ON="1", PROMPTS_ONLY="1", MSPROBE_ACTOR_CONFIG=str(config)
-        )
+        prompts = results["prompts"]
         assert baseline["log_prob_seq_lens"] == [8] * MICRO_BATCHES
         assert prompts["log_prob_seq_lens"] == [5] * MICRO_BATCHES
         assert prompts["log_probs_shape"] == [2 * MICRO_BATCHES, 0]
@@ -159,16 +174,16 @@ def test_megatron_legacy_hooks_dump_per_micro_batch(
     assert code == ExitCode.OK, out
     args = ("megatron", "--patched-file", str(root / LEGACY_PATCHES["megatron"][1]))
 
-    config, dump = msprobe_config(tmp_path, "off")
-    off = run_driver(megatron_python, tmp_path, "off", *args, MSPROBE_ACTOR_CONFIG=str(config), DUMP_PHASE="all")
-    assert not dump.exists() and "debugger.start" not in off["events"]
+    off_config, off_dump = msprobe_config(tmp_path, "off")
+    runs: Runs = {"off": (args, {"MSPROBE_ACTOR_CONFIG": str(off_config), "DUMP_PHASE": "all"})}
+    for phase in ("log_prob", "update_actor", "all"):
+        runs[phase] = (args, phase_env(msprobe_config(tmp_path, phase)[0], phase))
+    results = run_drivers(megatron_python, tmp_path, "patched", runs)
+    off = results["off"]
+    assert not off_dump.exists() and "debugger.start" not in off["events"]
 
     for phase in ("log_prob", "update_actor", "all"):
-        config, dump = msprobe_config(tmp_path, phase)
-        env = {"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(config)}
-        if phase != "log_prob":
-            env["DUMP_PHASE"] = phase
-        on = run_driver(megatron_python, tmp_path, phase, *args, **env)
+        on = results[phase]
         assert numbers(on) == numbers(off), phase
         assert on["open_step"] is False
         calls = 2 * MICRO_BATCHES if phase == "all" else MICRO_BATCHES

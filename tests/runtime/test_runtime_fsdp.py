@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from conftest import TESTS, cli_json, snapshot
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
+from runtime.forked_runs import drive_forked
 
 DRIVER = TESTS / "runtime" / "fsdp_driver.py"
 MICRO_BATCHES = 2
@@ -28,32 +28,27 @@ IDS = [["req-0", "req-1"], ["req-2", "req-3"]]
 V1_IDS = [["v1-0"], ["v1-2", "v1-3"]]
 
 
-def run_driver(python: Path, tmp: Path, name: str, *extra: str, **env: str) -> dict:
-    out = tmp / f"{name}.json"
-    switches = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG", "PROMPTS_ONLY")
-    clean = {k: v for k, v in os.environ.items() if k not in switches}
-    proc = subprocess.run(
-        [
-            str(python),
-            str(DRIVER),
-            "--model-dir",
-            str(tmp / "model"),
-            "--micro-batches",
-            str(MICRO_BATCHES),
-            "--out",
-            str(out),
-            *extra,
-        ],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result["ok"], result
-    result["stderr"] = proc.stderr
-    return result
+SWITCHES = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG", "PROMPTS_ONLY")
+Runs = dict[str, tuple[tuple[str, ...], dict[str, str]]]  # name -> (the driver's extra arguments, switches set)
+
+
+def run_drivers(python: Path, tmp: Path, batch: str, runs: Runs) -> dict[str, dict]:
+    """The driver's runs, each a process of its own forked from one driver that imported torch and transformers
+    once (tests/runtime/forked_runs.py); every run's result JSON with its standard error (`stderr`), by name."""
+    clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    specs = [
+        (["--model-dir", str(tmp / "model"), "--micro-batches", str(MICRO_BATCHES), "--out", str(tmp / f"{name}.json"),
+          *extra], {**clean, **env})
+        for name, (extra, env) in runs.items()
+    ]  # fmt: skip
+    results = {}
+    for name, (code, stderr) in zip(runs, drive_forked(python, DRIVER, specs, tmp / f"runs-{batch}")):
+        assert code == 0, (name, stderr[-3000:])
+        result = json.loads((tmp / f"{name}.json").read_text())
+        assert result["ok"], result
+        result["stderr"] = stderr
+        results[name] = result
+    return results
 
 
 def msprobe_config(tmp: Path, name: str) -> tuple[Path, Path]:
@@ -91,29 +86,41 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     site = venvs.site_packages(python)
     pristine = snapshot(site / "verl")
 
-    baseline = run_driver(python, tmp_path, "unpatched")
+    baseline = run_drivers(python, tmp_path, "unpatched", {"unpatched": ((), {})})["unpatched"]
 
     code, out = cli_json("apply", "--python", python, "--backend", "fsdp2")
     assert code == ExitCode.OK, out
     assert out["tree"]["root"] == str(site) and out["tree"]["version"] == version
 
-    # DUMP_ON unset: the patched engine computes exactly what the original did, and writes nothing.
-    config, dump = msprobe_config(tmp_path, "off")
-    off = run_driver(python, tmp_path, "patched-off", MSPROBE_ACTOR_CONFIG=str(config))
-    assert off["losses"] == baseline["losses"] and off["grad_norms"] == baseline["grad_norms"]
-    assert off["log_probs_sha256"] == baseline["log_probs_sha256"]
-    assert not dump.exists()
-    assert off["msprobe_imported"] is False and "rlprobe-patch: " not in off["stderr"]  # issue 15
-    if version == "0.9.1":
-        check_switches(python, tmp_path, baseline)
-
-    # DUMP_ON=1, one phase at a time: one msprobe step and one log line per micro-batch.
-    for phase, forward_only in (("update_actor", False), ("log_prob", True)):
-        config, dump = msprobe_config(tmp_path, phase)
+    # every run of the patched engine, then what each shows
+    off_config, off_dump = msprobe_config(tmp_path, "off")
+    runs: Runs = {"patched-off": ((), {"MSPROBE_ACTOR_CONFIG": str(off_config)})}
+    phases = {}
+    for phase in ("update_actor", "log_prob"):
+        config, phases[phase] = msprobe_config(tmp_path, phase)
         env = {"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(config)}
         if phase != "log_prob":
             env["DUMP_PHASE"] = phase  # log_prob is the default
-        on = run_driver(python, tmp_path, f"patched-{phase}", **env)
+        runs[f"patched-{phase}"] = ((), env)
+    all_config, all_dump = msprobe_config(tmp_path, "all")
+    all_env = {"DUMP_ON": "1", "DUMP_PHASE": "all", "MSPROBE_ACTOR_CONFIG": str(all_config)}
+    runs["patched-all"] = (("--v1-batch",), all_env)
+    if version == "0.9.1":
+        runs |= switch_runs(tmp_path)
+    results = run_drivers(python, tmp_path, "patched", runs)
+
+    # DUMP_ON unset: the patched engine computes exactly what the original did, and writes nothing.
+    off = results["patched-off"]
+    assert off["losses"] == baseline["losses"] and off["grad_norms"] == baseline["grad_norms"]
+    assert off["log_probs_sha256"] == baseline["log_probs_sha256"]
+    assert not off_dump.exists()
+    assert off["msprobe_imported"] is False and "rlprobe-patch: " not in off["stderr"]  # issue 15
+    if version == "0.9.1":
+        check_switches(results, tmp_path, baseline)
+
+    # DUMP_ON=1, one phase at a time: one msprobe step and one log line per micro-batch.
+    for phase, forward_only in (("update_actor", False), ("log_prob", True)):
+        on, dump = results[f"patched-{phase}"], phases[phase]
         assert on["losses"] == baseline["losses"]
         steps = dumped_steps(dump)
         assert sorted(steps) == list(range(MICRO_BATCHES))
@@ -133,14 +140,11 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     # fields. Stand-ins (see fsdp_driver.v1_samples): the ids and other fields are made up and the
     # batch is built in the driver rather than fetched from TransferQueue; the engine, the patch
     # and msprobe are real. One line per micro-batch, with exactly the real samples' ids.
-    config, dump = msprobe_config(tmp_path, "all")
-    run = run_driver(
-        python, tmp_path, "patched-all", "--v1-batch", DUMP_ON="1", DUMP_PHASE="all", MSPROBE_ACTOR_CONFIG=str(config)
-    )
+    run = results["patched-all"]
     assert run["v1_micro_batches"] == {"train": MICRO_BATCHES, "forward_only": MICRO_BATCHES}
     assert run["v1_expected_log_ids"] == V1_IDS
-    assert sorted(dumped_steps(dump)) == list(range(4 * MICRO_BATCHES))
-    lines = log_lines(dump)
+    assert sorted(dumped_steps(all_dump)) == list(range(4 * MICRO_BATCHES))
+    lines = log_lines(all_dump)
     assert [line["request_ids"] for line in lines] == IDS + IDS + V1_IDS + V1_IDS
     assert [line["num_requests"] for line in lines[2 * MICRO_BATCHES :]] == [len(ids) for ids in V1_IDS + V1_IDS]
 
@@ -149,16 +153,15 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     assert snapshot(site / "verl") == pristine
 
 
-def check_switches(python: Path, tmp_path: Path, baseline: dict) -> None:
-    """Issue 15 on the real patched engine: a wrong switch or config stops the first call with an
-    error naming the variable, before any micro-batch runs; every bad case in one driver process."""
+def switch_cases(tmp_path: Path) -> dict[str, tuple[dict[str, str], str]]:
+    """Issue 15's bad switches and configs: name -> (the environment, what the error says)."""
     good, _ = msprobe_config(tmp_path, "switch-cases")
     not_json = tmp_path / "not-json.json"
     not_json.write_text("{task: statistics")
     refused = tmp_path / "refused.json"
     refused.write_text(json.dumps({"task": "bogus", "dump_path": str(tmp_path / "dump-refused")}))
     cfg = {"MSPROBE_ACTOR_CONFIG": str(good)}
-    cases = {
+    return {
         "DUMP_ON=yess": ({"DUMP_ON": "yess", **cfg}, "DUMP_ON='yess' on rank 0 is not a switch value"),
         "DUMP_PHASE=bogus": ({"DUMP_ON": "1", "DUMP_PHASE": "bogus", **cfg}, "DUMP_PHASE='bogus' on rank 0"),
         "PROMPTS_ONLY=2": ({"PROMPTS_ONLY": "2"}, "PROMPTS_ONLY='2' on rank 0 is not a switch value"),
@@ -171,19 +174,35 @@ def check_switches(python: Path, tmp_path: Path, baseline: dict) -> None:
         # last: msprobe's own loader refuses it (its singleton is reset by the hook, not reused)
         "msprobe refuses": ({"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(refused)}, "msprobe refuses it"),
     }
+
+
+def switch_runs(tmp_path: Path) -> Runs:
+    """The runs `check_switches` reads: every bad case in one run, DUMP_ON=yes, PROMPTS_ONLY alone."""
     spec = tmp_path / "switch-cases.json"
-    spec.write_text(json.dumps({name: env for name, (env, _) in cases.items()}))
-    result = run_driver(python, tmp_path, "switch-cases", "--switch-cases", str(spec))
+    spec.write_text(json.dumps({name: env for name, (env, _) in switch_cases(tmp_path).items()}))
+    config, _ = msprobe_config(tmp_path, "yes")
+    return {
+        "switch-cases": (("--switch-cases", str(spec)), {}),
+        "patched-yes": ((), {"DUMP_ON": "yes", "MSPROBE_ACTOR_CONFIG": str(config)}),
+        "prompts-only-alone": ((), {"PROMPTS_ONLY": "TRUE"}),
+    }
+
+
+def check_switches(results: dict[str, dict], tmp_path: Path, baseline: dict) -> None:
+    """Issue 15 on the real patched engine: a wrong switch or config stops the first call with an
+    error naming the variable, before any micro-batch runs; every bad case in one driver process."""
+    cases = switch_cases(tmp_path)
+    result = results["switch-cases"]
     for name, (_, expected) in cases.items():
         outcome = result["switch_cases"][name]
         assert outcome["error"] and outcome["error"].startswith("ValueError: rlprobe-patch: "), (name, outcome)
         assert expected in outcome["error"], (name, outcome)
         assert outcome["loss_calls"] == 0 and not outcome["debugger"], (name, outcome)  # no step ran
-    assert str(refused) in result["switch_cases"]["msprobe refuses"]["error"]
+    assert str(tmp_path / "refused.json") in result["switch_cases"]["msprobe refuses"]["error"]
 
     # A spelling that dumped nothing before (DUMP_ON=yes): it dumps, with one line from rank 0.
-    config, dump = msprobe_config(tmp_path, "yes")
-    on = run_driver(python, tmp_path, "patched-yes", DUMP_ON="yes", MSPROBE_ACTOR_CONFIG=str(config))
+    config, dump = tmp_path / "config-yes.json", tmp_path / "dump-yes"
+    on = results["patched-yes"]
     assert on["losses"] == baseline["losses"]
     assert sorted(dumped_steps(dump)) == list(range(MICRO_BATCHES))
     lines = [line for line in on["stderr"].splitlines() if line.startswith("rlprobe-patch: ")]
@@ -193,7 +212,7 @@ def check_switches(python: Path, tmp_path: Path, baseline: dict) -> None:
     ], lines
 
     # PROMPTS_ONLY without DUMP_ON: the run goes on, with one warning saying what will happen.
-    warned = run_driver(python, tmp_path, "prompts-only-alone", PROMPTS_ONLY="TRUE")
+    warned = results["prompts-only-alone"]
     assert warned["losses"] == baseline["losses"] and warned["msprobe_imported"] is False
     warnings = [line for line in warned["stderr"].splitlines() if "DUMP_ON is off" in line]
     assert len(warnings) == 1, warned["stderr"][-2000:]
