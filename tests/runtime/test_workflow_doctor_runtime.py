@@ -6,10 +6,12 @@ On a runtime venv and a fresh venv; without msprobe: tests/cli/test_workflow_doc
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import cli_json
 
 from rlprobe_patch.base.errors import ExitCode
@@ -31,6 +33,29 @@ def _prefix_and_purelib(python: Path) -> list[str]:
     script = "import sys, sysconfig; print(sys.prefix); print(sysconfig.get_paths()['purelib'])"
     proc = subprocess.run([str(python), "-I", "-c", script], capture_output=True, text=True, check=True)
     return proc.stdout.split()
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-links", "another-filesystem"])
+def test_hardlinked_copy_is_a_venv_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool) -> None:
+    """`venvs.hardlinked_copy`: the copy's python has the copy as prefix; files are shared by hard links, or
+    copied where `os.link` fails (EXDEV, another filesystem)."""
+    base = tmp_path / "base"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True)
+    base_site = venvs.site_packages(venvs.venv_python(base))
+    (base_site / "probe_module.py").write_text("VALUE = 1\n")
+    if not links:
+
+        def no_link(src: str, dst: str) -> None:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+        monkeypatch.setattr(venvs.os, "link", no_link)
+    copy = tmp_path / "copy"
+    python = venvs.hardlinked_copy(base, copy)
+    copy_site = copy / base_site.relative_to(base)
+    assert _prefix_and_purelib(python) == [str(copy), str(copy_site)]
+    assert python.is_symlink() and (copy / "pyvenv.cfg").is_file()
+    shared = (copy_site / "probe_module.py").stat().st_ino == (base_site / "probe_module.py").stat().st_ino
+    assert shared is links
 
 
 def test_install_into_a_throwaway_venv(tmp_path: Path) -> None:
