@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -393,6 +394,70 @@ def ensure_megatron_venv() -> Path:
 
     spec = {"requirements": list(MEGATRON_REQUIREMENTS)}
     return _cached_venv(cache_root() / "venvs" / "megatron-core", spec, "megatron-core", install)
+
+
+DOCTOR_BASE_REQUIREMENTS = (TORCH_PIN, MSPROBE_PIN)
+DOCTOR_BASE_UNINSTALL = ("mindstudio-probe",)
+
+_NO_MSPROBE_CHECK = r"""
+import importlib.util, importlib.metadata as md, json, torch
+try:
+    md.version("mindstudio-probe"); dist = True
+except md.PackageNotFoundError:
+    dist = False
+found = importlib.util.find_spec("msprobe") is not None
+print(json.dumps({"torch": torch.__version__, "msprobe": found, "dist": dist}))
+"""
+
+
+def doctor_base_has_msprobe(python: Path) -> dict[str, Any]:
+    """What ``python`` has of torch and msprobe: ``{"torch": version, "msprobe": importable, "dist": installed}``."""
+    proc = subprocess.run(
+        [str(python), "-I", "-c", _NO_MSPROBE_CHECK], capture_output=True, text=True, cwd=_neutral_cwd(), check=True
+    )
+    found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
+def ensure_doctor_base_venv() -> Path:
+    """The python of a venv with CPU torch and every dependency of msprobe, but not msprobe itself.
+
+    A training environment as `doctor --install` meets it (torch and the usual scientific packages),
+    for tests/runtime/test_workflow_doctor_runtime.py, which copies it (`hardlinked_copy`) and lets
+    doctor's pip add mindstudio-probe to the copy: the venv and the dependencies are built once here.
+    """
+
+    def install(python: Path, constraints: Path, log_file: Path) -> None:
+        _run(_pip(python, "install", "-c", str(constraints), *DOCTOR_BASE_REQUIREMENTS), log_file, "installing")
+        _run(_pip(python, "uninstall", "-y", *DOCTOR_BASE_UNINSTALL), log_file, "removing mindstudio-probe")
+        found = doctor_base_has_msprobe(python)
+        if found["msprobe"] or found["dist"] or found["torch"] != "2.13.0+cpu":
+            raise RuntimeError(f"the doctor base venv is not torch 2.13.0+cpu without msprobe: {found}")
+
+    spec = {"requirements": list(DOCTOR_BASE_REQUIREMENTS), "uninstall": list(DOCTOR_BASE_UNINSTALL)}
+    return _cached_venv(cache_root() / "venvs" / "doctor-base", spec, "doctor base", install)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem (EXDEV) or no hard links there: a plain copy
+        shutil.copy2(src, dst)
+
+
+def hardlinked_copy(venv: Path, dest: Path) -> Path:
+    """Copy the venv ``venv`` to ``dest`` as hard links (plain copies where links cannot be made); its python.
+
+    The copy is a venv of its own: its ``bin/python`` (a symlink to the base interpreter, kept a
+    symlink) finds the copy's ``pyvenv.cfg``, so ``sys.prefix`` and site-packages are the copy's. pip
+    unlinks a file before writing it and Python writes ``.pyc`` files by rename, so installing into the
+    copy never writes into the cached venv's files. The console scripts in ``bin/`` still name the cached
+    venv's python in their shebangs: run the copy's tools as ``<copy>/bin/python -m ...``.
+    """
+    shutil.copytree(
+        venv, dest, symlinks=True, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(COMPLETE_MARKER)
+    )
+    return venv_python(dest)
 
 
 def vllm_recipe() -> dict:
