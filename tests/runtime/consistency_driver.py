@@ -6,6 +6,8 @@ Run it with the python of a runtime venv (see venvs.py), not pytest's::
     <venv>/bin/python tests/runtime/consistency_driver.py request-id --out rid.json
     <venv>/bin/python tests/runtime/consistency_driver.py trim --out trim.json
 
+or several at once with ``--runs SPEC`` (tests/runtime/forked_runs.py: the imports once, each run forked).
+
 - ``guards`` imports verl's own ``calculate_debug_metrics`` and
   ``compute_rollout_correction_and_add_to_batch`` (patched or not: whatever is installed) and
   calls them on a real ``DataProto`` with responses; the test compares patched with original,
@@ -213,11 +215,11 @@ def run_trim() -> dict:
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["guards", "request-id", "trim"])
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         result = {"guards": run_guards, "request-id": run_request_id, "trim": run_trim}[args.what]()
         result["ok"] = True
@@ -227,5 +229,20 @@ def main() -> int:
     return 0 if result["ok"] else 1
 
 
+def preload() -> None:
+    """What verl's modules import, where this venv has it (torch is imported above): `--runs` imports them once
+    for all the runs; verl itself, patched or not, is imported by each run."""
+    import importlib
+    import importlib.util
+
+    for name in ("numpy", "tensordict", "transformers", "omegaconf", "ray", "fastapi"):
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--runs"]:  # several runs, the imports once (tests/runtime/forked_runs.py)
+        from forked_runs import run_forked
+
+        sys.exit(run_forked(Path(sys.argv[2]), preload, main))
     sys.exit(main())

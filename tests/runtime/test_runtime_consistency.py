@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,22 +22,26 @@ from conftest import TESTS, cli_json, snapshot
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
+from runtime.forked_runs import drive_forked
 
 DRIVER = TESTS / "runtime" / "consistency_driver.py"
 
 
-def drive(python: Path, tmp: Path, what: str, prompts_only: bool = False) -> dict:
+def drive(python: Path, tmp: Path, runs: list[tuple[str, str, bool]]) -> dict[str, dict]:
+    """The driver's runs (name, what, PROMPTS_ONLY), each a process of its own forked from one driver that imported
+    torch and what verl imports once (tests/runtime/forked_runs.py): each run's result, by name."""
     tmp.mkdir(exist_ok=True)
-    out = tmp / f"{what}-{prompts_only}.json"
     env = {k: v for k, v in os.environ.items() if k != "PROMPTS_ONLY"}
-    if prompts_only:
-        env["PROMPTS_ONLY"] = "1"
-    proc = subprocess.run(
-        [str(python), str(DRIVER), what, "--out", str(out)], env=env, capture_output=True, text=True, timeout=300
-    )
-    result = json.loads(out.read_text())
-    assert proc.returncode == 0 and result["ok"], result.get("error", proc.stderr[-2000:])
-    return result
+    specs = [
+        ([what, "--out", str(tmp / f"{name}.json")], {**env, "PROMPTS_ONLY": "1"} if prompts_only else env)
+        for name, what, prompts_only in runs
+    ]
+    results = {}
+    for (name, _, _), (code, stderr) in zip(runs, drive_forked(python, DRIVER, specs, tmp / f"runs-{runs[0][0]}")):
+        result = json.loads((tmp / f"{name}.json").read_text())
+        assert code == 0 and result["ok"], (name, result.get("error", stderr[-2000:]))
+        results[name] = result
+    return results
 
 
 def same_numbers(a: dict, b: dict) -> bool:
@@ -54,8 +57,8 @@ def test_consistency_set_runs_in_real_verl(version: str, tmp_path: Path) -> None
 def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     site = venvs.site_packages(python)
     pristine = snapshot(site / "verl")
-    original = drive(python, tmp_path, "guards")
-    before = drive(python, tmp_path, "request-id")
+    unpatched = drive(python, tmp_path, [("original", "guards", False), ("before", "request-id", False)])
+    original, before = unpatched["original"], unpatched["before"]
     assert all("request_id" not in fields for fields in before["extra_fields"])
 
     code, out = cli_json("apply", "--python", python, "--backend", "fsdp2", "--mode", "consistency")
@@ -73,11 +76,17 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     code, out = cli_json("verify", "--python", python)
     assert code == ExitCode.OK, [c for t in out["trees"] for c in t["checks"] if not c["ok"]]
 
+    patched = drive(
+        python,
+        tmp_path / "patched",
+        [("unset", "guards", False), ("guarded", "guards", True), ("after", "request-id", False)]
+        + [("untouched", "trim", False), ("trimmed", "trim", True)],
+    )
     # Guards: unset, exactly the original results; PROMPTS_ONLY=1, early returns.
-    unset = drive(python, tmp_path / "patched", "guards")
+    unset = patched["unset"]
     assert same_numbers(unset["debug_metrics"], original["debug_metrics"])
     assert unset["rollout_correction"] == original["rollout_correction"]
-    guarded = drive(python, tmp_path / "patched", "guards", prompts_only=True)
+    guarded = patched["guarded"]
     assert guarded["debug_metrics"] == {
         "training/rollout_probs_diff_valid": 0.0,
         "training/rollout_probs_diff_max": 0.0,
@@ -90,7 +99,7 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
     assert "rollout_is_weights" in original["rollout_correction"]["batch_keys"]
 
     # Request id: the id the server saw is in extra_fields["request_id"], turn by turn.
-    after = drive(python, tmp_path, "request-id")
+    after = patched["after"]
     assert [f["request_id"] for f in after["extra_fields"]] == after["server_saw"]
     assert len(set(after["server_saw"])) == 2
     if version != "0.7.1":  # the fully-async client (0.8.0+) keeps the first of its resumed requests
@@ -99,9 +108,9 @@ def check_in_venv(python: Path, version: str, tmp_path: Path) -> None:
         assert fully_async["extra_fields"]["request_id"] == fully_async["server_saw"][0]
 
     # Trimming, on real DataProto batches with 2-D and 3-D position_ids.
-    untouched = drive(python, tmp_path, "trim")
+    untouched = patched["untouched"]
     assert all(case["untouched"] for case in untouched["cases"].values())
-    trimmed = drive(python, tmp_path, "trim", prompts_only=True)
+    trimmed = patched["trimmed"]
     for dims, positions in (("2d", [2, 5]), ("3d", [2, 3, 5])):
         case = trimmed["cases"][dims]
         assert case["shapes"] == {
