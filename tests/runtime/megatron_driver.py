@@ -93,7 +93,13 @@ exit 2 (``error`` starts with ``ExtractError``) when the patched file lacks a ho
                 "dump_json_per_step", "log_line_per_step", "log_ids_match", "steps_distinct",
                 training: "all_finished_after_backward", "all_finished_within_backward_step",
                 "dump_has_backward_records"; forward-only: "all_finished_after_loss"},
+     "per_call": [{"per_micro_batch", "dump", "update_actor_log", "checks"}, ...],
      "losses": [[...]], "grad_norm": 5.5, "timings_s": {"import_and_init", "build", "calls", "total"}}
+
+``per_call`` (PP = 1): the same summary for each call alone, its checks those of the call's phase
+(``--phase-run both``: a log-prob call's are forward-only's), over its own micro-batches; ``dump``
+and ``update_actor_log`` are the whole run's, so a call's ``log_line_per_step`` and
+``log_ids_match`` also fail when another call wrote log lines.
 
 Events, in the order they happened (``mb`` is the micro-batch the schedule is on; hook
 events that close a step also carry ``closes_mb``): ``batch_taken`` (the schedule's
@@ -926,6 +932,11 @@ def run(args: argparse.Namespace, result: dict) -> None:
             result.update(summarize_pp(R.events, phases, args))
         else:
             result.update(summarize(R.events, forward_only, args))
+            # each call on its own: its micro-batches, under its own phase's checks
+            result["per_call"] = [
+                summarize([e for e in R.events if e["call"] == call], phases[call] == "log_prob", args)
+                for call in range(args.calls)
+            ]
     finally:
         try:
             from megatron.core import parallel_state

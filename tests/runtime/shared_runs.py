@@ -1,7 +1,8 @@
 """The runs a test session makes once and shares between its modules and xdist workers: the consistency demos
 (issue 36; test_runtime_consistency_demo.py, and test_first_path_runtime.py, which runs the documented commands on
 the same outputs: issue 42) and verl's FSDP engine dumping two micro-batches (test_workflow_check_dump.py's actor
-side, test_runtime_sglang_dispatch.py's). Under xdist the first worker to ask makes one, the others wait for it and
+side, test_runtime_sglang_dispatch.py's); test_runtime_megatron_pp.py makes its verl 0.9.1 Megatron engine run
+(per VPP) with `once_per_session` too. Under xdist the first worker to ask makes one, the others wait for it and
 read it: a module fixture is per worker, and work stealing may split a module's tests between the workers, or run
 them on one worker in two spans (the fixture then set up twice)."""
 

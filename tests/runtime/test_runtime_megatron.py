@@ -50,17 +50,25 @@ def megatron_python() -> Path:
 def test_megatron_hooks_dump_the_requested_phase(
     real_tree, megatron_python: Path, tmp_path: Path, version: str
 ) -> None:
+    """Each run makes a log-prob call, then an update call (`--phase-run both`), and the driver tells the calls
+    apart (`per_call`): one run without dumping, then one per requested phase, where that phase's call dumps
+    and the other phase's call, before or after it in the same process, does not."""
     root = real_tree(version)
     code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")
     assert code == ExitCode.OK, out
     patched = root / TARGET
+    both = ("--phase-run", "both", "--calls", "2")
+    phases = ("log_prob", "update_actor")
 
-    for phase in ("log_prob", "update_actor"):
+    off = run_driver(megatron_python, patched, tmp_path, "off", *both)
+    for call in range(len(phases)):
+        quiet = off["per_call"][call]
+        assert not quiet["checks"]["dumped"]
+        assert [mb["mb"] for mb in quiet["per_micro_batch"]] == [0, 1, 2]
+        assert not any(mb["started"] for mb in quiet["per_micro_batch"])
+
+    for call, phase in enumerate(phases):
         forward_only = phase == "log_prob"
-        off = run_driver(megatron_python, patched, tmp_path, f"off-{phase}", "--phase-run", phase)
-        assert not off["checks"]["dumped"]
-        assert not any(off["per_micro_batch"][i]["started"] for i in range(3))
-
         dump = tmp_path / f"dump-{phase}"
         config = tmp_path / f"config-{phase}.json"
         config.write_text(
@@ -78,8 +86,9 @@ def test_megatron_hooks_dump_the_requested_phase(
         env = {"DUMP_ON": "1", "MSPROBE_ACTOR_CONFIG": str(config)}
         if phase != "log_prob":
             env["DUMP_PHASE"] = phase
-        on = run_driver(megatron_python, patched, tmp_path, f"on-{phase}", "--phase-run", phase, **env)
-        checks = on["checks"]
+        on = run_driver(megatron_python, patched, tmp_path, f"on-{phase}", *both, **env)
+        mine = on["per_call"][call]
+        checks = mine["checks"]
         assert on["losses"] == off["losses"]  # dumping does not change the numbers
         for name in (
             "dumped",
@@ -87,12 +96,13 @@ def test_megatron_hooks_dump_the_requested_phase(
             "all_finished",
             "all_finished_before_next",
             "dump_json_per_step",
-            "log_line_per_step",
+            "log_line_per_step",  # the whole run's log lines: those of this call's steps, no others
             "log_ids_match",
             "steps_distinct",
         ):
-            assert checks[name], (name, on["per_micro_batch"])
-        assert [s["step"] for s in on["dump"]["steps"]] == [0, 1, 2]
+            assert checks[name], (name, mine["per_micro_batch"])
+        assert [mb["mb"] for mb in mine["per_micro_batch"]] == [0, 1, 2]
+        assert [s["step"] for s in on["dump"]["steps"]] == [0, 1, 2]  # the whole run's dump
         if forward_only:
             assert checks["all_finished_after_loss"]
             assert all(s["backward_keys"] == 0 for s in on["dump"]["steps"])
@@ -100,13 +110,13 @@ def test_megatron_hooks_dump_the_requested_phase(
             # The step closes only after the whole backward of its micro-batch has run.
             assert checks["all_finished_after_backward"] and checks["all_finished_within_backward_step"]
             assert checks["dump_has_backward_records"]
-            order = on["per_micro_batch"][0]["order"]
+            order = mine["per_micro_batch"][0]["order"]
             assert order.index("model.backward_end") < order.index("hook._finish_dump_step")
 
         # The other phase's call does not dump.
-        other = "update_actor" if forward_only else "log_prob"
-        quiet = run_driver(megatron_python, patched, tmp_path, f"other-{phase}", "--phase-run", other, **env)
+        quiet = on["per_call"][1 - call]
         assert not quiet["checks"]["dumped"]
+        assert not any(mb["started"] for mb in quiet["per_micro_batch"])
 
 
 def test_megatron_per_token_loss_return(real_tree, megatron_python: Path, tmp_path: Path) -> None:

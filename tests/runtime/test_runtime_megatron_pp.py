@@ -16,6 +16,9 @@ micro-batch per call (the consistency collection's batch sizes) every stage has 
 micro-batch. Before revision 2, a stage before the last closed a step when the next micro-batch
 arrived, so the earlier micro-batch's backward was dumped inside the next one's step, under
 that one's log line.
+
+verl 0.9.1's dumped engine run, per VPP, is made once per test session (`shared_engine_run`) and
+read by the stage checks and by check-dump's pairing test (on a copy of its dump).
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ import os
 import shutil
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, cli_json
+from conftest import TESTS, cli_json, verl_wheel
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
+from runtime.shared_runs import once_per_session
 
 RUNTIME = TESTS / "runtime"
 ENGINE_TARGET = "verl/workers/engine/megatron/transformer_impl.py"
@@ -141,19 +146,59 @@ def megatron_python() -> Path:
     return venvs.ensure_megatron_venv()
 
 
+def micro_batches_for(vpp: int) -> int:
+    return 4 if vpp > 1 else 3  # the interleaved schedule needs a multiple of PP
+
+
+def engine_driver(patched: Path, vpp: int, *extra: str) -> list[str]:
+    """The Megatron engine driver on PP = 2 (x `vpp` chunks): a log-prob call, then an update call."""
+    driver = [str(RUNTIME / "megatron_driver.py"), "--patched-file", str(patched)]
+    driver += ["--pp", "2", "--vpp", str(vpp), "--phase-run", "both", "--calls", "2"]
+    return driver + ["--micro-batches", str(micro_batches_for(vpp)), *extra]
+
+
+# The shared run's batches: V1-shaped micro-batches of one sample (megatron_driver.make_v1_batch), so each
+# step of a dumped call holds one request (what check-dump pairs).
+V1_BATCH = ("--v1-batch", "--micro-batch-size", "1")
+
+
+def shared_engine_run(factory: pytest.TempPathFactory, python: Path, vpp: int) -> tuple[Path, list[dict]]:
+    """verl 0.9.1's Megatron engine patched (`apply --backend megatron --worker-impl engine`) and driven on
+    PP = 2 (x `vpp` chunks) with `V1_BATCH`, dumping every phase (`msprobe_config`): one run per test session
+    (`once_per_session`), the "on" run of test_engine_hooks_on_every_pipeline_stage and the actor side of
+    test_check_dump_pairs_the_forward_step_of_split_micro_batches. Its folder (the patched tree `verl-0.9.1/`,
+    the dump `dump-on/`), to read only, and each rank's result."""
+
+    def build(folder: Path) -> None:
+        root = folder / "verl-0.9.1"
+        with zipfile.ZipFile(verl_wheel("0.9.1")) as zf:
+            zf.extractall(root)
+        code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")
+        assert code == ExitCode.OK, out
+        driver = engine_driver(root / ENGINE_TARGET, vpp, *V1_BATCH)
+        run_ranks(python, driver, folder, "on", **msprobe_config(folder, "on"))
+
+    folder = once_per_session(factory, f"megatron-engine-pp{vpp}", build)
+    return folder, [json.loads((folder / f"on-r{rank}.json").read_text()) for rank in (0, 1)]
+
+
 @pytest.mark.parametrize(("version", "vpp"), [("0.8.0", 1), ("0.9.1", 1), ("0.9.1", 2)])
 def test_engine_hooks_on_every_pipeline_stage(
-    real_tree, megatron_python: Path, tmp_path: Path, version: str, vpp: int
+    real_tree, megatron_python: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, version: str, vpp: int
 ) -> None:
-    root = real_tree(version)
-    code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")
-    assert code == ExitCode.OK, out
-    micro_batches = 4 if vpp > 1 else 3  # the interleaved schedule needs a multiple of PP
-    driver = [str(RUNTIME / "megatron_driver.py"), "--patched-file", str(root / ENGINE_TARGET)]
-    driver += ["--pp", "2", "--vpp", str(vpp), "--phase-run", "both", "--calls", "2"]
-    driver += ["--micro-batches", str(micro_batches)]
+    """0.9.1: the session's shared run (`shared_engine_run`, V1 micro-batches of one sample) and its undumped
+    twin; 0.8.0: runs of its own on V0 batches (top-level request ids, micro-batches of two samples)."""
+    micro_batches = micro_batches_for(vpp)
+    if version == "0.9.1":
+        folder, on = shared_engine_run(tmp_path_factory, megatron_python, vpp)
+        driver = engine_driver(folder / "verl-0.9.1" / ENGINE_TARGET, vpp, *V1_BATCH)
+    else:
+        root = real_tree(version)
+        code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")
+        assert code == ExitCode.OK, out
+        driver = engine_driver(root / ENGINE_TARGET, vpp)
+        on = run_ranks(megatron_python, driver, tmp_path, "on", **msprobe_config(tmp_path, "on"))
     off = run_ranks(megatron_python, driver, tmp_path, "off")
-    on = run_ranks(megatron_python, driver, tmp_path, "on", **msprobe_config(tmp_path, "on"))
     for rank in (0, 1):
         assert not off[rank]["checks"]["dumped"]
         assert on[rank]["losses"] == off[rank]["losses"]  # dumping does not change the numbers
@@ -217,21 +262,18 @@ def _generate_side(actor: Path, gen: Path, request_ids: list[str]) -> None:
 
 @pytest.mark.parametrize("vpp", [1, 2])
 def test_check_dump_pairs_the_forward_step_of_split_micro_batches(
-    real_tree, megatron_python: Path, tmp_path: Path, vpp: int
+    megatron_python: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, vpp: int
 ) -> None:
     """check-dump on the dumps of a real PP=2 (xVPP=2) run whose stage 0 splits micro-batches into a
     forward step and a backward step (1F1B): each prefill pairs with the step that ran the forward of
     its micro-batch on every stage and chunk, never with a backward-only step. The actor side is the
     run's own dump (verl 0.9.1's patched engine hooks, V1-shaped micro-batches of one sample, sample
-    1 a padding sample); the generate side is a stand-in (`_generate_side`)."""
-    root = real_tree("0.9.1")
-    assert cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")[0] == ExitCode.OK
-    micro_batches = 4 if vpp > 1 else 3
-    driver = [str(RUNTIME / "megatron_driver.py"), "--patched-file", str(root / ENGINE_TARGET), "--v1-batch"]
-    driver += ["--pp", "2", "--vpp", str(vpp), "--phase-run", "both", "--calls", "2"]
-    driver += ["--micro-batches", str(micro_batches), "--micro-batch-size", "1"]
-    on = run_ranks(megatron_python, driver, tmp_path, "pairs", **msprobe_config(tmp_path, "pairs"))
+    1 a padding sample): the session's shared run (`shared_engine_run`), copied, since this test deletes a
+    step and rewrites a log. The generate side is a stand-in (`_generate_side`)."""
+    folder, on = shared_engine_run(tmp_path_factory, megatron_python, vpp)
+    micro_batches = micro_batches_for(vpp)
     actor = tmp_path / "dump-pairs"
+    shutil.copytree(folder / "dump-on", actor)
     lines = {(line["rank"], line["step"]): line for result in on for line in result["update_actor_log"]["lines"]}
     # Request ids from V1 micro-batches on every stage and chunk: each step's line names its
     # micro-batch's one real sample, none for the padding sample (micro-batch 1).
