@@ -11,17 +11,22 @@ modules only, no torch operation run (so no thread pool started), nothing of ver
 imported by the run that uses it, and a test that asserts msprobe was not imported still sees that).
 
 SPEC is a JSON list of ``{"argv": [...], "env": {...}, "stderr": PATH}``; the codes are printed as one JSON list on
-standard output. Standard library only: this runs in the test venvs.
+standard output. A run still going after ``RUN_TIMEOUT_S`` is ended by its own alarm (SIGALRM: exit code -14), as a
+separate start's ``subprocess.run(timeout=...)`` ended it; a hang fails its test, and never outlives the driver by
+long. Standard library only: this runs in the test venvs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+RUN_TIMEOUT_S = 600  # one run of a driver, imports included: a hang
 
 
 def run_forked(spec: Path, preload: Callable[[], None], main: Callable[[list[str]], int]) -> int:
@@ -38,6 +43,7 @@ def run_forked(spec: Path, preload: Callable[[], None], main: Callable[[list[str
         if pid == 0:  # the child: never returns
             code = 1
             try:
+                signal.alarm(RUN_TIMEOUT_S)
                 err = os.open(run["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.dup2(err, 2)
                 os.close(err)
