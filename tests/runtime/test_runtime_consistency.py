@@ -12,7 +12,6 @@ tests/runtime/consistency_driver.py.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -22,7 +21,7 @@ from conftest import TESTS, cli_json, snapshot
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
-from runtime.forked_runs import drive_forked
+from runtime.forked_runs import forked_results
 
 DRIVER = TESTS / "runtime" / "consistency_driver.py"
 
@@ -32,16 +31,12 @@ def drive(python: Path, tmp: Path, runs: list[tuple[str, str, bool]]) -> dict[st
     torch and what verl imports once (tests/runtime/forked_runs.py): each run's result, by name."""
     tmp.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PROMPTS_ONLY"}
-    specs = [
-        ([what, "--out", str(tmp / f"{name}.json")], {**env, "PROMPTS_ONLY": "1"} if prompts_only else env)
+    specs = {
+        name: ([what, "--out", str(tmp / f"{name}.json")], {**env, "PROMPTS_ONLY": "1"} if prompts_only else env,
+               tmp / f"{name}.json")
         for name, what, prompts_only in runs
-    ]
-    results = {}
-    for (name, _, _), (code, stderr) in zip(runs, drive_forked(python, DRIVER, specs, tmp / f"runs-{runs[0][0]}")):
-        result = json.loads((tmp / f"{name}.json").read_text())
-        assert code == 0 and result["ok"], (name, result.get("error", stderr[-2000:]))
-        results[name] = result
-    return results
+    }  # fmt: skip
+    return forked_results(python, DRIVER, specs, tmp / f"runs-{runs[0][0]}")
 
 
 def same_numbers(a: dict, b: dict) -> bool:

@@ -19,7 +19,7 @@ from conftest import TESTS, cli_json, snapshot
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
-from runtime.forked_runs import drive_forked
+from runtime.forked_runs import forked_results
 
 DRIVER = TESTS / "runtime" / "fsdp_driver.py"
 MICRO_BATCHES = 2
@@ -36,19 +36,12 @@ def run_drivers(python: Path, tmp: Path, batch: str, runs: Runs) -> dict[str, di
     """The driver's runs, each a process of its own forked from one driver that imported torch and transformers
     once (tests/runtime/forked_runs.py); every run's result JSON with its standard error (`stderr`), by name."""
     clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
-    specs = [
-        (["--model-dir", str(tmp / "model"), "--micro-batches", str(MICRO_BATCHES), "--out", str(tmp / f"{name}.json"),
-          *extra], {**clean, **env})
+    common = ["--model-dir", str(tmp / "model"), "--micro-batches", str(MICRO_BATCHES)]
+    specs = {
+        name: ([*common, "--out", str(tmp / f"{name}.json"), *extra], {**clean, **env}, tmp / f"{name}.json")
         for name, (extra, env) in runs.items()
-    ]  # fmt: skip
-    results = {}
-    for name, (code, stderr) in zip(runs, drive_forked(python, DRIVER, specs, tmp / f"runs-{batch}")):
-        assert code == 0, (name, stderr[-3000:])
-        result = json.loads((tmp / f"{name}.json").read_text())
-        assert result["ok"], result
-        result["stderr"] = stderr
-        results[name] = result
-    return results
+    }
+    return forked_results(python, DRIVER, specs, tmp / f"runs-{batch}")
 
 
 def msprobe_config(tmp: Path, name: str) -> tuple[Path, Path]:

@@ -28,11 +28,10 @@ import os
 import shutil
 import subprocess
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, cli_json, verl_wheel
+from conftest import TESTS, cli_json, unpack_verl
 
 from rlprobe_patch.base.errors import ExitCode
 from runtime import venvs
@@ -170,9 +169,7 @@ def shared_engine_run(factory: pytest.TempPathFactory, python: Path, vpp: int) -
     the dump `dump-on/`), to read only, and each rank's result."""
 
     def build(folder: Path) -> None:
-        root = folder / "verl-0.9.1"
-        with zipfile.ZipFile(verl_wheel("0.9.1")) as zf:
-            zf.extractall(root)
+        root = unpack_verl("0.9.1", folder / "verl-0.9.1")
         code, out = cli_json("apply", "--verl-root", root, "--backend", "megatron", "--worker-impl", "engine")
         assert code == ExitCode.OK, out
         driver = engine_driver(root / ENGINE_TARGET, vpp, *V1_BATCH)
