@@ -63,26 +63,69 @@ def test_the_comparison_sees_a_change_but_not_a_last_bit() -> None:
 
 
 def test_threads_compute_what_one_thread_does(tmp_path: Path) -> None:
-    """The report takes its figures and judges its steps in threads: every figure and every cause equal to the
-    single thread's, to the bit."""
+    """The report takes its figures and judges its steps in threads, each step judged as soon as its figures are
+    taken (`build`, without a layer compare): every figure and every cause equal to the single thread's taking the
+    figures first and judging the steps after (`token_report`, then `diagnose`), to the bit."""
     from concurrent.futures import ThreadPoolExecutor
 
     from report_numbers import write_captures
 
-    from rlprobe_patch.report.build import classify, read_inputs, run_tokens, token_report
+    from rlprobe_patch.report.build import build, classify, read_inputs, step_tokens, token_report
     from rlprobe_patch.report.diagnosis import diagnose
     from rlprobe_patch.report.floor import choose_floor
+    from rlprobe_patch.report.verdict import grade_steps
 
     write_captures(tmp_path)
     batches = read_inputs(classify([tmp_path]), None)[0]
     floor = choose_floor(batches, [], 1)  # step 1 as the floor: the other two judged against a measured one
     alone = token_report(batches), diagnose(batches, None, floor, clip=(0.2, 0.28))
     with ThreadPoolExecutor(max_workers=2) as pool:
-        run = run_tokens(batches)
+        parts = step_tokens(batches)
         side_by_side = (
-            token_report(batches, run, pool),
-            diagnose(batches, None, floor, clip=(0.2, 0.28), parts=run.part_list(), pool=pool),
+            token_report(batches, parts, pool),
+            diagnose(batches, None, floor, clip=(0.2, 0.28), parts=parts, pool=pool),
         )
     assert json.dumps(side_by_side) == json.dumps(alone)
     assert len(alone[0]["steps"]) == 3 and alone[0]["tokens"] > 20_000
     assert len(alone[1]["steps"]) == 3 and alone[1]["top"] != "precision-noise"
+    # the command's way: each step judged in the thread that took its figures (against its grade by verl's
+    # guidance), its values freed after
+    report = build(batches, [], {}, floor, clip=(0.2, 0.28))
+    guidance = {index: grade["state"] for index, grade in enumerate(grade_steps({"tokens": alone[0]}))}
+    assert "warn" in guidance.values()
+    after = diagnose(batches, None, floor, guidance=guidance, clip=(0.2, 0.28))
+    requests = report["tokens"].pop("requests")
+    assert json.dumps(list(requests)) == json.dumps(alone[0]["requests"])
+    assert json.dumps([report["tokens"], report["diagnosis"]]) == json.dumps(
+        [{k: v for k, v in alone[0].items() if k != "requests"}, after]
+    )
+
+
+@pytest.mark.parametrize("group", [1, 10_000])
+def test_groups_of_steps_compute_what_one_group_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: int
+) -> None:
+    """Issue 45: the report takes the steps' values in groups of at least `GROUP_TOKENS` tokens (one group here by
+    default: three steps of about 9,000 tokens), freeing each group's as it is done. Each step its own group, or two
+    steps a group: every figure, request and cause the same, to the bit."""
+    from report_numbers import write_captures
+
+    from rlprobe_patch.report import build as report_build
+    from rlprobe_patch.report.floor import choose_floor
+
+    write_captures(tmp_path)
+    batches = report_build.read_inputs(report_build.classify([tmp_path]), None)[0]
+    floor = choose_floor(batches, [], 1)
+
+    def made() -> tuple[str, int]:
+        parts = report_build.step_tokens(batches)
+        report = report_build.build(batches, [], {}, floor, clip=(0.2, 0.28))
+        report["tokens"]["requests"] = list(report["tokens"]["requests"])
+        return json.dumps(report), len({id(part.whole) for part in parts})
+
+    one, groups = made()
+    assert groups == 1
+    monkeypatch.setattr(report_build, "GROUP_TOKENS", group)
+    apart, groups = made()
+    assert groups == (3 if group == 1 else 2)
+    assert apart == one

@@ -267,3 +267,75 @@ def test_requests_encoded_in_a_thread_are_the_documents_text() -> None:
     assert json.loads(line) == json.loads(json.dumps(to_json(plain)))
     assert json.loads(line)["tokens"]["requests"][3]["max_abs_dp"] is None
     assert text.count("\n") == 50 + 8  # a request a line, and the 8 lines around them
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=4), min_size=1, max_size=5),
+       st.integers(0, 2**32 - 1))  # fmt: skip
+def test_run_offpolicy_figures_from_the_steps_are_the_runs(rows: list[list[int]], seed: int) -> None:
+    """Issue 45: verl's off-policy figures of a run, from its steps' own tokens (`parts_offpolicy_metrics`: the rows'
+    figures over every step's rows, the tokens' sums the steps' added exactly rounded), are those over the run's
+    tokens laid end to end: to the bit for the rows' figures, to 1e-12 for the tokens' sums; one step's, its own."""
+    from rlprobe_patch.report.metrics import Tokens, parts_offpolicy_metrics, tokens_offpolicy_metrics
+
+    rng = np.random.default_rng(seed)
+    batches = []
+    for lengths in rows:
+        width = max(lengths) or 1
+        mask = np.arange(width)[None, :] < np.array(lengths)[:, None]
+        training = np.log(rng.uniform(1e-6, 1.0, mask.shape))
+        rollout = training + rng.normal(0.0, 0.05, mask.shape)
+        rollout[0, :1] += 25.0  # past verl's clamp, where a row has a token
+        batches.append((rollout, training, mask, None))
+    steps = [Tokens.of(*batch) for batch in batches]
+    got, run = parts_offpolicy_metrics(steps), tokens_offpolicy_metrics(Tokens.join(batches))
+    assert got.keys() == run.keys()
+    for key, value in run.items():
+        assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+    for key in ("training_ppl", "rollout_ppl", "log_ppl_diff_max", "log_ppl_diff_min", "chi2_seq"):
+        assert got.get(key) == run.get(key)  # the rows' figures: the same rows, the same order
+    assert parts_offpolicy_metrics(steps[:1]) == tokens_offpolicy_metrics(Tokens.of(*batches[0]))
+
+
+def test_forgotten_values_are_made_again_alike() -> None:
+    """`Tokens.forget` frees a step's per-token and per-row arrays but those kept, keeps every figure `memo` made, and
+    a value read after it is made again, equal to the first."""
+    from rlprobe_patch.report.metrics import Tokens, tokens_offpolicy_metrics
+
+    tokens = Tokens.of(*_batch(3, [5, 0, 8], 8)[:3])
+    before = {name: getattr(tokens, name).copy() for name in ("abs_dp", "abs_dlogp", "p_rollout", "position")}
+    figures = tokens_offpolicy_metrics(tokens)
+    made = tokens.memo("figure", lambda: 1.5)
+    tokens.forget("abs_dlogp")
+    arrays = {name for name, value in tokens._cache.items() if isinstance(value, np.ndarray)}
+    assert arrays == {"abs_dlogp"}
+    assert ("sum", "k3_terms") in tokens._cache and tokens.memo("figure", lambda: 0.0) == made
+    for name, value in before.items():
+        assert np.array_equal(getattr(tokens, name), value)
+    assert tokens_offpolicy_metrics(tokens) == figures
+
+
+def test_step_tokens_groups_consecutive_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`step_tokens` lays consecutive steps end to end until a group holds `GROUP_TOKENS` tokens (the last group what
+    is left); each step a view of its group's arrays, its tokens those it has alone."""
+    from rlprobe_patch.report import build as report_build
+    from rlprobe_patch.report.capture_format import TokenBatch
+    from rlprobe_patch.report.metrics import Tokens
+
+    lengths = [[5, 0, 8], [3, 3], [7], [2, 2, 2], [4]]  # 13, 6, 7, 6, 4 tokens
+    batches = []
+    for seed, rows in enumerate(lengths):
+        rollout, training, mask, responses = _batch(seed, rows, 8)
+        batches.append(TokenBatch("x", "verl-capture", seed, [f"r{i}" for i in range(len(rows))],
+                                  np.zeros(len(rows), dtype=np.int64), responses, mask, rollout, training))  # fmt: skip
+    monkeypatch.setattr(report_build, "GROUP_TOKENS", 12)
+    parts = report_build.step_tokens(batches)
+    groups = [
+        [i for i, part in enumerate(parts) if part.whole is whole]
+        for whole in {id(p.whole): p.whole for p in parts}.values()
+    ]
+    assert groups == [[0], [1, 2], [3, 4]]  # 13; 6 + 7; 6 + 4, the last
+    for part, batch in zip(parts, batches):
+        alone = Tokens.of(batch.rollout, batch.training, batch.mask, batch.responses)
+        assert np.array_equal(part.training, alone.training) and np.array_equal(part.token_ids, alone.token_ids)
+        assert np.shares_memory(part.training, part.whole.training)

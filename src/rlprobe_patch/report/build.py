@@ -23,24 +23,26 @@ from rlprobe_patch.dumps.msprobe import TENSORS
 from rlprobe_patch.report import EncodedList
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
 from rlprobe_patch.report.confirm import ConsistencySettings
-from rlprobe_patch.report.diagnosis import diagnose
+from rlprobe_patch.report.diagnosis import Judged, conclude, diagnose, in_step_order, judge_step, make_step
 from rlprobe_patch.report.floor import Floor
 from rlprobe_patch.report.identity import StepIdentity, check_step, index_records, weights_for_step
 from rlprobe_patch.report.layers import PairCompare, compare_files, layer_summary, read_compare_csv
 from rlprobe_patch.report.metrics import (
+    FloatArray,
     PartSums,
     Profiles,
     Tokens,
     debug_figures,
     dlogp_histogram,
     median,
+    parts_offpolicy_metrics,
     scale_figures,
     tokens_offpolicy_metrics,
     tokens_per_request,
 )
 from rlprobe_patch.report.rollout_record import SUFFIX as RECORD_SUFFIX
 from rlprobe_patch.report.rollout_record import RolloutRecord, read_records
-from rlprobe_patch.report.verdict import grade_steps, verdict
+from rlprobe_patch.report.verdict import grade_steps, guidance_state, verdict
 from rlprobe_patch.report.weights import SUFFIX as WEIGHTS_SUFFIX
 from rlprobe_patch.report.weights import Weights, read_weights
 
@@ -272,56 +274,86 @@ def read_inputs(
     return batches, pairs, notes
 
 
-def run_tokens(batches: list[TokenBatch]) -> Tokens:
-    """The valid tokens of every batch, taken out of the padding once, in the run's arrays."""
-    return Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in batches])
+def step_tokens(batches: list[TokenBatch]) -> list[Tokens]:
+    """Each batch's valid tokens, taken out of its padding: consecutive batches laid end to end in groups of at least
+    `GROUP_TOKENS` (`Tokens.join`), each batch a view of its group's arrays (`Tokens.parts`). A group's values are made
+    and read while it is near the processor, and its arrays are large enough for numpy to ask the kernel for huge
+    pages: the run's values laid end to end were tens of MB each, a pass through memory for every figure, and one
+    step's alone a few hundred KB, each faulted in page by page."""
+    parts: list[Tokens] = []
+    group: list[TokenBatch] = []
+    size = 0
+    for number, b in enumerate(batches, start=1):
+        group.append(b)
+        size += int(np.count_nonzero(b.mask))
+        if size >= GROUP_TOKENS or number == len(batches):
+            parts += Tokens.join([(g.rollout, g.training, g.mask, g.responses) for g in group]).part_list()
+            group, size = [], 0
+    return parts
 
 
 _T = TypeVar("_T")
 
 _LEVELS = (0.5, 0.9, 0.99, 0.999, 1.0)  # the |dlogp| quantiles report.json gives
+_RUN_VALUES = ("abs_dlogp", "p_rollout")  # the per-token values the run's figures read over every step
+GROUP_TOKENS = 2**21  # valid tokens of a group of steps (`step_tokens`): a value's array of 16 MB, on huge pages
 
 
-def token_report(batches: list[TokenBatch], run: Tokens | None = None, pool: Executor | None = None) -> dict[str, Any]:
-    """Per step, per request and over the run; each step's figures are computed over its slice of the run's
-    arrays (`run`, else `run_tokens(batches)`), and the run's combined from the steps' sums (`PartSums`). With
-    `pool`, the run's |dlogp| distribution and median probability and the steps' figures are taken side by side in
-    its threads (each the same computation as alone)."""
-    run = run if run is not None else run_tokens(batches)
-    # each per-token value once, before any thread reads it: the probabilities' and the log-ratio's apart, side by
-    # side (neither reads the other's)
-    probabilities = _later(pool, run.make, "abs_dp")
-    run.make("abs_dlogp", "k3_terms")
-    probabilities()
-    distribution = _later(pool, _distribution, run)
-    median_p = _later(pool, median, run.p_rollout)
-    offpolicy = tokens_offpolicy_metrics(run)  # over the rows, and sums that cancel: taken over the run itself
-    steps, requests, profiles, sums = _per_step(batches, run, pool)
-    combined = PartSums.combine(sums)
-    overall: dict[str, Any] = debug_figures(combined) | offpolicy
-    scale = scale_figures(combined, median_p())
-    quantile_values, histogram = distribution()
+# called with each step (its batch's index, the batch, its tokens and its figures) in the thread that took its figures,
+# before its per-token values are freed (the report judges the step there)
+EachStep = Callable[[int, TokenBatch, Tokens, dict[str, Any]], None]
+
+
+def token_report(
+    batches: list[TokenBatch],
+    parts: list[Tokens] | None = None,
+    pool: Executor | None = None,
+    each_step: EachStep | None = None,
+) -> dict[str, Any]:
+    """Per step, per request and over the run. Each step's figures are computed over its own tokens (`parts`, else
+    `step_tokens(batches)`), and the run's combined from the steps' sums (`PartSums`, `parts_offpolicy_metrics`);
+    only the run's |dlogp| distribution and median probability read every token at once. With `pool`, the steps are
+    taken side by side in its threads, then the distribution beside the median and the requests' JSON texts
+    (`EncodedList`; each the same computation as alone). `each_step` is called with each step's figures (`EachStep`)."""
+    parts = parts if parts is not None else step_tokens(batches)
+    # the two values the run reads over every step, first, so that its |dlogp| distribution and its median
+    # probability are taken beside the steps' figures
+    list((pool.map if pool else map)(lambda whole: whole.make(*_RUN_VALUES), _wholes(parts)))
+    distribution = _later(pool, _distribution, parts)
+    median_p = _later(pool, _run_median, parts)
+    steps, requests, profiles, sums = _per_step(batches, parts, pool, each_step)
     ranked = sorted(
         (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
     )
     for rank, r in enumerate(ranked, start=1):
         r["rank"] = rank
+    ranked += [r for r in requests if not r["tokens"]]
+    if pool is not None:
+        # report.json's requests (most of its text) encoded in a thread beside the run's figures: the encoder holds
+        # the interpreter's lock, numpy's loops do not
+        ranked = EncodedList(ranked, pool)
+    offpolicy = parts_offpolicy_metrics(parts)
+    combined = PartSums.combine(sums)
+    overall: dict[str, Any] = debug_figures(combined) | offpolicy
+    scale = scale_figures(combined, median_p())
+    quantile_values, histogram = distribution()
+    size = sum(part.size for part in parts)
     # each step's counts over the run's bins (the page tells the steps apart)
     histogram["steps"] = [
         {"step": s["step"], "kind": s["kind"], **part} for s, part in zip(steps, histogram.pop("parts"))
     ]
     return {
         "samples": len(requests),
-        "tokens": run.size,
+        "tokens": size,
         "empty_responses": sum(1 for r in requests if not r["tokens"]),
         "overall": overall,
         "scale": scale,
         "steps": steps,
-        "requests": ranked + [r for r in requests if not r["tokens"]],
+        "requests": ranked,
         "by_position": profiles.by_position(),
         "by_probability": profiles.by_probability(),
         "by_probability_decade": profiles.by_probability_decade(),
-        "abs_dlogp_quantiles": dict(zip(map(str, _LEVELS), quantile_values)) if run.size else {},
+        "abs_dlogp_quantiles": dict(zip(map(str, _LEVELS), quantile_values)) if size else {},
         "abs_dlogp_histogram": histogram,
     }
 
@@ -334,16 +366,30 @@ def _later(pool: Executor | None, work: Callable[..., _T], *args: Any) -> Callab
     return pool.submit(work, *args).result
 
 
-def _distribution(run: Tokens) -> tuple[list[float], dict[str, Any]]:
+def _wholes(parts: list[Tokens]) -> list[Tokens]:
+    """The groups `parts` are views of (`Tokens.whole`), each once, in order."""
+    return list({id(part.whole): part.whole for part in parts}.values())
+
+
+def _run_values(parts: list[Tokens], name: str) -> FloatArray:
+    """The per-token value `name` of every part, laid end to end (the run's, in the steps' order): their groups'."""
+    return np.concatenate([whole._get(name) for whole in _wholes(parts)]) if parts else np.zeros(0)
+
+
+def _run_median(parts: list[Tokens]) -> float:
+    return median(_run_values(parts, "p_rollout"))
+
+
+def _distribution(parts: list[Tokens]) -> tuple[list[float], dict[str, Any]]:
     """|dlogp|'s quantiles over the run, and its histogram with each step's counts (`parts`)."""
-    dlogp = run.abs_dlogp
-    ends = np.cumsum([0] + [part.size for part in run.part_list()]).tolist()
+    dlogp = _run_values(parts, "abs_dlogp")
+    ends = np.cumsum([0] + [part.size for part in parts]).tolist()
     histogram = dlogp_histogram(dlogp, parts=[slice(a, b) for a, b in itertools.pairwise(ends)])
     return (np.quantile(dlogp, _LEVELS).tolist() if dlogp.size else []), histogram
 
 
 def _per_step(
-    batches: list[TokenBatch], run: Tokens, pool: Executor | None = None
+    batches: list[TokenBatch], parts: list[Tokens], pool: Executor | None = None, each_step: EachStep | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles, list[PartSums]]:
     """Each step's metrics, its requests' figures, the profiles over every step and each step's sums (each step's
     taken apart, in `pool` where given, and gathered in the steps' order)."""
@@ -351,7 +397,27 @@ def _per_step(
     requests: list[dict[str, Any]] = []
     profiles = Profiles()
     sums = []
-    for step, rows, counts, part_sums in (pool.map if pool else map)(_step_figures, batches, run.part_list()):
+
+    def figures(index: int) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], PartSums]:
+        taken = _step_figures(batches[index], parts[index])
+        if each_step is not None:
+            each_step(index, batches[index], parts[index], taken[0])
+        # the run reads two values of every step after this (its |dlogp| distribution, its median probability)
+        parts[index].forget(*_RUN_VALUES)
+        return taken
+
+    taken: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], PartSums]] = []
+    for _, group in itertools.groupby(range(len(parts)), key=lambda i: id(parts[i].whole)):
+        indices = list(group)
+        whole = parts[indices[0]].whole
+        # the group's per-token values once, before any thread reads them: the probabilities' and the log-ratio's
+        # apart, side by side (neither reads the other's)
+        probabilities = _later(pool, whole.make, "abs_dp")
+        whole.make("abs_dlogp", "k3_terms")
+        probabilities()
+        taken += (pool.map if pool else map)(figures, indices)
+        whole.forget(*_RUN_VALUES)
+    for step, rows, counts, part_sums in taken:
         steps.append(step)
         requests += rows
         profiles.add_counts(counts)
@@ -434,46 +500,59 @@ def build(
     """The report's figures, diagnosis, thresholds and verdict; `floor` is the noise floor the diagnosis judges
     against (`floor.choose_floor`), `evidence` the engine's records and the weight fingerprints, `clip` the
     run's PPO clip range (read from `clip_source`), `consistency` what a consistency script of `script` sets."""
-    run = run_tokens(batches)
-    # two threads for the figures and the diagnosis (numpy releases the interpreter's lock in its loops, so they
-    # share the machine's cores; every figure is the one a single thread computes)
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    parts = step_tokens(batches)
+    identities = (evidence or Evidence()).identities(batches)
+    judged: dict[int, Judged] = {}
+
+    def judge(index: int, batch: TokenBatch, tokens: Tokens, figures: dict[str, Any]) -> None:
+        """The step judged as soon as its figures are taken, while its per-token values are in memory (a step's
+        guidance state is its figures' grade, as the verdict's)."""
+        state = {index: guidance_state(figures)}
+        step = make_step(batch, index, floor, sampling, identities, state, tokens)
+        if step is not None:
+            judged[index] = judge_step(step, index, state, clip)
+
+    # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
+    from threadpoolctl import threadpool_limits
+
+    # threads for the figures and the diagnosis (numpy releases the interpreter's lock in its loops, so they share
+    # the machine's cores; every figure is the one a single thread computes): the steps' in two, while a third takes
+    # the run's |dlogp| distribution, its median probability, the requests' JSON texts; the fits (np.linalg.lstsq,
+    # np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more than the fits (2 s of 3 on 10M
+    # tokens, 2 cores), and a sum split over threads differs in its last bits with the machine's number of cores
+    with ThreadPoolExecutor(max_workers=3) as pool, threadpool_limits(limits=1, user_api="blas"):
+        # without a layer compare, each step is judged with its figures; with one, the clean steps' requests make
+        # the layer floor every step is judged against (`diagnose`: the steps after the figures)
+        each_step = judge if batches and not pairs else None
         report: dict[str, Any] = {
             "format": REPORT_FORMAT,
             "format_version": REPORT_VERSION,
-            "tokens": token_report(batches, run, pool) if batches else None,
+            "tokens": token_report(batches, parts, pool, each_step) if batches else None,
             "layers": layer_summary(pairs) if pairs else None,
         }
-        if report["tokens"]:
-            # report.json's requests encoded in a thread beside the diagnosis (the encoder holds the interpreter's
-            # lock, numpy's loops do not)
-            report["tokens"]["requests"] = EncodedList(report["tokens"]["requests"], pool)
         grades = grade_steps(report)
-        if batches:
+        if each_step is not None:
+            steps = in_step_order(judged)
+            report["diagnosis"] = conclude(
+                steps, floor, None, script, sampling, clip, consistency=consistency, clip_source=clip_source
+            )
+        elif batches:
             # the verdict's step grades are in the batches' order (token_report keeps it)
             by_batch = {index: grade["state"] for index, grade in enumerate(grades)}
-            identities = (evidence or Evidence()).identities(batches)
-            # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
-            from threadpoolctl import threadpool_limits
-
-            # the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool woken for every step's fit cost
-            # more than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over threads differs in its last
-            # bits with the machine's number of cores
-            with threadpool_limits(limits=1, user_api="blas"):
-                report["diagnosis"] = diagnose(
-                    batches,
-                    report["layers"],
-                    floor,
-                    script,
-                    sampling,
-                    identities,
-                    by_batch,
-                    clip,
-                    run.part_list(),
-                    consistency=consistency,
-                    clip_source=clip_source,
-                    pool=pool,
-                )
+            report["diagnosis"] = diagnose(
+                batches,
+                report["layers"],
+                floor,
+                script,
+                sampling,
+                identities,
+                by_batch,
+                clip,
+                parts,
+                consistency=consistency,
+                clip_source=clip_source,
+                pool=pool,
+            )
     report["thresholds"] = check_thresholds(report, limits)
     report["verdict"] = verdict(report, grades)
     # the threshold options given decide the exit code; without any, the verdict does

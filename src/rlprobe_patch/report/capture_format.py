@@ -253,7 +253,7 @@ def read_capture(path: Path) -> TokenBatch:
     for key in ("prompt_lengths", "response_lengths", "dataset_index", "raw_prompts"):
         if key in data and data[key].shape != (n,):
             raise RefusedError(f"{path}: {key} has shape {data[key].shape}, expected ({n},)")
-    mask = data["response_mask"].astype(bool)
+    mask = data["response_mask"].astype(bool, copy=False)
     if not np.array_equal(mask.sum(axis=1), data["response_lengths"]):
         raise RefusedError(f"{path}: response_lengths disagree with response_mask")
     if "prompt_ids" in data:
@@ -267,17 +267,17 @@ def read_capture(path: Path) -> TokenBatch:
         kind="verl-capture",
         step=int(data["step"]),
         request_ids=[str(r) for r in data["request_ids"]],
-        prompt_lengths=data["prompt_lengths"].astype(np.int64),
-        responses=data["responses"].astype(np.int64),
+        prompt_lengths=data["prompt_lengths"].astype(np.int64, copy=False),
+        responses=data["responses"].astype(np.int64, copy=False),
         mask=mask,
         rollout=data["rollout_log_probs"].astype(np.float64),
         training=data["old_log_probs"].astype(np.float64),
         ref=data["ref_log_prob"].astype(np.float64) if "ref_log_prob" in data else None,
-        dataset_index=data["dataset_index"].astype(np.int64) if "dataset_index" in data else None,
+        dataset_index=data["dataset_index"].astype(np.int64, copy=False) if "dataset_index" in data else None,
         raw_prompts=[str(p) for p in data["raw_prompts"]] if "raw_prompts" in data else None,
         sampling=_settings(path, "sampling", data["sampling"]) if "sampling" in data else None,
         source=str(data["source"])[:200] if "source" in data and data["source"].shape == () else "",
-        prompt_ids=data["prompt_ids"].astype(np.int64) if "prompt_ids" in data else None,
+        prompt_ids=data["prompt_ids"].astype(np.int64, copy=False) if "prompt_ids" in data else None,
         provenance=_settings(path, "provenance", data["provenance"]) if "provenance" in data else None,
         prefill=data["prefill_log_probs"].astype(np.float64) if "prefill_log_probs" in data else None,
     )

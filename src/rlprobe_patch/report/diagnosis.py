@@ -578,6 +578,38 @@ def clip_shares(tokens: Tokens, clip: tuple[float, float]) -> dict[str, float]:
     return {"above": above, "below": below, "total": above + below}
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One step judged: its entry of the diagnosis document, its causes ranked, and what the run's reading takes from
+    it."""
+
+    entry: dict[str, Any]
+    causes: list[Cause]
+    step: int | None  # the batch's step
+    mean: float
+    within: bool
+
+
+def judge_step(
+    step: Step,
+    index: int,
+    guidance: dict[int, str] | None,
+    clip: tuple[float, float] | None,
+    layers: dict[str, Any] | None = None,
+    clean: set[str] | None = None,
+) -> Judged:
+    """Batch `index`'s step judged on its own (`layers`: the run's layer compare, read for this step's requests, the
+    `clean` ones its floor)."""
+    step.layers = layer_view(layers, set(step.batch.request_ids), clean)
+    entry, causes = _judged_entry(index, step, diagnose_step(step), guidance, clip)
+    return Judged(entry, causes, step.batch.step, step.mean, step.within)
+
+
+def in_step_order(judged: dict[int, Judged]) -> list[Judged]:
+    """The steps judged (by their batch's index) in the order of their step numbers (the batches' order for ties)."""
+    return [judged[i] for i in sorted(judged, key=lambda i: (judged[i].step is None, judged[i].step or 0, i))]
+
+
 def diagnose(
     batches: list[TokenBatch],
     layers: dict[str, Any] | None,
@@ -600,38 +632,67 @@ def diagnose(
     both. `identities` (by the batch's index) hold each step's identity check; `guidance` each step's state by
     verl's guidance (it must agree with `within` where no floor is measured); `clip` the run's PPO clip range (read
     from `clip_source`). `consistency`: what a consistency script of `script` sets (`confirm.confirm_lines`).
-    `parts`: each batch's valid tokens as the report took them out (`Tokens.part_list`), in the order of
-    `batches`, read where no row is left out (else taken out here). `pool`: threads to judge the steps in."""
-    steps: list[dict[str, Any]] = []
+    `parts`: each batch's valid tokens as the report took them out (`build.step_tokens`), in the order of
+    `batches`, read where no row is left out (else taken out here). `pool`: threads to judge the steps in. A step's
+    per-token values are freed once it is judged (`Tokens.forget`).
+
+    The report without a layer compare judges each step as it takes its figures (`make_step`, `judge_step`) and
+    reads the run from them (`conclude`): this is the same, the steps first."""
+    made = (
+        make_step(b, i, floor, sampling, identities, guidance, parts[i] if parts else None)
+        for i, b in enumerate(batches)
+    )
+    steps = {i: step for i, step in enumerate(made) if step is not None}
+    # the layer floor: msprobe's agreeing pairs and the clean steps' (in bfloat16 msprobe's thresholds fail them all)
+    clean = _clean_requests(list(steps.values())) if layers else set()
+
+    def judge(index: int) -> Judged:
+        judged = judge_step(steps[index], index, guidance, clip, layers, clean)
+        steps[index].tokens.forget()  # its figures are kept (`memo`), its per-token values freed for the next step's
+        return judged
+
+    # each step judged on its own (in `pool`'s threads where given: numpy's loops release the interpreter's lock)
+    indices = list(steps)
+    judged = dict(zip(indices, (pool.map if pool else map)(judge, indices)))
+    return conclude(
+        in_step_order(judged),
+        floor,
+        layer_view(layers, None, clean),  # the run's, of every pair; each step read its own requests' pairs
+        script,
+        sampling,
+        clip,
+        consistency=consistency,
+        clip_source=clip_source,
+    )
+
+
+def conclude(
+    judged: list[Judged],
+    floor: Floor,
+    view: LayerView | None,
+    script: str | None = None,
+    sampling: dict[str, Any] | None = None,
+    clip: tuple[float, float] | None = None,
+    *,
+    consistency: ConsistencySettings | None = None,
+    clip_source: str | None = None,
+) -> dict[str, Any]:
+    """The diagnosis document of the steps `judged` (in step order; `in_step_order`): each cause's best step, the
+    trend over the steps, the run's noise, ranked, each with the runs that would confirm it."""
     best: dict[str, Cause] = {}
     best_key: dict[str, tuple[float, bool, float]] = {}
-    means = []
-    order = sorted(range(len(batches)), key=lambda i: (batches[i].step is None, batches[i].step or 0))
-    judged = [s for s in (_step(batches[i], i, floor, sampling, identities, guidance, parts) for i in order) if s]
-    # the layer floor: msprobe's agreeing pairs and the clean steps' (in bfloat16 msprobe's thresholds fail them all)
-    clean = _clean_requests([step for _, step in judged]) if layers else set()
-    view = layer_view(layers, None, clean)  # the run's, of every pair; each step reads its own requests' pairs
-
-    def judge(index: int, step: Step) -> tuple[dict[str, Any], list[Cause]]:
-        step.layers = layer_view(layers, set(step.batch.request_ids), clean)
-        return _judged_entry(index, step, diagnose_step(step), guidance, clip)
-
-    # each step judged on its own (in `pool`'s threads where given: numpy's loops release the interpreter's lock),
-    # gathered in the steps' order
-    indices, judged_steps = [i for i, _ in judged], [step for _, step in judged]
-    for (entry, causes), step in zip((pool.map if pool else map)(judge, indices, judged_steps), judged_steps):
-        steps.append(entry)
-        means.append(step.mean)
-        for c in causes:
+    for step in judged:
+        for c in step.causes:
             # the step that shows the cause best: by score, then a step out of the floor (a clean step's reading of
             # a cause is no evidence of it), then by fit
             key = (c.score, not step.within, c.fit)
             if c.cause not in best or key > best_key[c.cause]:
-                best[c.cause] = Cause(c.cause, c.score, c.fit, f"step {step.batch.step}: {c.evidence}")
+                best[c.cause] = Cause(c.cause, c.score, c.fit, f"step {step.step}: {c.evidence}")
                 best_key[c.cause] = key
-    trend = growth_and_reset(means, floor)
+    trend = growth_and_reset([step.mean for step in judged], floor)
     if "stale-weights" in best and trend.score > best["stale-weights"].score:
         best["stale-weights"] = trend
+    steps = [step.entry for step in judged]
     if steps:
         # noise is the run's verdict only as far as every step is noise: the least noise-like step's score
         worst = min(steps, key=lambda s: (_noise(s)["score"], -s["mean_abs_dlogp"]))
@@ -681,23 +742,24 @@ def _judged_entry(
     return entry, causes
 
 
-def _step(
+def make_step(
     b: TokenBatch,
     index: int,
     floor: Floor,
     sampling: dict[str, Any] | None,
     identities: dict[int, StepIdentity] | None,
     guidance: dict[int, str] | None,
-    parts: list[Tokens] | None,
-) -> tuple[int, Step] | None:
+    tokens: Tokens | None = None,
+) -> Step | None:
     """Batch `index`'s evidence as a step (its layer view comes once the clean steps are known), or None where it has
-    nothing to judge."""
+    nothing to judge. `tokens`: the batch's valid tokens where taken out already (read where no row is left out)."""
     identity = (identities or {}).get(index)
     mask = identity_rows(b, identity)
-    tokens = parts[index] if parts is not None and mask is b.mask else Tokens.of(b.rollout, b.training, mask)
+    if tokens is None or mask is not b.mask:
+        tokens = Tokens.of(b.rollout, b.training, mask)
     if not tokens.size and not (identity and identity.differences):
         return None
-    step = Step(
+    return Step(
         batch=b,
         tokens=tokens,
         floor=floor,
@@ -706,7 +768,6 @@ def _step(
         guidance_ok=(guidance or {}).get(index, "ok") in ("ok", "no value"),
         prefill=b.prefill[mask] if b.prefill is not None else None,
     )
-    return index, step
 
 
 def _is_clean(step: Step) -> bool:

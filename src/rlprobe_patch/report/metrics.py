@@ -132,6 +132,19 @@ class Tokens:
         for name in names:
             self._get(name)
 
+    @property
+    def whole(self) -> Tokens:
+        """The tokens these are a part of (`join`'s, through `parts`), else these."""
+        return self._whole[0] if self._whole is not None else self
+
+    def forget(self, *keep: str) -> None:
+        """Drop the per-token and per-row values made so far, but `keep` (and every figure `memo` keeps): a run's
+        steps each make eight values a token for their figures, its largest memory by far, and a step's freed
+        arrays are where the next step's are made (memory the process has touched already)."""
+        for name, value in list(self._cache.items()):
+            if isinstance(name, str) and name not in keep and isinstance(value, np.ndarray):
+                del self._cache[name]
+
     def memo(self, key: Any, make: Callable[[], _T]) -> _T:
         """`make()`, computed once for these tokens under `key` (a figure several callers derive alike)."""
         if key not in self._cache:
@@ -393,19 +406,38 @@ def offpolicy_metrics(training: FloatArray, rollout: FloatArray, mask: BoolArray
 
 
 def tokens_offpolicy_metrics(tokens: Tokens) -> dict[str, float]:
-    if not tokens.size:
+    return parts_offpolicy_metrics([tokens])
+
+
+def _token_sum(tokens: Tokens, name: str) -> float:
+    """The sum of the per-token value `name` over `tokens` (kept: the step's figures and the run's both add it)."""
+    return tokens.memo(("sum", name), lambda: float(tokens._get(name).sum()))
+
+
+def parts_offpolicy_metrics(parts: list[Tokens]) -> dict[str, float]:
+    """verl's off-policy figures of `parts` laid end to end (a run's steps): the rows' figures over every part's
+    rows, the tokens' sums the parts' sums added exactly rounded (one part: numpy's sum over its tokens)."""
+    size = sum(part.size for part in parts)
+    if not size:
         return {}
-    count = _eps_count(tokens.counts)
-    total = _eps_count(tokens.size)
-    mean_train = tokens._get("row_sum_training") / count
-    mean_rollout = tokens._get("row_sum_rollout") / count
+    count = _eps_count(np.concatenate([part.counts for part in parts]))
+    total = _eps_count(size)
+
+    def rows(name: str) -> FloatArray:
+        return np.concatenate([part._get(name) for part in parts])
+
+    def tokens_sum(name: str) -> float:
+        return math.fsum(_token_sum(part, name) for part in parts)
+
+    mean_train = rows("row_sum_training") / count
+    mean_rollout = rows("row_sum_rollout") / count
     log_ppl_diff = mean_rollout - mean_train
-    seq_log_ratio = np.clip(tokens._get("row_sum_log_ratio"), -_SAFETY_BOUND, _SAFETY_BOUND)
+    seq_log_ratio = np.clip(rows("row_sum_log_ratio"), -_SAFETY_BOUND, _SAFETY_BOUND)
     return {
         "training_ppl": float(np.exp(-mean_train).mean()),
         "training_log_ppl": float((-mean_train).mean()),
-        "kl": float(-tokens.log_ratio.sum() / total),
-        "k3_kl": float(tokens._get("k3_terms").sum() / total),
+        "kl": float(-tokens_sum("log_ratio") / total),
+        "k3_kl": float(tokens_sum("k3_terms") / total),
         "rollout_ppl": float(np.exp(-mean_rollout).mean()),
         "rollout_log_ppl": float((-mean_rollout).mean()),
         "log_ppl_diff": float(log_ppl_diff.mean()),
@@ -413,7 +445,7 @@ def tokens_offpolicy_metrics(tokens: Tokens) -> dict[str, float]:
         "log_ppl_diff_max": float(log_ppl_diff.max()),
         "log_ppl_diff_min": float(log_ppl_diff.min()),
         "ppl_ratio": float(np.exp(log_ppl_diff).mean()),
-        "chi2_token": float(tokens._get("rho_squared").sum() / total - 1.0),
+        "chi2_token": float(tokens_sum("rho_squared") / total - 1.0),
         "chi2_seq": float(np.exp(2.0 * seq_log_ratio).mean() - 1.0),
     }
 

@@ -71,11 +71,21 @@ def grade_step(step: dict[str, Any], guidance: MismatchGuidance) -> dict[str, An
     return {**graded, "state": state, "informative": True, "why": why}
 
 
-def grade_steps(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each step of the report's tokens (in the inputs' order) graded by verl's guidance alone."""
+def _guidance() -> MismatchGuidance:
     guidance = releases("verl").guidance
     assert guidance is not None, "patches/releases/verl.toml lacks [mismatch_guidance]"
+    return guidance
+
+
+def grade_steps(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each step of the report's tokens (in the inputs' order) graded by verl's guidance alone."""
+    guidance = _guidance()
     return [grade_step(s, guidance) for s in (report["tokens"]["steps"] if report.get("tokens") else [])]
+
+
+def guidance_state(step: dict[str, Any]) -> str:
+    """One step's state by verl's guidance alone (its `grade_step`), from its figures (`token_report`'s step)."""
+    return str(grade_step(step, _guidance())["state"])
 
 
 def _with_diagnosis(steps: list[dict[str, Any]], diagnosis: dict[str, Any] | None) -> list[dict[str, Any]]:
