@@ -274,22 +274,28 @@ def read_inputs(
     return batches, pairs, notes
 
 
-def step_tokens(batches: list[TokenBatch]) -> list[Tokens]:
+def step_tokens(batches: list[TokenBatch], pool: Executor | None = None) -> list[Tokens]:
     """Each batch's valid tokens, taken out of its padding: consecutive batches laid end to end in groups of at least
     `GROUP_TOKENS` (`Tokens.join`), each batch a view of its group's arrays (`Tokens.parts`). A group's values are made
     and read while it is near the processor, and its arrays are large enough for numpy to ask the kernel for huge
     pages: the run's values laid end to end were tens of MB each, a pass through memory for every figure, and one
-    step's alone a few hundred KB, each faulted in page by page."""
-    parts: list[Tokens] = []
-    group: list[TokenBatch] = []
+    step's alone a few hundred KB, each faulted in page by page. With `pool`, the groups are laid out side by side in
+    its threads."""
+    if not batches:
+        return []
+    groups: list[list[TokenBatch]] = [[]]
     size = 0
-    for number, b in enumerate(batches, start=1):
-        group.append(b)
+    for b in batches:
+        if size >= GROUP_TOKENS:
+            groups.append([])
+            size = 0
+        groups[-1].append(b)
         size += int(np.count_nonzero(b.mask))
-        if size >= GROUP_TOKENS or number == len(batches):
-            parts += Tokens.join([(g.rollout, g.training, g.mask, g.responses) for g in group]).part_list()
-            group, size = [], 0
-    return parts
+
+    def join(group: list[TokenBatch]) -> list[Tokens]:
+        return Tokens.join([(b.rollout, b.training, b.mask, b.responses) for b in group]).part_list()
+
+    return [part for parts in (pool.map if pool else map)(join, groups) for part in parts]
 
 
 _T = TypeVar("_T")
@@ -316,9 +322,10 @@ def token_report(
     taken side by side in its threads, then the distribution beside the median and the requests' JSON texts
     (`EncodedList`; each the same computation as alone). `each_step` is called with each step's figures (`EachStep`)."""
     parts = parts if parts is not None else step_tokens(batches)
-    # the two values the run reads over every step, first, so that its |dlogp| distribution and its median
-    # probability are taken beside the steps' figures
-    list((pool.map if pool else map)(lambda whole: whole.make(*_RUN_VALUES), _wholes(parts)))
+    # the two values the run reads over every step, first (each group's side by side: neither reads the other), so
+    # that its |dlogp| distribution and its median probability are taken beside the steps' figures
+    values = [(whole, name) for whole in _wholes(parts) for name in _RUN_VALUES]
+    list((pool.map if pool else map)(lambda value: value[0].make(value[1]), values))
     distribution = _later(pool, _distribution, parts)
     median_p = _later(pool, _run_median, parts)
     steps, requests, profiles, sums = _per_step(batches, parts, pool, each_step)
@@ -500,7 +507,6 @@ def build(
     """The report's figures, diagnosis, thresholds and verdict; `floor` is the noise floor the diagnosis judges
     against (`floor.choose_floor`), `evidence` the engine's records and the weight fingerprints, `clip` the
     run's PPO clip range (read from `clip_source`), `consistency` what a consistency script of `script` sets."""
-    parts = step_tokens(batches)
     identities = (evidence or Evidence()).identities(batches)
     judged: dict[int, Judged] = {}
 
@@ -515,12 +521,13 @@ def build(
     # imported here: threadpoolctl finds the BLAS library numpy loaded (milliseconds), needed only for the fits
     from threadpoolctl import threadpool_limits
 
-    # threads for the figures and the diagnosis (numpy releases the interpreter's lock in its loops, so they share
-    # the machine's cores; every figure is the one a single thread computes): the steps' in two, while a third takes
-    # the run's |dlogp| distribution, its median probability, the requests' JSON texts; the fits (np.linalg.lstsq,
-    # np.dot) on one BLAS thread: a thread pool woken for every step's fit cost more than the fits (2 s of 3 on 10M
-    # tokens, 2 cores), and a sum split over threads differs in its last bits with the machine's number of cores
-    with ThreadPoolExecutor(max_workers=3) as pool, threadpool_limits(limits=1, user_api="blas"):
+    # two threads for the figures and the diagnosis (numpy releases the interpreter's lock in its loops, so they
+    # share the machine's cores; every figure is the one a single thread computes; a third thread was slower on two
+    # cores at 1M tokens and no faster at 10M); the fits (np.linalg.lstsq, np.dot) on one BLAS thread: a thread pool
+    # woken for every step's fit cost more than the fits (2 s of 3 on 10M tokens, 2 cores), and a sum split over
+    # threads differs in its last bits with the machine's number of cores
+    with ThreadPoolExecutor(max_workers=2) as pool, threadpool_limits(limits=1, user_api="blas"):
+        parts = step_tokens(batches, pool)
         # without a layer compare, each step is judged with its figures; with one, the clean steps' requests make
         # the layer floor every step is judged against (`diagnose`: the steps after the figures)
         each_step = judge if batches and not pairs else None
