@@ -70,6 +70,7 @@ def test_threads_compute_what_one_thread_does(tmp_path: Path) -> None:
 
     from report_numbers import write_captures
 
+    from rlprobe_patch.report import json_text
     from rlprobe_patch.report.build import build, classify, read_inputs, step_tokens, token_report
     from rlprobe_patch.report.diagnosis import diagnose
     from rlprobe_patch.report.floor import choose_floor
@@ -96,6 +97,9 @@ def test_threads_compute_what_one_thread_does(tmp_path: Path) -> None:
     after = diagnose(batches, None, floor, guidance=guidance, clip=(0.2, 0.28))
     requests = report["tokens"].pop("requests")
     assert json.dumps(list(requests)) == json.dumps(alone[0]["requests"])
+    # each request's text made with its step, its rank added after: the encoder's text of the request as it is
+    assert requests.texts() == [json_text(request) for request in requests]
+    assert sum('"rank": ' in text for text in requests.texts()) == sum(1 for r in requests if r["tokens"]) > 50
     assert json.dumps([report["tokens"], report["diagnosis"]]) == json.dumps(
         [{k: v for k, v in alone[0].items() if k != "requests"}, after]
     )

@@ -308,7 +308,7 @@ def test_forgotten_values_are_made_again_alike() -> None:
     made = tokens.memo("figure", lambda: 1.5)
     tokens.forget("abs_dlogp")
     arrays = {name for name, value in tokens._cache.items() if isinstance(value, np.ndarray)}
-    assert arrays == {"abs_dlogp"}
+    assert arrays == {"abs_dlogp", "starts", "row_sum_training", "row_sum_rollout", "row_sum_log_ratio"}
     assert ("sum", "k3_terms") in tokens._cache and tokens.memo("figure", lambda: 0.0) == made
     for name, value in before.items():
         assert np.array_equal(getattr(tokens, name), value)

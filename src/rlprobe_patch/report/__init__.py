@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ def _plain(value: Any) -> Any:
 _ENCODER = json.JSONEncoder(allow_nan=False)
 
 
-def _json(value: Any) -> str:
+def json_text(value: Any) -> str:
     """`json.dumps` of `value` as `_plain` makes it; the walk only where a float is not finite (the C
     encoder refuses those), so a report without NaN is encoded at the C encoder's speed."""
     try:
@@ -62,16 +63,24 @@ def _json(value: Any) -> str:
 
 
 class EncodedList(list[Any]):
-    """A list of JSON objects whose one-line texts are made in `pool` from the start (the report's requests: most
-    of report.json's text, encoded while the diagnosis computes); `encode` lays out the texts made. Nothing
-    changes the list after: the texts are of the items as they were."""
+    """A list of JSON objects with their one-line texts (`json_text`), made beside the rest of the report (the
+    report's requests: most of report.json's text): in `pool` from the start, or given (`texts`, made where the items
+    were). `encode` lays out the texts made. Nothing changes the list after: the texts are of the items as they were."""
 
-    def __init__(self, items: list[Any], pool: Executor) -> None:
+    def __init__(self, items: list[Any], pool: Executor | None = None, texts: list[str] | None = None) -> None:
         super().__init__(items)
-        self._texts = pool.submit(lambda: [_json(item) for item in self])
+        if texts is not None:
+            if len(texts) != len(items):
+                raise ValueError(f"{len(texts)} texts for {len(items)} items")
+            made = texts
+            self._texts: Callable[[], list[str]] = lambda: made
+        elif pool is not None:
+            self._texts = pool.submit(lambda: [json_text(item) for item in self]).result
+        else:
+            raise ValueError("EncodedList: a pool to encode the items in, or their texts")
 
     def texts(self) -> list[str]:
-        return self._texts.result()
+        return self._texts()
 
 
 def to_json(report: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +114,7 @@ def _layout(value: Any, depth: int) -> tuple[str, str]:
     either way)."""
     pad = " " * (depth + 1)
     if depth < 3 and isinstance(value, dict) and value:
-        items = [(_json(k), *_layout(v, depth + 1)) for k, v in value.items()]
+        items = [(json_text(k), *_layout(v, depth + 1)) for k, v in value.items()]
         return (
             "{\n" + ",\n".join(f"{pad}{k}: {laid}" for k, laid, _ in items) + "\n" + " " * depth + "}",
             "{" + ", ".join(f"{k}: {line}" for k, _, line in items) + "}",
@@ -114,13 +123,13 @@ def _layout(value: Any, depth: int) -> tuple[str, str]:
         if depth < 2:
             entries = [_layout(v, depth + 1) for v in value]
         else:
-            texts = value.texts() if isinstance(value, EncodedList) else map(_json, value)
+            texts = value.texts() if isinstance(value, EncodedList) else map(json_text, value)
             entries = [(text, text) for text in texts]
         return (
             "[\n" + ",\n".join(pad + laid for laid, _ in entries) + "\n" + " " * depth + "]",
             "[" + ", ".join(line for _, line in entries) + "]",
         )
-    text = _json(value)
+    text = json_text(value)
     return text, text
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from rlprobe_patch.base.errors import RefusedError
 from rlprobe_patch.base.fsio import atomic_write
 from rlprobe_patch.dumps.msprobe import TENSORS
-from rlprobe_patch.report import EncodedList
+from rlprobe_patch.report import EncodedList, json_text
 from rlprobe_patch.report.capture_format import SUFFIX, TokenBatch, check_finite, read_capture
 from rlprobe_patch.report.confirm import ConsistencySettings
 from rlprobe_patch.report.diagnosis import Judged, conclude, diagnose, in_step_order, judge_step, make_step
@@ -319,8 +319,9 @@ def token_report(
     """Per step, per request and over the run. Each step's figures are computed over its own tokens (`parts`, else
     `step_tokens(batches)`), and the run's combined from the steps' sums (`PartSums`, `parts_offpolicy_metrics`);
     only the run's |dlogp| distribution and median probability read every token at once. With `pool`, the steps are
-    taken side by side in its threads, then the distribution beside the median and the requests' JSON texts
-    (`EncodedList`; each the same computation as alone). `each_step` is called with each step's figures (`EachStep`)."""
+    taken side by side in its threads, the distribution and the median beside them (each the same computation as
+    alone); each step's requests are encoded with its figures (`EncodedList`: the encoder holds the interpreter's
+    lock, numpy's loops do not). `each_step` is called with each step's figures (`EachStep`)."""
     parts = parts if parts is not None else step_tokens(batches)
     # the two values the run reads over every step, first (each group's side by side: neither reads the other), so
     # that its |dlogp| distribution and its median probability are taken beside the steps' figures
@@ -328,17 +329,20 @@ def token_report(
     list((pool.map if pool else map)(lambda value: value[0].make(value[1]), values))
     distribution = _later(pool, _distribution, parts)
     median_p = _later(pool, _run_median, parts)
-    steps, requests, profiles, sums = _per_step(batches, parts, pool, each_step)
-    ranked = sorted(
-        (r for r in requests if r["tokens"]), key=lambda r: (-r["max_abs_dp"], -r["max_abs_dlogp"], r["request_id"])
+    steps, requests, texts, profiles, sums = _per_step(batches, parts, pool, each_step)
+    order = sorted(
+        (i for i, r in enumerate(requests) if r["tokens"]),
+        key=lambda i: (-requests[i]["max_abs_dp"], -requests[i]["max_abs_dlogp"], requests[i]["request_id"]),
     )
-    for rank, r in enumerate(ranked, start=1):
-        r["rank"] = rank
-    ranked += [r for r in requests if not r["tokens"]]
-    if pool is not None:
-        # report.json's requests (most of its text) encoded in a thread beside the run's figures: the encoder holds
-        # the interpreter's lock, numpy's loops do not
-        ranked = EncodedList(ranked, pool)
+    ranked_texts = []
+    for rank, i in enumerate(order, start=1):
+        requests[i]["rank"] = rank
+        # the rank is the request's last key: its text is the one made with its step, the rank added last, as the
+        # encoder writes it
+        ranked_texts.append(f'{texts[i][:-1]}, "rank": {rank}}}')
+    order += [i for i, r in enumerate(requests) if not r["tokens"]]
+    ranked_texts += [texts[i] for i in order[len(ranked_texts) :]]
+    ranked = EncodedList([requests[i] for i in order], texts=ranked_texts)
     offpolicy = parts_offpolicy_metrics(parts)
     combined = PartSums.combine(sums)
     overall: dict[str, Any] = debug_figures(combined) | offpolicy
@@ -395,25 +399,30 @@ def _distribution(parts: list[Tokens]) -> tuple[list[float], dict[str, Any]]:
     return (np.quantile(dlogp, _LEVELS).tolist() if dlogp.size else []), histogram
 
 
+@dataclass(frozen=True)
+class _StepFigures:
+    step: dict[str, Any]  # the step's entry of report.json
+    rows: list[dict[str, Any]]  # its requests' figures
+    texts: list[str]  # each request's JSON text (`json_text`), before its rank
+    counts: dict[str, Any]  # its share of the profiles
+    sums: PartSums
+
+
 def _per_step(
     batches: list[TokenBatch], parts: list[Tokens], pool: Executor | None = None, each_step: EachStep | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Profiles, list[PartSums]]:
-    """Each step's metrics, its requests' figures, the profiles over every step and each step's sums (each step's
-    taken apart, in `pool` where given, and gathered in the steps' order)."""
-    steps = []
-    requests: list[dict[str, Any]] = []
-    profiles = Profiles()
-    sums = []
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], Profiles, list[PartSums]]:
+    """Each step's metrics, its requests' figures and their texts, the profiles over every step and each step's sums
+    (each step's taken apart, in `pool` where given, and gathered in the steps' order)."""
 
-    def figures(index: int) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], PartSums]:
+    def figures(index: int) -> _StepFigures:
         taken = _step_figures(batches[index], parts[index])
         if each_step is not None:
-            each_step(index, batches[index], parts[index], taken[0])
+            each_step(index, batches[index], parts[index], taken.step)
         # the run reads two values of every step after this (its |dlogp| distribution, its median probability)
         parts[index].forget(*_RUN_VALUES)
         return taken
 
-    taken: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], PartSums]] = []
+    taken: list[_StepFigures] = []
     for _, group in itertools.groupby(range(len(parts)), key=lambda i: id(parts[i].whole)):
         indices = list(group)
         whole = parts[indices[0]].whole
@@ -424,18 +433,20 @@ def _per_step(
         probabilities()
         taken += (pool.map if pool else map)(figures, indices)
         whole.forget(*_RUN_VALUES)
-    for step, rows, counts, part_sums in taken:
-        steps.append(step)
-        requests += rows
-        profiles.add_counts(counts)
-        sums.append(part_sums)
-    return steps, requests, profiles, sums
+    profiles = Profiles()
+    for each in taken:
+        profiles.add_counts(each.counts)
+    return (
+        [each.step for each in taken],
+        [row for each in taken for row in each.rows],
+        [text for each in taken for text in each.texts],
+        profiles,
+        [each.sums for each in taken],
+    )
 
 
-def _step_figures(
-    b: TokenBatch, tokens: Tokens
-) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], PartSums]:
-    """One step's metrics, its requests' figures, its share of the profiles, and its sums."""
+def _step_figures(b: TokenBatch, tokens: Tokens) -> _StepFigures:
+    """One step's metrics, its requests' figures and texts, its share of the profiles, and its sums."""
     sums = PartSums.of(tokens)
     metrics: dict[str, Any] = debug_figures(sums)
     metrics.update({f"rollout_corr/{k}": v for k, v in tokens_offpolicy_metrics(tokens).items()})
@@ -457,7 +468,7 @@ def _step_figures(
         row.update(
             request_id=request_id, step=b.step, kind=b.kind, row=i, dataset_index=index, prompt_length=prompt_length
         )
-    return step, rows, counts, sums
+    return _StepFigures(step, rows, [json_text(row) for row in rows], counts, sums)
 
 
 def check_thresholds(report: dict[str, Any], limits: dict[str, float | None]) -> list[dict[str, Any]]:

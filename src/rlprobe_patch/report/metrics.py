@@ -47,6 +47,7 @@ _SAFETY_BOUND = 20.0  # verl's clamp of log-ratios in the chi-squared estimates
 # takes from the run, sliced: each is computed once, over every step's tokens.
 _PER_TOKEN = frozenset({"p_train", "p_rollout", "abs_dp", "abs_dlogp", "log_ratio", "k3_terms", "rho_squared"})
 _PER_ROW = frozenset({"row_sum_training", "row_sum_rollout", "row_sum_log_ratio"})
+_ROW_VALUES = _PER_ROW | {"starts"}  # one number a row: what `Tokens.forget` keeps
 
 
 @dataclass
@@ -138,11 +139,11 @@ class Tokens:
         return self._whole[0] if self._whole is not None else self
 
     def forget(self, *keep: str) -> None:
-        """Drop the per-token and per-row values made so far, but `keep` (and every figure `memo` keeps): a run's
-        steps each make eight values a token for their figures, its largest memory by far, and a step's freed
-        arrays are where the next step's are made (memory the process has touched already)."""
+        """Drop the per-token values made so far (one number a token), but `keep`; the per-row values and every figure
+        `memo` keeps stay. A run's steps each make eight values a token for their figures, its largest memory by far,
+        and a step's freed arrays are where the next step's are made (memory the process has touched already)."""
         for name, value in list(self._cache.items()):
-            if isinstance(name, str) and name not in keep and isinstance(value, np.ndarray):
+            if isinstance(name, str) and name not in keep and name not in _ROW_VALUES and isinstance(value, np.ndarray):
                 del self._cache[name]
 
     def memo(self, key: Any, make: Callable[[], _T]) -> _T:
