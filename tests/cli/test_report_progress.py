@@ -43,3 +43,30 @@ def test_details_are_said_at_most_every_two_seconds(capsys: pytest.CaptureFixtur
         "... report: reading captures: 1 of 1000",
         "... report: the figures",
     ], said
+
+
+def test_captures_read_two_at_a_time_in_their_order(tmp_path: Path) -> None:
+    """Issue 45: the report reads two captures at a time; it takes them in their order, says each read in that
+    order, and a damaged one among them is refused by its name, as read alone, the rest not waited for."""
+    from report_numbers import write_captures
+
+    from rlprobe_patch.base.errors import RefusedError
+    from rlprobe_patch.report.build import classify, read_inputs
+    from rlprobe_patch.report.capture_format import read_capture
+
+    write_captures(tmp_path / "run")
+    inputs = classify([tmp_path / "run"])
+    said: list[str] = []
+    batches = read_inputs(inputs, None, said.append)[0]
+    assert [b.path for b in batches] == [str(p) for p in inputs.captures] and len(batches) == 3
+    assert [b.request_ids for b in batches] == [read_capture(p).request_ids for p in inputs.captures]
+    assert said == [f"reading captures: {n} of 3" for n in (1, 2, 3)]
+    second = inputs.captures[1]
+    second.write_bytes(second.read_bytes()[:1000])  # a run stopped while writing it
+    said.clear()
+    with pytest.raises(RefusedError) as refused:
+        read_inputs(inputs, None, said.append)
+    with pytest.raises(RefusedError) as alone:
+        read_capture(second)
+    assert refused.value.message == alone.value.message and str(second) in refused.value.message
+    assert said == ["reading captures: 1 of 3"]

@@ -234,12 +234,19 @@ def read_baseline(path: Path) -> list[TokenBatch]:
 def read_inputs(
     inputs: Inputs, python: str | None, progress: Callable[[str], None] | None = None
 ) -> tuple[list[TokenBatch], list[PairCompare], list[str]]:
-    """The inputs read and checked; `progress` is told each capture read (a run's captures can take a minute)."""
+    """The inputs read and checked; `progress` is told each capture read (a run's captures can take a minute). Two
+    captures are read at a time (numpy's copies, the CRC checks and the page faults of each new array run outside
+    the interpreter's lock), taken in their order: a capture that cannot be read is refused as it would be alone, the
+    reads not started cancelled."""
     batches = []
-    for done, path in enumerate(inputs.captures, start=1):
-        batches.append(read_capture(path))
-        if progress is not None:
-            progress(f"reading captures: {done} of {len(inputs.captures)}")
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        for done, batch in enumerate(pool.map(read_capture, inputs.captures), start=1):
+            batches.append(batch)
+            if progress is not None:
+                progress(f"reading captures: {done} of {len(inputs.captures)}")
+    finally:
+        pool.shutdown(cancel_futures=True)
     notes: list[str] = []
     if inputs.slime:
         # imported here: the slime reader brings the interpreter probe (subprocess and all),
