@@ -19,7 +19,7 @@ Everything else here is the report's own: per-request figures, the worst tokens,
 difference against the position in the response and against the token's probability.
 The public functions take padded (N, R) arrays and a boolean mask, as in a capture; each is a thin
 layer over `Tokens`, the valid tokens alone in row order with each row's count, which the report
-builds once per batch and concatenates for the run: every figure is then a vectorised reduction
+lays out for groups of consecutive steps (`build.step_tokens`): every figure is then a vectorised reduction
 (`np.bincount`, `np.maximum.reduceat`) over about as many numbers as there are response tokens,
 never over the padding, and no Python loop runs per token.
 """
@@ -54,9 +54,9 @@ _ROW_VALUES = _PER_ROW | {"starts"}  # one number a row: what `Tokens.forget` ke
 class Tokens:
     """The valid tokens of a batch (or of several), row after row, and what every figure derives from them.
 
-    `join` lays several batches one after the other (the run) and `parts` gives each batch back as
-    views of the run's arrays: a per-token or per-row value a part needs is computed once over the
-    run and sliced, so the per-step figures and the run's own cost one pass over the tokens, not two.
+    `join` lays several batches one after the other (a group of steps) and `parts` gives each batch back as
+    views of its arrays: a per-token or per-row value a part needs is computed once over the group and
+    sliced; `forget` frees what was made once the parts' figures are taken.
     """
 
     training: FloatArray
