@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +28,15 @@ CONVERT_NEEDS = ("gguf", "accelerate")
 
 
 @pytest.fixture(scope="module")
-def python_with_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def python_with_gguf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     python = venvs.ensure_vllm_venv()
     site = tmp_path_factory.mktemp("gguf-site")
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check"]
     pins = [r for r in demo_data()["requirements"] if r.split("==")[0] in CONVERT_NEEDS]
     assert len(pins) == len(CONVERT_NEEDS), pins
     subprocess.run([*pip, "--target", str(site), *pins], check=True)
-    return python, site
+    with venvs.vllm_in_use(exclusive=False):  # run as it is: no module resets it meanwhile
+        yield python, site
 
 
 # the exhaustive leg's: the README's slice converts the model in the demo (transformers 5.10.4 there), this is the

