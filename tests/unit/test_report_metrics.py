@@ -251,7 +251,7 @@ def test_requests_encoded_in_a_thread_are_the_documents_text() -> None:
     laid out and on one line, is what the same document with a plain list gives, NaN and infinities included."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rlprobe_patch.report import EncodedList, encode, to_json
+    from rlprobe_patch.report import EncodedList, encode, json_text, to_json
 
     requests = [
         {"request_id": f"r{i}", "max_abs_dp": i / 7, "worst_token": {"position": i, "rollout_logp": -i / 3}}
@@ -261,8 +261,9 @@ def test_requests_encoded_in_a_thread_are_the_documents_text() -> None:
     requests[4]["worst_token"]["rollout_logp"] = float("-inf")
     plain = {"format": "rlprobe-report", "tokens": {"tokens": 50, "requests": requests}}
     with ThreadPoolExecutor(max_workers=1) as pool:
-        threaded = {"format": "rlprobe-report", "tokens": {"tokens": 50, "requests": EncodedList(requests, pool)}}
-        text, line = encode(threaded)
+        texts = pool.submit(lambda: [json_text(request) for request in requests]).result()
+    threaded = {"format": "rlprobe-report", "tokens": {"tokens": 50, "requests": EncodedList(requests, texts)}}
+    text, line = encode(threaded)
     assert (text, line) == encode(plain)
     assert json.loads(line) == json.loads(json.dumps(to_json(plain)))
     assert json.loads(line)["tokens"]["requests"][3]["max_abs_dp"] is None

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -63,24 +61,18 @@ def json_text(value: Any) -> str:
 
 
 class EncodedList(list[Any]):
-    """A list of JSON objects with their one-line texts (`json_text`), made beside the rest of the report (the
-    report's requests: most of report.json's text): in `pool` from the start, or given (`texts`, made where the items
-    were). `encode` lays out the texts made. Nothing changes the list after: the texts are of the items as they were."""
+    """A list of JSON objects with their one-line texts (`json_text`), made where the items were (the report's
+    requests, most of report.json's text: each step's encoded with its figures, in its thread). `encode` lays out the
+    texts given. Nothing changes the list after: the texts are of the items as they were."""
 
-    def __init__(self, items: list[Any], pool: Executor | None = None, texts: list[str] | None = None) -> None:
+    def __init__(self, items: list[Any], texts: list[str]) -> None:
         super().__init__(items)
-        if texts is not None:
-            if len(texts) != len(items):
-                raise ValueError(f"{len(texts)} texts for {len(items)} items")
-            made = texts
-            self._texts: Callable[[], list[str]] = lambda: made
-        elif pool is not None:
-            self._texts = pool.submit(lambda: [json_text(item) for item in self]).result
-        else:
-            raise ValueError("EncodedList: a pool to encode the items in, or their texts")
+        if len(texts) != len(items):
+            raise ValueError(f"{len(texts)} texts for {len(items)} items")
+        self._texts = texts
 
     def texts(self) -> list[str]:
-        return self._texts()
+        return self._texts
 
 
 def to_json(report: dict[str, Any]) -> dict[str, Any]:

@@ -349,7 +349,7 @@ def token_report(
         ranked_texts.append(f'{texts[i][:-1]}, "rank": {rank}}}')
     order += [i for i, r in enumerate(requests) if not r["tokens"]]
     ranked_texts += [texts[i] for i in order[len(ranked_texts) :]]
-    ranked = EncodedList([requests[i] for i in order], texts=ranked_texts)
+    ranked = EncodedList([requests[i] for i in order], ranked_texts)
     offpolicy = parts_offpolicy_metrics(parts)
     combined = PartSums.combine(sums)
     overall: dict[str, Any] = debug_figures(combined) | offpolicy
