@@ -5,10 +5,12 @@
 Writes the captures once with `write_capture` (the format's one writer) into a temporary folder: steps of
 `--batch` samples of 1 to `--width` response tokens (random log-probs, the rollout's off by a little noise)
 until the largest size is reached; each smaller size is the first steps of the same run (linked, not
-written again). For each size it then times (a) `read_capture` on every file and (b) the whole report
-(`rlprobe-patch report --json`: read, metrics, the diagnosis, the plots, report.html and report.json) in a
-fresh process each, with its CPU time (user and system: the report's threads can take more of it than
-its wall time) and its peak resident memory (ru_maxrss). The two are run in turn `--repeat` times; the
+written again). For each size it then times (a) `read_capture` on every file, (b) the report's floor: what
+the command cannot do without, its imports (the CLI, the report's modules) and its reading of the captures as
+it reads them (two at a time), nothing computed, and (c) the whole report (`rlprobe-patch report --json`: read,
+metrics, the diagnosis, the plots, report.html and report.json) in a fresh process each, with its CPU time
+(user and system: the report's threads can take more of it than its wall time) and its peak resident memory
+(ru_maxrss). The three are run in turn `--repeat` times; the
 fastest of each is kept (a machine shared with other jobs slows single runs by tens of per cent), and the
 load average is printed before and after. The package's bytecode is compiled first, as an installed
 package's is (`PYTHONDONTWRITEBYTECODE=1` would otherwise make every report process compile rlprobe_patch's
@@ -39,6 +41,11 @@ t = time.perf_counter()
 if sys.argv[1] == "load":
     from rlprobe_patch.report.capture_format import read_capture
     batches = [read_capture(p) for p in sorted(Path(sys.argv[2]).glob("*.npz"))]
+    tokens = int(sum(b.mask.sum() for b in batches))
+elif sys.argv[1] == "floor":  # what the report cannot do without: its imports, and its reading as it reads
+    from rlprobe_patch.cli import main
+    from rlprobe_patch.report import make
+    batches, _, _ = make.read_inputs(make.classify([Path(sys.argv[2])]), None)
     tokens = int(sum(b.mask.sum() for b in batches))
 else:  # the command as `rlprobe-patch report` runs it (click's own main, no test runner)
     import contextlib, io
@@ -75,7 +82,7 @@ def measure(folder: Path, out: Path, repeat: int) -> dict[str, Any]:
     """The fastest of `repeat` loads and reports of `folder`, run in turn, and the ratio."""
     runs: dict[str, Any] = {}
     for _ in range(repeat):
-        for what in ("load", "report"):
+        for what in ("load", "floor", "report"):
             proc = subprocess.run([sys.executable, "-c", _RUN, what, str(folder), str(out)],
                                   capture_output=True, text=True, check=True)  # fmt: skip
             run = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -83,6 +90,7 @@ def measure(folder: Path, out: Path, repeat: int) -> dict[str, Any]:
             if what not in runs or run["seconds"] < runs[what]["seconds"]:
                 runs[what] = run
     runs["ratio"] = runs["report"]["seconds"] / runs["load"]["seconds"]
+    runs["floor_ratio"] = runs["floor"]["seconds"] / runs["load"]["seconds"]
     return runs
 
 
@@ -105,10 +113,12 @@ def main() -> None:
             runs = measure(folder, Path(tmp) / f"out-{size}", args.repeat)
             runs["files"] = len(list(folder.iterdir()))
             result[str(size)] = runs
-            load, report = runs["load"], runs["report"]
+            load, floor, report = runs["load"], runs["floor"], runs["report"]
             print(f"{report['tokens']} tokens ({runs['files']} steps): load {load['seconds']:.3f} s, report "
                   f"{report['seconds']:.3f} s, ratio {runs['ratio']:.2f}x (CPU time of the fastest: "
-                  f"{load['cpu_seconds']:.2f} s, {report['cpu_seconds']:.2f} s)", file=sys.stderr)  # fmt: skip
+                  f"{load['cpu_seconds']:.2f} s, {report['cpu_seconds']:.2f} s); the report's floor (its imports "
+                  f"and its reading, nothing else) {floor['seconds']:.3f} s, {runs['floor_ratio']:.2f}x",
+                  file=sys.stderr)  # fmt: skip
         result["load_average_after"] = os.getloadavg()
         print(json.dumps(result, indent=1))
 
