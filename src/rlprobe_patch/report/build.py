@@ -384,9 +384,17 @@ def _later(pool: Executor | None, work: Callable[..., _T], *args: Any) -> Callab
     return pool.submit(work, *args).result
 
 
+def _groups(parts: list[Tokens]) -> list[tuple[Tokens, list[int]]]:
+    """The groups `parts` are views of (`Tokens.whole`, consecutive steps), in order: each with its steps' indices."""
+    groups: dict[int, tuple[Tokens, list[int]]] = {}
+    for index, part in enumerate(parts):
+        groups.setdefault(id(part.whole), (part.whole, []))[1].append(index)
+    return list(groups.values())
+
+
 def _wholes(parts: list[Tokens]) -> list[Tokens]:
-    """The groups `parts` are views of (`Tokens.whole`), each once, in order."""
-    return list({id(part.whole): part.whole for part in parts}.values())
+    """The groups `parts` are views of, each once, in order."""
+    return [whole for whole, _ in _groups(parts)]
 
 
 def _run_values(parts: list[Tokens], name: str) -> FloatArray:
@@ -430,9 +438,7 @@ def _per_step(
         return taken
 
     taken: list[_StepFigures] = []
-    for _, group in itertools.groupby(range(len(parts)), key=lambda i: id(parts[i].whole)):
-        indices = list(group)
-        whole = parts[indices[0]].whole
+    for whole, indices in _groups(parts):
         # the group's per-token values once, before any thread reads them: the probabilities' and the log-ratio's
         # apart, side by side (neither reads the other's)
         probabilities = _later(pool, whole.make, "abs_dp")
